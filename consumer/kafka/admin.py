@@ -1,0 +1,69 @@
+"""Small administrative calls: is the broker up, create and delete topics.
+
+Used by ``kbatch broker``, ``kbatch topics`` and the test fixtures. Every call opens its own
+short-lived client; none is on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+
+async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        # bootstrap() sends a MetadataRequest and raises unless a broker answers it.
+        await asyncio.wait_for(client.bootstrap(), timeout_s)
+        return True
+    except (KafkaError, OSError, TimeoutError):
+        return False
+    finally:
+        await client.close()
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request within ``timeout_s``.
+
+    Synchronous (runs its own event loop); call it only from code without a running loop.
+    """
+    return asyncio.run(_broker_answers(bootstrap, timeout_s))
+
+
+async def create_topics(
+    bootstrap: str,
+    names: Iterable[str],
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
+) -> None:
+    """Create topics with replication factor 1; existing ones are left as they are."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        topics = [
+            NewTopic(name, num_partitions=partitions, replication_factor=1, topic_configs=config or {})
+            for name in names
+        ]
+        try:
+            await admin.create_topics(topics)
+        except TopicAlreadyExistsError:
+            pass
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
+    """Delete topics; missing ones are ignored."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        try:
+            await admin.delete_topics(list(names))
+        except KafkaError:
+            pass
+    finally:
+        await admin.close()
