@@ -14,6 +14,7 @@ Errors raised: :class:`BrokerError` with a one-line message that says what to do
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -140,7 +141,9 @@ class LocalBroker:
         if marker.exists():
             return self.libs_dir
         if shutil.which("java") is None:
-            raise BrokerError(f"`java` not found: install a JDK 17+ (e.g. openjdk-17-jre), {_ALTERNATIVE}")
+            raise BrokerError(
+                f"`java` not found: install a JDK 17+ (e.g. openjdk-17-jre), {_ALTERNATIVE}"
+            )
         mvn = shutil.which("mvn")
         if mvn is None:
             raise BrokerError(f"`mvn` not found: install Apache Maven, {_ALTERNATIVE}")
@@ -207,7 +210,9 @@ class LocalBroker:
         cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise BrokerError(f"formatting the broker's storage failed: {proc.stderr.strip()[-300:]}")
+            raise BrokerError(
+                f"formatting the broker's storage failed: {proc.stderr.strip()[-300:]}"
+            )
 
     def start(self, *, fresh: bool = False, timeout_s: float = START_TIMEOUT_S) -> str:
         """Start the broker unless it already runs; wait until it answers a metadata request.
@@ -319,7 +324,5 @@ def _is_group_leader(pid: int) -> bool:
 
 def _reap(pid: int) -> None:
     """Collect a child's exit status so it does not linger as a zombie (no-op otherwise)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

@@ -1,23 +1,25 @@
-"""The ``kbatch`` console script: one Typer app, one sub-app or command per module."""
+"""The ``kbatch`` console script: one click group, one sub-group or command per module."""
 
 from __future__ import annotations
 
-import typer
+import click
 
-from consumer.cli.bench import bench_app
-from consumer.cli.broker import broker_app
+from consumer.cli.bench import bench_group
+from consumer.cli.broker import broker_group
+from consumer.cli.serve import serve_command
 
-app = typer.Typer(
-    name="kbatch",
-    help="Kafka inference consumer: batched model serving over Kafka topics.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(broker_app, name="broker")
-app.add_typer(bench_app, name="bench")
+
+@click.group("kbatch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kbatch")
+def cli() -> None:
+    """Kafka inference consumer: batched model serving over Kafka topics."""
+
+
+cli.add_command(broker_group)
+cli.add_command(bench_group)
+cli.add_command(serve_command)
 
 
 def main() -> None:
     """Entry point of the ``kbatch`` console script."""
-    app()
+    cli()

@@ -45,7 +45,9 @@ async def create_topics(
     await admin.start()
     try:
         topics = [
-            NewTopic(name, num_partitions=partitions, replication_factor=1, topic_configs=config or {})
+            NewTopic(
+                name, num_partitions=partitions, replication_factor=1, topic_configs=config or {}
+            )
             for name in names
         ]
         try:

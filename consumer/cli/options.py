@@ -1,0 +1,84 @@
+"""Click options generated from a pydantic settings model: one flag per field.
+
+``max_batch_size`` becomes ``--max-batch-size``; booleans get ``--x/--no-x``; lists are
+comma-separated. Every flag defaults to "not given" so the environment and the config file
+still apply (see :func:`consumer.config.load_settings`).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel, SecretStr
+
+
+class CommaList(click.ParamType):
+    """``16,32,64`` → ``[16, 32, 64]`` (ints) or a list of strings."""
+
+    name = "list"
+
+    def __init__(self, item: type) -> None:
+        self.item = item
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):
+            return value
+        try:
+            return [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(
+                f"{value!r} is not a comma-separated list of {self.item.__name__}", param, ctx
+            )
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _click_type(annotation: Any) -> Any:
+    ann = _unwrap_optional(annotation)
+    origin = typing.get_origin(ann)
+    if origin is typing.Literal:
+        return click.Choice([str(a) for a in typing.get_args(ann)])
+    if origin is list:
+        (item,) = typing.get_args(ann)
+        return CommaList(item)
+    return {
+        int: click.INT,
+        float: click.FLOAT,
+        Path: click.Path(path_type=Path),
+        SecretStr: click.STRING,
+    }.get(ann, click.STRING)
+
+
+def settings_options(
+    model: type[BaseModel], exclude: frozenset[str] = frozenset()
+) -> list[click.Option]:
+    """One click option per model field (``exclude`` names are skipped)."""
+    options: list[click.Option] = []
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = field.default
+        shown = "" if default is None else f" [default: {default}]"
+        help_text = (field.description or "") + shown + f" (env KBATCH_{name.upper()})"
+        if _unwrap_optional(field.annotation) is bool:
+            options.append(
+                click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
+            )
+        else:
+            options.append(
+                click.Option(
+                    [flag, name], type=_click_type(field.annotation), default=None, help=help_text
+                )
+            )
+    return options

@@ -1,0 +1,222 @@
+"""Backpressure decisions: which partitions to pause and resume.
+
+Pure: no aiokafka, no I/O. The policy returns decisions, the consumer acts on them (calls
+``consumer.pause`` / ``consumer.resume``) and keeps polling while paused, so it stays in the
+group (issue 5, item 3).
+
+Rules:
+
+* Limits on records and tokens buffered per partition and in total. Each limit is a high
+  watermark; its low watermark is ``resume_fraction`` times it.
+* A partition at or above either of its high watermarks is paused; a paused partition is
+  resumed when both its counts are at or below their low watermarks (hysteresis, so a
+  partition does not flap around one limit).
+* When the total is at or above either total high watermark, every assigned partition is
+  paused; they resume (unless paused on their own account) once both totals are at or below
+  their low watermarks.
+* aiokafka forgets pauses on every rebalance: after one, re-pause :meth:`FlowControl.reapply`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consumer.kafka.offsets import TopicPartition
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Buffer limits (high watermarks). Counts are records and tokens (incl. special tokens).
+
+    Raises:
+        ValueError: a limit is below 1, or ``resume_fraction`` is outside ``[0, 1)``.
+    """
+
+    max_partition_records: int = 2_000
+    max_partition_tokens: int = 200_000
+    max_total_records: int = 10_000
+    max_total_tokens: int = 1_000_000
+    resume_fraction: float = 0.5
+    """Low watermark / high watermark; 0 resumes only when the buffer is empty."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_partition_records",
+            "max_partition_tokens",
+            "max_total_records",
+            "max_total_tokens",
+        ):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= self.resume_fraction < 1.0:
+            raise ValueError(f"resume_fraction must be in [0, 1), got {self.resume_fraction}")
+
+
+@dataclass(frozen=True)
+class FlowDecision:
+    """Partitions to pause and to resume now; both empty when nothing changes."""
+
+    pause: frozenset[TopicPartition]
+    resume: frozenset[TopicPartition]
+
+    def __bool__(self) -> bool:
+        return bool(self.pause or self.resume)
+
+
+class _Counts:
+    __slots__ = ("over", "records", "tokens")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.tokens = 0
+        self.over = False  # above its own high watermark, not yet back below the low one
+
+
+class FlowControl:
+    """Counts buffered records and tokens and decides pauses. See the module docstring."""
+
+    def __init__(self, config: FlowConfig) -> None:
+        self._config = config
+        self._counts: dict[TopicPartition, _Counts] = {}
+        self._total_records = 0
+        self._total_tokens = 0
+        self._total_over = False
+        self._paused: set[TopicPartition] = set()
+
+    @property
+    def config(self) -> FlowConfig:
+        return self._config
+
+    @property
+    def paused(self) -> frozenset[TopicPartition]:
+        """Partitions the policy holds paused (as of the last :meth:`decide`)."""
+        return frozenset(self._paused)
+
+    @property
+    def assigned(self) -> frozenset[TopicPartition]:
+        return frozenset(self._counts)
+
+    @property
+    def total_records(self) -> int:
+        return self._total_records
+
+    @property
+    def total_tokens(self) -> int:
+        return self._total_tokens
+
+    def records(self, tp: TopicPartition) -> int:
+        """Records buffered for ``tp`` (0 when not assigned)."""
+        counts = self._counts.get(tp)
+        return 0 if counts is None else counts.records
+
+    def tokens(self, tp: TopicPartition) -> int:
+        """Tokens buffered for ``tp`` (0 when not assigned)."""
+        counts = self._counts.get(tp)
+        return 0 if counts is None else counts.tokens
+
+    def assign(self, tp: TopicPartition) -> None:
+        """Start counting ``tp`` (empty, not paused). A no-op when already assigned."""
+        self._counts.setdefault(tp, _Counts())
+
+    def revoke(self, tp: TopicPartition) -> None:
+        """Forget ``tp``: its counts leave the totals and it leaves :attr:`paused`."""
+        counts = self._counts.pop(tp, None)
+        if counts is not None:
+            self._total_records -= counts.records
+            self._total_tokens -= counts.tokens
+        self._paused.discard(tp)
+
+    def add(self, tp: TopicPartition, records: int, tokens: int) -> None:
+        """Count ``records`` and ``tokens`` taken into the buffer for ``tp``.
+
+        Raises:
+            KeyError: ``tp`` is not assigned.
+            ValueError: a count is negative.
+        """
+        counts = self._counts.get(tp)
+        if counts is None:
+            raise KeyError(f"partition {tp} is not assigned")
+        _check_counts(records, tokens)
+        counts.records += records
+        counts.tokens += tokens
+        self._total_records += records
+        self._total_tokens += tokens
+
+    def remove(self, tp: TopicPartition, records: int, tokens: int) -> None:
+        """Count ``records`` and ``tokens`` leaving the buffer for ``tp``.
+
+        A no-op when ``tp`` is not assigned (its records were forgotten at revoke). Counts
+        stop at zero, so a late removal belonging to an earlier assignment of ``tp`` cannot
+        drive them negative.
+
+        Raises:
+            ValueError: a count is negative.
+        """
+        _check_counts(records, tokens)
+        counts = self._counts.get(tp)
+        if counts is None:
+            return
+        records = min(records, counts.records)
+        tokens = min(tokens, counts.tokens)
+        counts.records -= records
+        counts.tokens -= tokens
+        self._total_records -= records
+        self._total_tokens -= tokens
+
+    def decide(self) -> FlowDecision:
+        """Which partitions to pause and resume now; updates :attr:`paused` to match.
+
+        The caller must apply the decision (pause first is not required: the sets are
+        disjoint).
+        """
+        cfg = self._config
+        self._total_over = _hysteresis(
+            self._total_over,
+            self._total_records,
+            self._total_tokens,
+            cfg.max_total_records,
+            cfg.max_total_tokens,
+            cfg.resume_fraction,
+        )
+        wanted: set[TopicPartition] = set()
+        for tp, counts in self._counts.items():
+            counts.over = _hysteresis(
+                counts.over,
+                counts.records,
+                counts.tokens,
+                cfg.max_partition_records,
+                cfg.max_partition_tokens,
+                cfg.resume_fraction,
+            )
+            if counts.over or self._total_over:
+                wanted.add(tp)
+        decision = FlowDecision(
+            pause=frozenset(wanted - self._paused), resume=frozenset(self._paused - wanted)
+        )
+        self._paused = wanted
+        return decision
+
+    def reapply(self) -> frozenset[TopicPartition]:
+        """Partitions to pause again after a rebalance (aiokafka forgets pauses on one).
+
+        Call after the new assignment has been :meth:`assign`-ed; newly assigned partitions
+        that must pause come out of the next :meth:`decide`.
+        """
+        return frozenset(self._paused)
+
+
+def _hysteresis(
+    over: bool, records: int, tokens: int, max_records: int, max_tokens: int, fraction: float
+) -> bool:
+    """Whether a buffer is over its limits, given whether it was over before."""
+    if records >= max_records or tokens >= max_tokens:
+        return True
+    if records <= max_records * fraction and tokens <= max_tokens * fraction:
+        return False
+    return over
+
+
+def _check_counts(records: int, tokens: int) -> None:
+    if records < 0 or tokens < 0:
+        raise ValueError(f"counts must be >= 0, got records={records} tokens={tokens}")

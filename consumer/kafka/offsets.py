@@ -1,0 +1,166 @@
+"""Which offset is safe to commit, per partition, when records finish out of order.
+
+Pure: no aiokafka, no I/O, no clock. The consumer calls :meth:`OffsetTracker.track` as it
+takes a record in, :meth:`OffsetTracker.complete` when the record's reply (or dead letter)
+has been acknowledged by the broker, and commits what :meth:`OffsetTracker.committable`
+returns.
+
+Rules (CONTRACT.md §Delivery, Kafka commit semantics):
+
+* The committed offset of a partition is the offset of the NEXT record to read, so
+  committing ``n`` declares every record below ``n`` done.
+* Batching by token length reorders work inside a partition, so the committable offset is the
+  lowest tracked offset that has not finished, or the last finished offset + 1 when none is
+  left. A commit never skips an unfinished record: a crash repeats replies, never loses one.
+* Offsets need not be contiguous (compacted topics, transaction markers): only tracked
+  offsets matter. Offsets are tracked in increasing order per partition, as Kafka delivers
+  them, so an offset in a gap below a tracked one will never be tracked later.
+* Each assignment of a partition is a *generation*. A completion carrying an older generation
+  (the partition was revoked and assigned again while its batch ran) is ignored: the new owner
+  of that generation re-reads from the last commit.
+
+Cost: ``track`` O(1); ``complete`` amortized O(1) (each offset leaves the queue once);
+``committable`` O(partitions with progress).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+TopicPartition = tuple[str, int]
+"""A partition as ``(topic, partition)``; aiokafka's ``TopicPartition`` is a compatible tuple."""
+
+
+class _Partition:
+    """State of one assignment of one partition."""
+
+    __slots__ = ("committed", "generation", "last_done", "last_tracked", "queue", "unfinished")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        # Tracked offsets in increasing order, from the lowest unfinished one onward; finished
+        # offsets stay in it until every lower offset has finished too.
+        self.queue: deque[int] = deque()
+        self.unfinished: set[int] = set()
+        self.last_tracked: int | None = None
+        # Highest offset whose every lower tracked offset has finished (None: none yet).
+        self.last_done: int | None = None
+        # Last offset committed by this assignment (None: none yet).
+        self.committed: int | None = None
+
+    def next_offset(self) -> int | None:
+        """The offset to commit now, or None when nothing has finished in this assignment."""
+        if self.last_done is None:
+            return None
+        return self.queue[0] if self.queue else self.last_done + 1
+
+
+class OffsetTracker:
+    """Per-partition commit positions for records that finish out of order.
+
+    Partitions must be :meth:`assign`-ed before records of them are tracked. See the module
+    docstring for the rules and where they come from.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._next_generation = 1
+
+    def assign(self, tp: TopicPartition) -> int:
+        """Start a new assignment of ``tp`` and return its generation.
+
+        Generations are unique across all partitions and never reused, so a completion from
+        any earlier assignment is recognised as stale. State of a previous assignment, if any,
+        is discarded.
+        """
+        generation = self._next_generation
+        self._next_generation += 1
+        self._partitions[tp] = _Partition(generation)
+        return generation
+
+    def revoke(self, tp: TopicPartition) -> None:
+        """Forget ``tp``: later completions for it are ignored. Unknown partitions are a no-op.
+
+        Commit what :meth:`committable` returns *before* revoking, if the commit is wanted.
+        """
+        self._partitions.pop(tp, None)
+
+    def generation(self, tp: TopicPartition) -> int | None:
+        """The current generation of ``tp``, or None when it is not assigned."""
+        state = self._partitions.get(tp)
+        return None if state is None else state.generation
+
+    @property
+    def assigned(self) -> frozenset[TopicPartition]:
+        """The partitions currently assigned."""
+        return frozenset(self._partitions)
+
+    def track(self, tp: TopicPartition, offset: int) -> int:
+        """Record that the record at ``offset`` of ``tp`` was taken in; returns the generation.
+
+        The caller keeps the generation with the record and passes it to :meth:`complete`.
+
+        Raises:
+            KeyError: ``tp`` is not assigned.
+            ValueError: ``offset`` is negative or not above the last tracked offset of ``tp``.
+        """
+        state = self._partitions.get(tp)
+        if state is None:
+            raise KeyError(f"partition {tp} is not assigned")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset} for {tp}")
+        if state.last_tracked is not None and offset <= state.last_tracked:
+            raise ValueError(
+                f"offsets of {tp} must be tracked in increasing order: "
+                f"got {offset} after {state.last_tracked}"
+            )
+        state.last_tracked = offset
+        state.queue.append(offset)
+        state.unfinished.add(offset)
+        return state.generation
+
+    def complete(self, tp: TopicPartition, offset: int, generation: int) -> bool:
+        """Mark ``offset`` of ``tp`` finished (its reply or dead letter was acknowledged).
+
+        Returns True when applied; False when ignored because ``tp`` is not assigned,
+        ``generation`` is not the current one, or ``offset`` is not an unfinished tracked
+        offset (never tracked, or completed already). Never raises.
+        """
+        state = self._partitions.get(tp)
+        if state is None or state.generation != generation or offset not in state.unfinished:
+            return False
+        state.unfinished.remove(offset)
+        queue = state.queue
+        while queue and queue[0] not in state.unfinished:
+            state.last_done = queue.popleft()
+        return True
+
+    def pending(self, tp: TopicPartition) -> int:
+        """Tracked records of ``tp`` not finished yet (0 when ``tp`` is not assigned)."""
+        state = self._partitions.get(tp)
+        return 0 if state is None else len(state.unfinished)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """Offsets to commit now: per partition whose position moved since its last commit.
+
+        Each value is the next offset to read (Kafka semantics): the lowest unfinished tracked
+        offset, or the last finished offset + 1 when all tracked records have finished.
+        """
+        result: dict[TopicPartition, int] = {}
+        for tp, state in self._partitions.items():
+            offset = state.next_offset()
+            if offset is not None and (state.committed is None or offset > state.committed):
+                result[tp] = offset
+        return result
+
+    def mark_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Record that ``offsets`` were committed (the broker acknowledged the commit).
+
+        Partitions not assigned are ignored; a lower offset than one already recorded does
+        not move the position back.
+        """
+        for tp, offset in offsets.items():
+            state = self._partitions.get(tp)
+            if state is not None and (state.committed is None or offset > state.committed):
+                state.committed = offset

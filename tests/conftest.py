@@ -1,0 +1,49 @@
+"""Fixtures shared by every test: the real local broker and unique topics.
+
+The broker fixture reuses a broker that already answers (``make test`` starts one) or starts
+one through the same code as ``kbatch broker start``. ``KBATCH_TEST_BOOTSTRAP`` points the
+suite at another broker.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from consumer.broker.local import LocalBroker
+from consumer.kafka.admin import create_topics, delete_topics
+
+TopicFactory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """The bootstrap address of a running broker (started here when none answers)."""
+    bootstrap = os.environ.get("KBATCH_TEST_BOOTSTRAP")
+    if bootstrap:
+        return bootstrap
+    return LocalBroker(port=int(os.environ.get("KBATCH_TEST_BROKER_PORT", "9092"))).start()
+
+
+@pytest.fixture
+async def new_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
+    """Create topics with unique names for one test; all are deleted afterwards."""
+    created: list[str] = []
+
+    async def make(prefix: str = "t", partitions: int = 1) -> str:
+        name = f"test.{prefix}.{uuid.uuid4().hex[:10]}"
+        await create_topics(kafka_bootstrap, [name], partitions=partitions)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        await delete_topics(kafka_bootstrap, created)
+
+
+def unique_group(prefix: str = "g") -> str:
+    """A consumer-group id no other test uses."""
+    return f"test.{prefix}.{uuid.uuid4().hex[:10]}"

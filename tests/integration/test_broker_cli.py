@@ -1,0 +1,77 @@
+"""`kbatch broker start | stop | status` as a user runs them, on a port of its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+KBATCH = str(Path(sys.executable).with_name("kbatch"))
+
+
+def _free_port_pair() -> int:
+    """A port p such that p and p + 1 are both free right now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def _kbatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [KBATCH, "broker", *args], capture_output=True, text=True, timeout=180, env=env, check=False
+    )
+
+
+def _broker_pids(port: int) -> list[str]:
+    out = subprocess.run(
+        ["pgrep", "-f", f"broker-{port}/server.properties"], capture_output=True, text=True
+    )
+    return out.stdout.split()
+
+
+def test_start_twice_status_stop() -> None:
+    port = _free_port_pair()
+    try:
+        first = _kbatch("start", "--port", str(port), "--fresh")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.strip() == f"127.0.0.1:{port}"
+        second = _kbatch("start", "--port", str(port))
+        assert second.returncode == 0, second.stderr
+        assert len(_broker_pids(port)) == 1
+        assert _kbatch("status", "--port", str(port)).returncode == 0
+    finally:
+        stopped = _kbatch("stop", "--port", str(port))
+    assert stopped.returncode == 0
+    assert _kbatch("status", "--port", str(port)).returncode != 0
+    assert _broker_pids(port) == []
+
+
+def test_port_held_by_another_program_gives_one_line_error() -> None:
+    port = _free_port_pair()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        result = _kbatch("start", "--port", str(port))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert f"port {port} is taken" in lines[0]
+    assert "docker-compose.yml" in lines[0]
+
+
+def test_missing_java_is_named(tmp_path: Path) -> None:
+    port = _free_port_pair()
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))
+    result = _kbatch("start", "--port", str(port), env=env)
+    assert result.returncode == 2
+    assert "`java` not found" in result.stderr

@@ -1,0 +1,152 @@
+"""DedupCache: one computation per key, with fake monotonic clock values."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer.dedup import DedupCache, DedupKind
+
+P0 = ("requests", 0)
+P1 = ("requests", 1)
+
+Cache = DedupCache[str, str]
+
+
+def test_first_then_in_flight_then_done() -> None:
+    cache: Cache = DedupCache()
+    first = cache.begin(b"k", P0, now=0.0, item_id=1)
+    assert (first.kind, first.item_id, first.result) == (DedupKind.FIRST, 1, None)
+    copy = cache.begin(b"k", P0, now=0.1, item_id=2)
+    assert (copy.kind, copy.item_id) == (DedupKind.IN_FLIGHT, 1)
+    cache.attach_waiter(b"k", "copy-2")
+    assert cache.finish(b"k", "result", now=0.2) == ["copy-2"]
+    late = cache.begin(b"k", P0, now=0.3, item_id=3)
+    assert (late.kind, late.result) == (DedupKind.DONE, "result")
+    assert (cache.in_flight_count, cache.completed_count) == (0, 1)
+
+
+def test_waiters_come_back_in_arrival_order() -> None:
+    cache: Cache = DedupCache()
+    cache.begin(b"k", P0, now=0.0, item_id=1)
+    for name in ("a", "b", "c"):
+        assert cache.begin(b"k", P0, now=0.0, item_id=9).kind is DedupKind.IN_FLIGHT
+        cache.attach_waiter(b"k", name)
+    assert cache.finish(b"k", "r", now=1.0) == ["a", "b", "c"]
+
+
+def test_keys_are_independent() -> None:
+    cache: Cache = DedupCache()
+    assert cache.begin(b"a", P0, now=0.0, item_id=1).kind is DedupKind.FIRST
+    assert cache.begin(b"b", P0, now=0.0, item_id=2).kind is DedupKind.FIRST
+
+
+@pytest.mark.parametrize(
+    ("stored_s", "now", "kind"),
+    [
+        (0.0, 0.0, DedupKind.DONE),
+        (0.0, 299.9, DedupKind.DONE),
+        (0.0, 300.0, DedupKind.FIRST),  # the window is [stored, stored + ttl)
+        (10.0, 309.9, DedupKind.DONE),
+        (10.0, 1000.0, DedupKind.FIRST),
+    ],
+)
+def test_ttl_window(stored_s: float, now: float, kind: DedupKind) -> None:
+    cache: Cache = DedupCache(ttl_s=300.0)
+    cache.begin(b"k", P0, now=stored_s, item_id=1)
+    cache.finish(b"k", "r", now=stored_s)
+    assert cache.begin(b"k", P0, now=now, item_id=2).kind is kind
+
+
+def test_hit_does_not_extend_the_window() -> None:
+    cache: Cache = DedupCache(ttl_s=10.0)
+    cache.begin(b"k", P0, now=0.0, item_id=1)
+    cache.finish(b"k", "r", now=0.0)
+    assert cache.begin(b"k", P0, now=9.0, item_id=2).kind is DedupKind.DONE
+    assert cache.begin(b"k", P0, now=10.0, item_id=3).kind is DedupKind.FIRST
+
+
+def test_expire_drops_oldest_entries_only() -> None:
+    cache: Cache = DedupCache(ttl_s=10.0)
+    for i, t in enumerate([0.0, 5.0, 8.0]):
+        key = f"k{i}".encode()
+        cache.begin(key, P0, now=t, item_id=i)
+        cache.finish(key, "r", now=t)
+    assert cache.expire(now=15.0) == 2
+    assert cache.completed_count == 1
+    assert cache.begin(b"k2", P0, now=15.0, item_id=9).kind is DedupKind.DONE
+
+
+@pytest.mark.parametrize(("max_entries", "kept"), [(1, [b"k2"]), (2, [b"k1", b"k2"])])
+def test_entry_bound_evicts_oldest(max_entries: int, kept: list[bytes]) -> None:
+    cache: Cache = DedupCache(max_entries=max_entries)
+    for i in range(3):
+        key = f"k{i}".encode()
+        cache.begin(key, P0, now=0.0, item_id=i)
+        cache.finish(key, "r", now=0.0)
+    assert cache.completed_count == max_entries
+    for i in range(3):
+        key = f"k{i}".encode()
+        expected = DedupKind.DONE if key in kept else DedupKind.FIRST
+        assert cache.begin(key, P0, now=0.0, item_id=10 + i).kind is expected
+
+
+def test_fail_answers_waiters_but_caches_nothing() -> None:
+    cache: Cache = DedupCache()
+    cache.begin(b"k", P0, now=0.0, item_id=1)
+    cache.begin(b"k", P0, now=0.0, item_id=2)
+    cache.attach_waiter(b"k", "copy")
+    assert cache.fail(b"k") == ["copy"]
+    assert cache.completed_count == 0
+    retry = cache.begin(b"k", P0, now=1.0, item_id=3)
+    assert (retry.kind, retry.item_id) == (DedupKind.FIRST, 3)
+
+
+@pytest.mark.parametrize("end", ["finish", "fail"])
+def test_unknown_or_stale_end_is_ignored(end: str) -> None:
+    cache: Cache = DedupCache()
+
+    def call(key: bytes, item_id: int | None = None) -> list[str]:
+        if end == "finish":
+            return cache.finish(key, "r", now=0.0, item_id=item_id)
+        return cache.fail(key, item_id=item_id)
+
+    assert call(b"never") == []
+    cache.begin(b"k", P0, now=0.0, item_id=7)
+    cache.attach_waiter(b"k", "w")
+    assert call(b"k", item_id=6) == []  # another item's computation
+    assert cache.in_flight_count == 1
+    assert call(b"k", item_id=7) == ["w"]
+    assert cache.completed_count == (1 if end == "finish" else 0)
+
+
+def test_attach_waiter_requires_in_flight_key() -> None:
+    cache: Cache = DedupCache()
+    with pytest.raises(KeyError):
+        cache.attach_waiter(b"k", "w")
+
+
+def test_drop_partition_drops_its_entries_and_returns_waiters() -> None:
+    cache: Cache = DedupCache()
+    cache.begin(b"done0", P0, now=0.0, item_id=1)
+    cache.finish(b"done0", "r", now=0.0)
+    cache.begin(b"done1", P1, now=0.0, item_id=2)
+    cache.finish(b"done1", "r", now=0.0)
+    cache.begin(b"fly0", P0, now=0.0, item_id=3)
+    cache.attach_waiter(b"fly0", "w0")
+    cache.begin(b"fly1", P1, now=0.0, item_id=4)
+    cache.attach_waiter(b"fly1", "w1")
+
+    assert cache.drop_partition(P0) == ["w0"]
+    assert (cache.in_flight_count, cache.completed_count) == (1, 1)
+    assert cache.begin(b"done0", P0, now=1.0, item_id=5).kind is DedupKind.FIRST
+    assert cache.begin(b"fly0", P0, now=1.0, item_id=6).kind is DedupKind.FIRST
+    assert cache.begin(b"done1", P1, now=1.0, item_id=7).kind is DedupKind.DONE
+    assert cache.begin(b"fly1", P1, now=1.0, item_id=8).kind is DedupKind.IN_FLIGHT
+    # the revoked computation finishing late neither answers nor caches anything
+    assert cache.finish(b"fly0", "late", now=2.0, item_id=3) == []
+
+
+@pytest.mark.parametrize(("ttl_s", "max_entries"), [(0.0, 1), (-1.0, 1), (1.0, 0)])
+def test_rejects_bad_bounds(ttl_s: float, max_entries: int) -> None:
+    with pytest.raises(ValueError):
+        DedupCache[str, str](ttl_s=ttl_s, max_entries=max_entries)

@@ -1,0 +1,64 @@
+"""The layers stay separate: aiokafka only in the Kafka layer, torch only in the model layer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (package directory, modules it must never import)
+RULES: list[tuple[str, set[str]]] = [
+    ("schemas", {"aiokafka", "torch", "transformers", "consumer", "producer_tools"}),
+    ("consumer/batching", {"aiokafka", "torch", "transformers"}),
+    ("consumer/model", {"aiokafka"}),
+    ("consumer/kafka", {"torch", "transformers"}),
+    ("producer_tools", {"torch", "transformers"}),
+]
+# aiokafka may appear only under these; torch/transformers only under these.
+ONLY_UNDER = {
+    "aiokafka": ("consumer/kafka", "producer_tools", "consumer/bench"),
+    "torch": ("consumer/model",),
+    "transformers": ("consumer/model",),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _python_files(rel: str) -> list[Path]:
+    return sorted((ROOT / rel).rglob("*.py"))
+
+
+@pytest.mark.parametrize(("package", "forbidden"), RULES, ids=[r[0] for r in RULES])
+def test_package_does_not_import(package: str, forbidden: set[str]) -> None:
+    files = _python_files(package)
+    assert files, f"{package} has no Python files"
+    offenders = {
+        str(f.relative_to(ROOT)): sorted(_imports(f) & forbidden)
+        for f in files
+        if _imports(f) & forbidden
+    }
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("module", sorted(ONLY_UNDER))
+def test_heavy_imports_stay_in_their_layer(module: str) -> None:
+    allowed = ONLY_UNDER[module]
+    offenders = [
+        str(f.relative_to(ROOT))
+        for pkg in ("consumer", "schemas", "producer_tools")
+        for f in _python_files(pkg)
+        if module in _imports(f) and not str(f.relative_to(ROOT)).startswith(allowed)
+    ]
+    assert offenders == []

@@ -1,0 +1,235 @@
+"""OffsetTracker: tables of (tracked, completed) -> committable, plus property tests.
+
+Like faust's ``_new_offset`` tests: each row is the offsets taken in, the order in which they
+finished, and the offset Kafka should be told (the next one to read).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consumer.kafka.offsets import OffsetTracker, TopicPartition
+
+TP: TopicPartition = ("requests", 0)
+TP2: TopicPartition = ("requests", 1)
+
+
+def tracker_with(tracked: list[int], completed: list[int]) -> tuple[OffsetTracker, int]:
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    for offset in tracked:
+        tracker.track(TP, offset)
+    for offset in completed:
+        tracker.complete(TP, offset, gen)
+    return tracker, gen
+
+
+@pytest.mark.parametrize(
+    ("tracked", "completed", "expected"),
+    [
+        # nothing finished: nothing to commit
+        ([], [], None),
+        ([0, 1, 2], [], None),
+        # in order
+        ([0, 1, 2], [0], 1),
+        ([0, 1, 2], [0, 1, 2], 3),
+        # out of order: the lowest unfinished offset holds the commit back
+        ([0, 1, 2], [1, 2], None),
+        ([0, 1, 2], [2, 0], 1),
+        ([0, 1, 2, 3], [3, 1, 0], 2),
+        ([0, 1, 2, 3], [3, 2, 1, 0], 4),
+        # gaps (compaction, transaction markers): only tracked offsets matter
+        ([10, 13, 20], [10], 13),
+        ([10, 13, 20], [13, 10], 20),
+        ([10, 13, 20], [20, 13, 10], 21),
+        ([5, 9], [9], None),
+        # not starting at zero (resumed from a commit)
+        ([100, 101], [101, 100], 102),
+        # duplicate and unknown completions are ignored
+        ([0, 1], [0, 0, 7], 1),
+    ],
+)
+def test_committable_table(tracked: list[int], completed: list[int], expected: int | None) -> None:
+    tracker, _ = tracker_with(tracked, completed)
+    assert tracker.committable().get(TP) == expected
+
+
+@pytest.mark.parametrize(
+    ("tracked", "completed", "pending"),
+    [
+        ([], [], 0),
+        ([0, 1, 2], [], 3),
+        ([0, 1, 2], [1], 2),
+        ([0, 1, 2], [0, 1, 2], 0),
+        ([0, 4, 9], [9, 9], 2),
+    ],
+)
+def test_pending_counts_unfinished(tracked: list[int], completed: list[int], pending: int) -> None:
+    tracker, _ = tracker_with(tracked, completed)
+    assert tracker.pending(TP) == pending
+
+
+def test_complete_reports_whether_applied() -> None:
+    tracker, gen = tracker_with([0, 1], [])
+    assert tracker.complete(TP, 1, gen) is True
+    assert tracker.complete(TP, 1, gen) is False  # already finished
+    assert tracker.complete(TP, 5, gen) is False  # never tracked
+    assert tracker.complete(TP2, 0, gen) is False  # not assigned
+
+
+def test_mark_committed_hides_partition_until_progress() -> None:
+    tracker, gen = tracker_with([0, 1, 2], [0])
+    assert tracker.committable() == {TP: 1}
+    tracker.mark_committed({TP: 1})
+    assert tracker.committable() == {}
+    tracker.complete(TP, 2, gen)  # 1 still unfinished: no progress
+    assert tracker.committable() == {}
+    tracker.complete(TP, 1, gen)
+    assert tracker.committable() == {TP: 3}
+
+
+def test_mark_committed_never_moves_back_and_ignores_unassigned() -> None:
+    tracker, _ = tracker_with([0, 1, 2], [0, 1])
+    tracker.mark_committed({TP: 2, TP2: 50})
+    tracker.mark_committed({TP: 1})
+    assert tracker.committable() == {}
+    assert tracker.assigned == frozenset({TP})
+
+
+def test_committable_covers_only_partitions_with_progress() -> None:
+    tracker = OffsetTracker()
+    gen1 = tracker.assign(TP)
+    tracker.assign(TP2)
+    tracker.track(TP, 0)
+    tracker.track(TP2, 0)
+    tracker.complete(TP, 0, gen1)
+    assert tracker.committable() == {TP: 1}
+
+
+def test_stale_generation_is_ignored_after_reassign() -> None:
+    tracker = OffsetTracker()
+    old = tracker.assign(TP)
+    tracker.track(TP, 0)
+    tracker.revoke(TP)
+    assert tracker.complete(TP, 0, old) is False  # revoked: ignored
+    new = tracker.assign(TP)
+    assert new != old
+    assert tracker.generation(TP) == new
+    tracker.track(TP, 0)
+    assert tracker.complete(TP, 0, old) is False  # batch of the earlier assignment
+    assert tracker.committable() == {}
+    assert tracker.pending(TP) == 1
+    assert tracker.complete(TP, 0, new) is True
+    assert tracker.committable() == {TP: 1}
+
+
+def test_generations_are_unique_across_partitions() -> None:
+    tracker = OffsetTracker()
+    gens = [tracker.assign(TP), tracker.assign(TP2), tracker.assign(TP)]
+    assert len(set(gens)) == 3
+
+
+def test_revoke_forgets_partition() -> None:
+    tracker, _ = tracker_with([0, 1], [0])
+    tracker.revoke(TP)
+    tracker.revoke(TP)  # idempotent
+    assert tracker.committable() == {}
+    assert tracker.pending(TP) == 0
+    assert tracker.generation(TP) is None
+
+
+def test_track_returns_generation() -> None:
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    assert tracker.track(TP, 3) == gen
+
+
+@pytest.mark.parametrize(
+    ("tracked", "bad", "error"),
+    [
+        ([], -1, ValueError),
+        ([5], 5, ValueError),
+        ([5], 4, ValueError),
+    ],
+)
+def test_track_rejects_bad_offsets(tracked: list[int], bad: int, error: type[Exception]) -> None:
+    tracker, _ = tracker_with(tracked, [])
+    with pytest.raises(error):
+        tracker.track(TP, bad)
+
+
+def test_track_unassigned_partition_raises() -> None:
+    with pytest.raises(KeyError):
+        OffsetTracker().track(TP, 0)
+
+
+@st.composite
+def tracked_and_order(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """Increasing offsets with random gaps, and a random order in which they all finish."""
+    gaps = draw(st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=60))
+    start = draw(st.integers(min_value=0, max_value=1000))
+    offsets = [start + sum(gaps[: i + 1]) for i in range(len(gaps))]
+    return offsets, list(draw(st.permutations(offsets)))
+
+
+@given(tracked_and_order())
+def test_commit_never_passes_an_unfinished_offset(case: tuple[list[int], list[int]]) -> None:
+    offsets, order = case
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    for offset in offsets:
+        tracker.track(TP, offset)
+    finished: set[int] = set()
+    last_commit = -1
+    for offset in order:
+        assert tracker.complete(TP, offset, gen)
+        finished.add(offset)
+        commit = tracker.committable().get(TP)
+        if commit is None:
+            continue
+        # every tracked offset below the commit has finished
+        assert all(o in finished for o in offsets if o < commit)
+        # it is the lowest unfinished offset, or the last + 1 when all finished
+        unfinished = [o for o in offsets if o not in finished]
+        assert commit == (unfinished[0] if unfinished else offsets[-1] + 1)
+        assert commit > last_commit
+        tracker.mark_committed({TP: commit})
+        last_commit = commit
+        assert tracker.pending(TP) == len(unfinished)
+
+
+@given(tracked_and_order())
+def test_commit_reaches_last_plus_one_when_all_complete(
+    case: tuple[list[int], list[int]],
+) -> None:
+    offsets, order = case
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    for offset in offsets:
+        tracker.track(TP, offset)
+    for offset in order:
+        tracker.complete(TP, offset, gen)
+    assert tracker.committable() == {TP: offsets[-1] + 1}
+    assert tracker.pending(TP) == 0
+
+
+@given(tracked_and_order(), st.data())
+def test_stale_completions_never_move_the_commit(
+    case: tuple[list[int], list[int]], data: st.DataObject
+) -> None:
+    offsets, order = case
+    tracker = OffsetTracker()
+    old = tracker.assign(TP)
+    new = tracker.assign(TP)  # reassigned while the old batch ran
+    for offset in offsets:
+        tracker.track(TP, offset)
+    stale = data.draw(st.lists(st.sampled_from(offsets)))
+    for offset in stale:
+        assert not tracker.complete(TP, offset, old)
+    assert tracker.committable() == {}
+    assert tracker.pending(TP) == len(offsets)
+    for offset in order:
+        tracker.complete(TP, offset, new)
+    assert tracker.committable() == {TP: offsets[-1] + 1}
