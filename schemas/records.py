@@ -1,0 +1,320 @@
+"""Request, reply and dead-letter records as raw parts (CONTRACT.md §Request record, §Reply
+record, §Dead letters).
+
+Pure functions on ``key: bytes | None``, ``value: bytes | None`` and
+``headers: Sequence[tuple[str, bytes | None]]`` (the shapes aiokafka's ``ConsumerRecord`` has);
+nothing here imports a Kafka client or does I/O. The sink sends ``OutRecord``s.
+
+Typical use in the pipeline::
+
+    try:
+        parsed = parse_request_record(rec.key, rec.value, rec.headers, max_text_bytes=...)
+    except RecordDecodeError as exc:
+        out = [build_dead_letter(rec.key, rec.value, rec.headers, exc.code, exc.message,
+                                 rec.topic, rec.partition, rec.offset, dlq_topic)]
+        if exc.addressable:
+            out.append(build_error_reply(exc, model=model_info))
+    ...
+    out = build_reply_record(reply, key=parsed.key, address=parsed.address,
+                             encoding=parsed.encoding)
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from schemas import headers as h
+from schemas.codec import (
+    DEFAULT_MAX_META_BYTES,
+    DEFAULT_MAX_TEXT_BYTES,
+    Encoding,
+    decode_request,
+    encode_reply,
+)
+from schemas.errors import DecodeError, EncodeError, ErrorCode, RecordDecodeError
+from schemas.models import ErrorInfo, ModelInfo, Reply, Request
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "OutRecord",
+    "ParsedRequest",
+    "ReplyAddress",
+    "build_dead_letter",
+    "build_error_reply",
+    "build_reply_record",
+    "parse_request_record",
+]
+
+MAX_KEY_BYTES: Final = 256
+"""Longest request key (CONTRACT.md §Request record, key)."""
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+"""A legal Kafka topic name (the broker's own rule, ``Topic.validate``)."""
+
+Headers = Sequence[tuple[str, bytes | None]]
+"""Record headers as (name, value) pairs; Kafka allows a null value."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """A record to send. ``topic`` None means the configured reply topic; ``partition`` None
+    lets the producer's default partitioner (murmur2 of the key) choose. ``key``, ``value`` and
+    header values are None only where the source record's were (dead letters keep them)."""
+
+    topic: str | None
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyAddress:
+    """Where a reply goes, read from the request headers (CONTRACT.md §Reply record).
+
+    ``topic``: ``kafka_replyTopic`` or None (the configured reply topic); ``partition``:
+    ``kafka_replyPartition`` or None (by key); ``correlation_id``: ``kafka_correlationId``
+    verbatim, or None when the request had none.
+    """
+
+    topic: str | None = None
+    partition: int | None = None
+    correlation_id: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A request record that can be served: its non-empty ``key`` (≤ ``MAX_KEY_BYTES``), the
+    validated ``request``, the reply ``address`` and the ``encoding`` the reply must use."""
+
+    key: bytes
+    request: Request
+    address: ReplyAddress
+    encoding: Encoding
+
+
+def _last_values(headers: Headers) -> dict[str, bytes]:
+    """The last value of each header name; a null value counts as no header."""
+    found: dict[str, bytes] = {}
+    for name, value in headers:
+        if value is None:
+            found.pop(name, None)
+        else:
+            found[name] = bytes(value)
+    return found
+
+
+def _reply_topic(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecodeError(
+            ErrorCode.INVALID_REQUEST, f"the {h.REPLY_TOPIC} header is not valid UTF-8"
+        ) from None
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise DecodeError(
+            ErrorCode.INVALID_REQUEST,
+            f"the {h.REPLY_TOPIC} header {topic[:100]!r} is not a legal topic name "
+            "(1-249 of A-Z a-z 0-9 . _ -)",
+        )
+    return topic
+
+
+def _reply_partition(raw: bytes | None) -> int | None:
+    if raw is None:
+        return None
+    if len(raw) != h.REPLY_PARTITION_BYTES:
+        raise DecodeError(
+            ErrorCode.INVALID_REQUEST,
+            f"the {h.REPLY_PARTITION} header is {len(raw)} bytes; it must be a 4-byte "
+            "big-endian int",
+        )
+    (partition,) = struct.unpack(">i", raw)
+    if partition < 0:
+        raise DecodeError(
+            ErrorCode.INVALID_REQUEST,
+            f"the {h.REPLY_PARTITION} header is {partition}; a partition is never negative",
+        )
+    return int(partition)
+
+
+def parse_request_record(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    max_meta_bytes: int = DEFAULT_MAX_META_BYTES,
+) -> ParsedRequest:
+    """Read a request record (CONTRACT.md §Request record).
+
+    Checks, in order: ``content-type``, ``kafka_replyTopic`` (UTF-8, a legal topic name),
+    ``kafka_replyPartition`` (exactly 4 bytes, big-endian signed, not negative), the key
+    (present, non-empty, at most ``MAX_KEY_BYTES``), then the value (``decode_request``).
+    ``kafka_correlationId`` is opaque and always recovered. For repeated headers the last wins.
+
+    Raises:
+        RecordDecodeError: with the first problem's code and message, plus everything that
+            could still be recovered — the non-empty key, each well-formed part of the reply
+            address, the encoding, and ``meta`` when the value decoded that far — so an
+            ``addressable`` record gets an error reply (CONTRACT.md §Dead letters).
+    """
+    found = _last_values(headers)
+    problems: list[DecodeError] = []
+
+    encoding: Encoding | None = None
+    try:
+        encoding = Encoding.from_content_type(found.get(h.CONTENT_TYPE))
+    except DecodeError as exc:
+        problems.append(exc)
+    topic: str | None = None
+    try:
+        topic = _reply_topic(found.get(h.REPLY_TOPIC))
+    except DecodeError as exc:
+        problems.append(exc)
+    partition: int | None = None
+    try:
+        partition = _reply_partition(found.get(h.REPLY_PARTITION))
+    except DecodeError as exc:
+        problems.append(exc)
+    address = ReplyAddress(topic, partition, found.get(h.CORRELATION_ID))
+
+    key = bytes(key) if key else None
+    if key is None:
+        problems.append(
+            DecodeError(
+                ErrorCode.INVALID_REQUEST,
+                "the record has no key (an empty key counts as none); the key is the "
+                "request's idempotency key and is required",
+            )
+        )
+    elif len(key) > MAX_KEY_BYTES:
+        problems.append(
+            DecodeError(
+                ErrorCode.INVALID_REQUEST,
+                f"the record key is {len(key)} bytes; at most {MAX_KEY_BYTES} are accepted",
+            )
+        )
+    if value is None:
+        problems.append(
+            DecodeError(ErrorCode.INVALID_REQUEST, "the record has no value (a tombstone)")
+        )
+
+    if problems:
+        meta = None
+        if encoding is not None and value is not None:
+            try:  # only to echo meta in the error reply
+                meta = decode_request(
+                    value, encoding, max_text_bytes=max_text_bytes, max_meta_bytes=max_meta_bytes
+                ).meta
+            except DecodeError as exc:
+                meta = exc.meta
+        first = problems[0]
+        raise RecordDecodeError(
+            first.code, first.message, key=key, address=address, encoding=encoding, meta=meta
+        )
+    assert key is not None and value is not None and encoding is not None
+    try:
+        request = decode_request(
+            value, encoding, max_text_bytes=max_text_bytes, max_meta_bytes=max_meta_bytes
+        )
+    except DecodeError as exc:
+        raise RecordDecodeError(
+            exc.code, exc.message, key=key, address=address, encoding=encoding, meta=exc.meta
+        ) from exc
+    return ParsedRequest(key=key, request=request, address=address, encoding=encoding)
+
+
+def build_reply_record(
+    reply: Reply, *, key: bytes | None, address: ReplyAddress, encoding: Encoding
+) -> OutRecord:
+    """The reply record for one request record (CONTRACT.md §Reply record).
+
+    Topic and partition from ``address`` (None: configured reply topic / by key); ``key`` copied
+    byte for byte; headers ``kafka_correlationId`` (when the request had one), ``content-type``
+    and ``kbatch-status``; the value is ``reply`` in ``encoding`` (the request's).
+
+    Raises:
+        EncodeError: when ``reply.meta`` cannot be carried by ``encoding``.
+    """
+    headers: list[tuple[str, bytes | None]] = []
+    if address.correlation_id is not None:
+        headers.append((h.CORRELATION_ID, address.correlation_id))
+    headers.append((h.CONTENT_TYPE, encoding.value.encode("ascii")))
+    headers.append((h.STATUS, reply.status.encode("ascii")))
+    return OutRecord(
+        topic=address.topic,
+        partition=address.partition,
+        key=key,
+        value=encode_reply(reply, encoding),
+        headers=headers,
+    )
+
+
+def build_error_reply(error: RecordDecodeError, *, model: ModelInfo) -> OutRecord:
+    """The ``error`` reply for a record that could not be served but can be addressed.
+
+    Encoded in the request's encoding, msgpack when it was unknown; echoes the request's
+    ``meta`` when it was recovered (CONTRACT.md §Dead letters, §Request record ``meta``).
+
+    Raises:
+        ValueError: when ``error.addressable`` is false (no key and no correlation id).
+    """
+    if not error.addressable:
+        raise ValueError("the record has neither a key nor a kafka_correlationId to answer")
+    info = ErrorInfo(code=error.code, message=error.message)
+    reply = Reply(status="error", error=info, model=model, meta=error.meta)
+    try:
+        return build_reply_record(
+            reply, key=error.key, address=error.address, encoding=error.reply_encoding
+        )
+    except EncodeError:  # a recovered meta that cannot be echoed: answer without it
+        reply = Reply(status="error", error=info, model=model)
+        return build_reply_record(
+            reply, key=error.key, address=error.address, encoding=error.reply_encoding
+        )
+
+
+def build_dead_letter(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    code: ErrorCode,
+    message: str,
+    source_topic: str,
+    source_partition: int,
+    source_offset: int,
+    dlq_topic: str,
+) -> OutRecord:
+    """The dead-letter record for a record that cannot be served (CONTRACT.md §Dead letters).
+
+    The original key, value and headers unchanged (order and repeats kept, null values too),
+    followed by ``kbatch.error.code``, ``kbatch.error.message``, ``kbatch.source.topic``,
+    ``kbatch.source.partition`` and ``kbatch.source.offset`` as UTF-8 strings (partition and
+    offset in decimal). Headers already carrying these names (a re-driven dead letter) stay;
+    readers take the last of each name. Partition None: chosen by key.
+    """
+    added = [
+        (h.ERROR_CODE, str(ErrorCode(code))),
+        (h.ERROR_MESSAGE, message),
+        (h.SOURCE_TOPIC, source_topic),
+        (h.SOURCE_PARTITION, str(int(source_partition))),
+        (h.SOURCE_OFFSET, str(int(source_offset))),
+    ]
+    out: list[tuple[str, bytes | None]] = [
+        (name, None if raw is None else bytes(raw)) for name, raw in headers
+    ]
+    out.extend((name, text.encode("utf-8", "replace")) for name, text in added)
+    return OutRecord(
+        topic=dlq_topic,
+        partition=None,
+        key=None if key is None else bytes(key),
+        value=None if value is None else bytes(value),
+        headers=out,
+    )
