@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,20 @@ async def new_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
 def unique_group(prefix: str = "g") -> str:
     """A consumer-group id no other test uses."""
     return f"test.{prefix}.{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BERT embedder (mean pooling + Normalize, dim 32, max length 64),
+    saved with ``save_pretrained`` so it loads through the real code path."""
+    from tests.fixtures.tiny_models import build_tiny_embedder
+
+    return build_tiny_embedder(tmp_path_factory.mktemp("tiny-embed"))
+
+
+@pytest.fixture(scope="session")
+def tiny_classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BERT classifier (3 labels in id2label, max length 128)."""
+    from tests.fixtures.tiny_models import build_tiny_classifier
+
+    return build_tiny_classifier(tmp_path_factory.mktemp("tiny-classify"))

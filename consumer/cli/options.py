@@ -16,7 +16,7 @@ import click
 from pydantic import BaseModel, SecretStr
 
 
-class CommaList(click.ParamType):
+class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
     """``16,32,64`` → ``[16, 32, 64]`` (ints) or a list of strings."""
 
     name = "list"

@@ -7,7 +7,9 @@ short-lived client; none is on the request path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -29,9 +31,15 @@ async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
 def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """True when a broker at ``bootstrap`` answers a metadata request within ``timeout_s``.
 
-    Synchronous (runs its own event loop); call it only from code without a running loop.
+    Synchronous: runs its own event loop, in a helper thread when the caller's thread already
+    runs one.
     """
-    return asyncio.run(_broker_answers(bootstrap, timeout_s))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_broker_answers(bootstrap, timeout_s))
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _broker_answers(bootstrap, timeout_s)).result()
 
 
 async def create_topics(
@@ -50,10 +58,8 @@ async def create_topics(
             )
             for name in names
         ]
-        try:
+        with contextlib.suppress(TopicAlreadyExistsError):
             await admin.create_topics(topics)
-        except TopicAlreadyExistsError:
-            pass
     finally:
         await admin.close()
 
@@ -63,9 +69,7 @@ async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        try:
+        with contextlib.suppress(KafkaError):
             await admin.delete_topics(list(names))
-        except KafkaError:
-            pass
     finally:
         await admin.close()

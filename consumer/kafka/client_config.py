@@ -1,0 +1,27 @@
+"""aiokafka keyword arguments from kbatch settings: security passes through unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka.helpers import create_ssl_context
+
+from consumer.config import KafkaSecurity
+
+
+def security_kwargs(settings: KafkaSecurity) -> dict[str, Any]:
+    """``security_protocol``, SASL and TLS settings as aiokafka client kwargs."""
+    kwargs: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.sasl_mechanism is not None:
+        kwargs["sasl_mechanism"] = settings.sasl_mechanism
+    if settings.sasl_plain_username is not None:
+        kwargs["sasl_plain_username"] = settings.sasl_plain_username
+    if settings.sasl_plain_password is not None:
+        kwargs["sasl_plain_password"] = settings.sasl_plain_password.get_secret_value()
+    if settings.security_protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None,
+            certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+            keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        )
+    return kwargs

@@ -1,0 +1,161 @@
+"""The request source: one aiokafka consumer in a consumer group, read in poll-sized chunks.
+
+Auto-commit is off: the pipeline commits what :class:`consumer.kafka.offsets.OffsetTracker`
+says is safe. Pauses are the backpressure; aiokafka forgets them on every rebalance, so the
+rebalance handler re-applies them (``RebalanceHandler.on_assigned``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from consumer.config import ServeSettings
+from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.records import InRecord, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class CommitError(RuntimeError):
+    """A commit was refused (typically a rebalance in progress); retriable at the next interval."""
+
+
+class RebalanceHandler(Protocol):
+    """What the owner of the source does when partitions move (awaited before rejoining)."""
+
+    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None: ...
+
+    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None: ...
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, handler: RebalanceHandler) -> None:
+        self._handler = handler
+
+    async def on_partitions_revoked(self, revoked: Iterable[KafkaTP]) -> None:
+        await self._handler.on_revoked(frozenset((tp.topic, tp.partition) for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[KafkaTP]) -> None:
+        await self._handler.on_assigned(frozenset((tp.topic, tp.partition) for tp in assigned))
+
+
+class KafkaSource:
+    """The consumer side of ``kbatch serve``.
+
+    Args:
+        settings: topology, group and timeouts.
+        handler: called on revoke/assign (see :class:`RebalanceHandler`).
+        topics: topics to subscribe to (default: ``settings.request_topic``).
+    """
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        handler: RebalanceHandler,
+        topics: Iterable[str] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._handler = handler
+        self._topics = tuple(topics or (settings.request_topic,))
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap,
+            group_id=settings.group_id,
+            group_instance_id=settings.group_instance_id,
+            client_id=f"kbatch-{settings.group_instance_id or 'consumer'}",
+            enable_auto_commit=False,
+            auto_offset_reset=settings.auto_offset_reset,
+            isolation_level="read_committed",
+            max_poll_records=settings.poll_max_records,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            **security_kwargs(settings),
+        )
+
+    async def start(self) -> None:
+        """Connect and subscribe; partitions arrive through the rebalance handler."""
+        await self._consumer.start()
+        self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler))
+
+    async def stop(self) -> None:
+        """Leave the group and close (idempotent)."""
+        await self._consumer.stop()
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        """One ``getmany`` chunk, flattened in partition order; empty when paused or idle."""
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        return [
+            InRecord(
+                topic=r.topic,
+                partition=r.partition,
+                offset=r.offset,
+                key=r.key,
+                value=r.value,
+                headers=tuple(r.headers),
+                timestamp_ms=r.timestamp,
+            )
+            for records in batches.values()
+            for r in records
+        ]
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+        return frozenset((tp.topic, tp.partition) for tp in self._consumer.assignment())
+
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        """Stop fetching these partitions (only those still assigned)."""
+        owned = self.assignment()
+        targets = [KafkaTP(*tp) for tp in tps if tp in owned]
+        if targets:
+            self._consumer.pause(*targets)
+
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        """Fetch these partitions again (only those still assigned)."""
+        owned = self.assignment()
+        targets = [KafkaTP(*tp) for tp in tps if tp in owned]
+        if targets:
+            self._consumer.resume(*targets)
+
+    def paused(self) -> frozenset[TopicPartition]:
+        """The partitions paused in the client right now."""
+        return frozenset((tp.topic, tp.partition) for tp in self._consumer.paused())
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit ``offsets`` (next offset to read, per partition) for this group.
+
+        Raises:
+            CommitError: the group is rebalancing or the partition is no longer ours.
+        """
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit({KafkaTP(*tp): off for tp, off in offsets.items()})
+        except (CommitFailedError, IllegalStateError, KafkaError) as err:
+            raise CommitError(f"commit of {dict(offsets)} failed: {err}") from err
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (None when it has none)."""
+        try:
+            offset = await self._consumer.committed(KafkaTP(*tp))
+        except KafkaError:
+            return None
+        return None if offset is None else int(offset)
+
+    def lag(self, committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Per assigned partition: log end (highwater) minus the committed offset.
+
+        Partitions whose highwater or committed offset is not known yet are left out.
+        """
+        out: dict[TopicPartition, int] = {}
+        for tp in self.assignment():
+            high = self._consumer.highwater(KafkaTP(*tp))
+            if high is not None and tp in committed:
+                out[tp] = max(0, high - committed[tp])
+        return out

@@ -1,0 +1,266 @@
+"""Every metric of ``kbatch serve`` in one place (prometheus-client, prefix ``kbatch_``).
+
+Served with ``/healthz`` and ``/readyz`` by :class:`HealthServer` on ``--metrics-port``,
+bound to 127.0.0.1 unless ``--metrics-host`` says otherwise. Durations are seconds (the
+Prometheus convention); the names say so.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+_EFFICIENCY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0)
+
+
+class Metrics:
+    """The service's metrics on their own registry (one per process, or per test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.records_consumed = Counter(
+            "kbatch_records_consumed_total",
+            "Request records taken from Kafka.",
+            ["topic"],
+            registry=r,
+        )
+        self.replies = Counter(
+            "kbatch_replies_total",
+            "Replies acknowledged by the broker, by status.",
+            ["status"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "kbatch_dead_letters_total",
+            "Dead letters acknowledged, by error code.",
+            ["code"],
+            registry=r,
+        )
+        self.dedup_hits = Counter(
+            "kbatch_dedup_hits_total",
+            "Requests answered from another copy of the same key.",
+            registry=r,
+        )
+        self.expired = Counter(
+            "kbatch_expired_total", "Requests answered expired, never computed.", registry=r
+        )
+        self.oom_splits = Counter(
+            "kbatch_oom_splits_total", "Batches split in half after a failure.", registry=r
+        )
+        self.failed_items = Counter(
+            "kbatch_inference_failed_total", "Requests answered inference_failed.", registry=r
+        )
+        self.batch_size = Histogram(
+            "kbatch_batch_size", "Requests per batch run.", buckets=_BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.tokens_real = Counter(
+            "kbatch_tokens_real_total", "Real (non-padding) tokens computed.", registry=r
+        )
+        self.tokens_padded = Counter(
+            "kbatch_tokens_padded_total",
+            "Padded tokens computed (padded_len × batch size).",
+            registry=r,
+        )
+        self.padding_efficiency = Histogram(
+            "kbatch_padding_efficiency",
+            "Real / padded tokens per batch.",
+            buckets=_EFFICIENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "kbatch_queue_wait_seconds",
+            "Time a request waited in its bucket.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inference_time = Histogram(
+            "kbatch_inference_seconds",
+            "Model time of one batch.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.end_to_end = Histogram(
+            "kbatch_end_to_end_seconds",
+            "Record timestamp to reply acknowledged (includes producer→broker time).",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.commit_time = Histogram(
+            "kbatch_commit_seconds",
+            "Latency of one offset commit.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.in_flight_records = Gauge(
+            "kbatch_in_flight_records", "Records taken in and not yet answered.", registry=r
+        )
+        self.in_flight_tokens = Gauge(
+            "kbatch_in_flight_tokens", "Tokens of the records in flight.", registry=r
+        )
+        self.pauses = Counter(
+            "kbatch_pauses_total",
+            "Partitions paused by backpressure (each pause counted).",
+            registry=r,
+        )
+        self.paused_partitions = Gauge(
+            "kbatch_paused_partitions", "Partitions paused by backpressure.", registry=r
+        )
+        self.assigned_partitions = Gauge(
+            "kbatch_assigned_partitions", "Partitions assigned to this member.", registry=r
+        )
+        self.lag = Gauge(
+            "kbatch_consumer_lag",
+            "Log end minus committed offset.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.rebalances = Counter(
+            "kbatch_rebalances_total",
+            "Partition revocations and assignments.",
+            ["kind"],
+            registry=r,
+        )
+        self.engine_healthy = Gauge(
+            "kbatch_engine_healthy", "1 unless a batch overran the watchdog.", registry=r
+        )
+        self.gpu_memory = Gauge(
+            "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
+        )
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class HealthServer:
+    """``/metrics``, ``/healthz`` (the event loop is alive) and ``/readyz`` (ready to serve).
+
+    Runs in a daemon thread so a busy event loop cannot hide the endpoints; the pipeline calls
+    :meth:`beat` from its loop and ``/healthz`` fails when no beat came for ``stale_after_s``.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        ready: ReadinessProbe,
+        host: str = "127.0.0.1",
+        port: int = 9400,
+        stale_after_s: float = 30.0,
+    ) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self._stale_after_s = stale_after_s
+        self._last_beat = time.monotonic()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, server._metrics.render(), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    age = time.monotonic() - server._last_beat
+                    ok = age < server._stale_after_s
+                    body: dict[str, Any] = {"alive": ok, "loop_beat_age_s": round(age, 3)}
+                    self._send(200 if ok else 503, json.dumps(body).encode(), "application/json")
+                elif path == "/readyz":
+                    ok, detail = server._ready()
+                    body = {"ready": ok, **detail}
+                    self._send(200 if ok else 503, json.dumps(body).encode(), "application/json")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, content_type: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="kbatch-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> None:
+        """Serve in the background."""
+        self._thread.start()
+
+    def beat(self) -> None:
+        """Record that the event loop is alive (called once per poll)."""
+        self._last_beat = time.monotonic()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class PrometheusStats:
+    """The engine's :class:`consumer.batching.stats.StatsSink`, recorded as Prometheus metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def on_batch(
+        self, batch_size: int, real_tokens: int, padded_tokens: int, infer_ms: float
+    ) -> None:
+        m = self._m
+        m.batch_size.observe(batch_size)
+        m.tokens_real.inc(real_tokens)
+        m.tokens_padded.inc(padded_tokens)
+        if padded_tokens:
+            m.padding_efficiency.observe(real_tokens / padded_tokens)
+        m.inference_time.observe(infer_ms / 1000)
+
+    def on_queue_wait(self, queue_ms: float) -> None:
+        self._m.queue_wait.observe(queue_ms / 1000)
+
+    def on_expired(self, n: int) -> None:
+        self._m.expired.inc(n)
+
+    def on_split(self) -> None:
+        self._m.oom_splits.inc()
+
+    def on_failed(self, n: int) -> None:
+        self._m.failed_items.inc(n)
+
+    def on_watchdog(self) -> None:
+        self._m.engine_healthy.set(0)

@@ -1,0 +1,416 @@
+"""The one readable flow of ``kbatch serve``.
+
+    poll → decode → (task, deadline) → dedup → engine.submit ─┐
+                                                              ▼ (engine: buckets → batches → model)
+    commit ◄─ offsets.complete ◄─ broker ack ◄─ sink.send ◄─ on_outcome → reply (+ dedup copies)
+
+Rules this module keeps (CONTRACT.md §Delivery):
+
+* An offset is finished only when its reply or dead letter is acknowledged by the broker; the
+  committed offset never passes an unfinished record (:class:`OffsetTracker`).
+* A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
+* A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
+  while paused so the member stays in its group.
+* A revoke first finishes the revoked partitions' buffered work within the rebalance timeout,
+  so a rebalance that finishes in time repeats nothing; what is still queued at the deadline is
+  dropped, stays uncommitted, and is computed by the next owner.
+
+Policy objects decide; this class does the I/O. Kafka I/O lives in :mod:`consumer.kafka`, the
+model behind :class:`EngineLike`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.config import ServeSettings
+from consumer.dedup import DedupCache, DedupKind
+from consumer.kafka.flow import FlowConfig, FlowControl
+from consumer.kafka.offsets import OffsetTracker
+from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.sink import DeliveryError, SinkClosedError
+from consumer.kafka.source import CommitError
+from consumer.metrics import Metrics
+from consumer.replies import ReplyBuilder
+from schemas.errors import ErrorCode, RecordDecodeError
+from schemas.records import OutRecord, ParsedRequest, parse_request_record
+
+log = logging.getLogger(__name__)
+
+
+class SourceLike(Protocol):
+    """What the pipeline needs of :class:`consumer.kafka.source.KafkaSource`."""
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
+    async def committed(self, tp: TopicPartition) -> int | None: ...
+    def pause(self, tps: frozenset[TopicPartition]) -> None: ...
+    def resume(self, tps: frozenset[TopicPartition]) -> None: ...
+    def lag(self, committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]: ...
+
+
+class SinkLike(Protocol):
+    """What the pipeline needs of :class:`consumer.kafka.sink.KafkaSink`."""
+
+    async def send(self, record: OutRecord) -> None: ...
+
+
+class EngineLike(Protocol):
+    """What the pipeline needs of :class:`consumer.batching.engine.Engine`."""
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]: ...
+    def cancel_group(self, group: object) -> list[int]: ...
+    async def flush(self) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One request record between poll and broker acknowledgement."""
+
+    record: InRecord
+    generation: int
+    parsed: ParsedRequest | None = None
+    n_tokens: int = 0
+    item_id: int | None = None
+    dedup_of: int | None = None
+    sends: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Pipeline:
+    """Owns the policy objects and does the I/O they decide on. One per ``kbatch serve``."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        sink: SinkLike,
+        replies: ReplyBuilder,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.settings = settings
+        self._sink = sink
+        self._replies = replies
+        self._metrics = metrics
+        self._clock = clock
+        self._wall_ms = wall_clock_ms
+        self.tracker = OffsetTracker()
+        self.flow = FlowControl(
+            FlowConfig(
+                max_partition_records=settings.max_partition_records,
+                max_partition_tokens=settings.max_partition_tokens,
+                max_total_records=settings.max_total_records,
+                max_total_tokens=settings.max_total_tokens,
+                resume_fraction=settings.resume_fraction,
+            )
+        )
+        self.dedup: DedupCache[Pending, ItemOutcome] = DedupCache(
+            ttl_s=settings.dedup_ttl_s, max_entries=settings.dedup_max_entries
+        )
+        self._ids = itertools.count()
+        self._computing: dict[int, Pending] = {}  # item id → the record that asked for it
+        self._committed: dict[TopicPartition, int] = {}
+        self._progress = asyncio.Event()
+        self._source: SourceLike | None = None
+        self._engine: EngineLike | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+        self.assigned_once = False
+
+    def bind(self, source: SourceLike, engine: EngineLike) -> None:
+        """Attach the Kafka source and the engine (built after the pipeline: they call back)."""
+        self._source, self._engine = source, engine
+
+    @property
+    def source(self) -> SourceLike:
+        assert self._source is not None, "bind() first"
+        return self._source
+
+    @property
+    def engine(self) -> EngineLike:
+        assert self._engine is not None, "bind() first"
+        return self._engine
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
+        """Poll, feed and commit until ``stop`` is set; then drain (see :meth:`drain`)."""
+        s = self.settings
+        next_commit = self._clock() + s.commit_interval_ms / 1000
+        while not stop.is_set():
+            beat()
+            records = await self.source.poll(s.poll_max_records, s.poll_timeout_ms)
+            if records:
+                await self.take(records)
+            self._apply_flow()
+            if self._clock() >= next_commit:
+                await self.commit()
+                self._update_gauges()
+                next_commit = self._clock() + s.commit_interval_ms / 1000
+
+    async def take(self, records: Sequence[InRecord]) -> None:
+        """Decode a poll chunk; answer what needs no model; submit the rest in one call."""
+        now, now_ms = self._clock(), self._wall_ms()
+        to_compute: list[tuple[Pending, InferenceItem]] = []
+        for record in records:
+            generation = self.tracker.generation(record.tp)
+            if generation is None:  # fetched just before its partition was revoked
+                continue
+            self.tracker.track(record.tp, record.offset)
+            self.flow.add(record.tp, 1, 0)
+            self._metrics.records_consumed.labels(record.topic).inc()
+            pending = Pending(record, generation)
+            try:
+                pending.parsed = parse_request_record(
+                    record.key,
+                    record.value,
+                    record.headers,
+                    max_text_bytes=self.settings.max_text_bytes,
+                )
+            except RecordDecodeError as err:
+                self._dead_letter(pending, err.code, err.message, err)
+                continue
+            item = self._admit(pending, now, now_ms)
+            if item is not None:
+                to_compute.append((pending, item))
+        if not to_compute:
+            return
+        n_tokens = await self.engine.submit([item for _, item in to_compute])
+        for (pending, item), n in zip(to_compute, n_tokens, strict=True):
+            if self._computing.get(item.item_id) is pending:
+                pending.n_tokens = n
+                self.flow.add(pending.record.tp, 0, n)
+
+    def _admit(self, pending: Pending, now: float, now_ms: int) -> InferenceItem | None:
+        """Answer at once what needs no computation; else return the item to compute."""
+        assert pending.parsed is not None
+        request = pending.parsed.request
+        if request.task is not None and request.task != self.settings.task:
+            message = f"this consumer serves task {self.settings.task!r}, not {request.task!r}"
+            self._send_reply(
+                pending, self._replies.error(pending.parsed, ErrorCode.UNSUPPORTED_TASK, message)
+            )
+            return None
+        if request.deadline_ms is not None and request.deadline_ms <= now_ms:
+            self._metrics.expired.inc()
+            self._send_reply(
+                pending, self._replies.expired(pending.parsed, late_ms=now_ms - request.deadline_ms)
+            )
+            return None
+        key = pending.record.key or b""
+        item_id = next(self._ids)
+        decision = self.dedup.begin(key, pending.record.tp, now, item_id)
+        if decision.kind is DedupKind.DONE:
+            assert decision.result is not None
+            self._metrics.dedup_hits.inc()
+            self._send_reply(
+                pending, self._replies.from_outcome(pending.parsed, decision.result, dedup=True)
+            )
+            return None
+        if decision.kind is DedupKind.IN_FLIGHT:
+            self._metrics.dedup_hits.inc()
+            pending.dedup_of = decision.item_id
+            self.dedup.attach_waiter(key, pending)
+            return None
+        pending.item_id = item_id
+        self._computing[item_id] = pending
+        deadline_s = None
+        if request.deadline_ms is not None:
+            deadline_s = now + (request.deadline_ms - now_ms) / 1000
+        return InferenceItem(
+            item_id=item_id,
+            text=request.text,
+            truncate=request.truncate,
+            arrival_s=now,
+            deadline_s=deadline_s,
+            group=pending.record.tp,
+        )
+
+    # ---- outcomes → replies -------------------------------------------------------------------
+
+    def on_outcome(self, outcome: ItemOutcome) -> None:
+        """Engine callback (event loop thread): reply to the record and to its waiting copies."""
+        pending = self._computing.pop(outcome.item_id, None)
+        if pending is None or pending.parsed is None:
+            return  # its partition was revoked meanwhile
+        self._send_reply(pending, self._replies.from_outcome(pending.parsed, outcome, dedup=False))
+        key = pending.record.key or b""
+        if outcome.status == "ok":
+            waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
+        else:
+            waiters = self.dedup.fail(key, item_id=outcome.item_id)
+        for waiter in waiters:
+            assert waiter.parsed is not None
+            self._send_reply(waiter, self._replies.from_outcome(waiter.parsed, outcome, dedup=True))
+
+    def _send_reply(self, pending: Pending, record: OutRecord) -> None:
+        status = (dict(record.headers).get("kbatch-status") or b"").decode()
+        self._spawn(pending, self._deliver_reply(pending, record, status))
+
+    def _dead_letter(
+        self, pending: Pending, code: ErrorCode, message: str, err: RecordDecodeError | None
+    ) -> None:
+        r = pending.record
+        dlq = self._replies.dead_letter(r, code, message)
+        reply = (
+            self._replies.decode_error_reply(err) if err is not None and err.addressable else None
+        )
+        self._spawn(pending, self._deliver_dead_letter(pending, dlq, reply, code))
+
+    def _spawn(self, pending: Pending, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _deliver_reply(self, pending: Pending, record: OutRecord, status: str) -> None:
+        try:
+            await self._sink.send(record)
+        except SinkClosedError:
+            return  # shutting down: the record stays uncommitted and is answered after restart
+        except DeliveryError as err:
+            # The client named a reply address that cannot exist: dead-letter the request.
+            message = f"the reply could not be delivered: {err}"
+            await self._deliver_dead_letter(
+                pending,
+                self._replies.dead_letter(pending.record, ErrorCode.INVALID_REQUEST, message),
+                None,
+                ErrorCode.INVALID_REQUEST,
+            )
+            return
+        self._metrics.replies.labels(status).inc()
+        self._metrics.end_to_end.observe(
+            max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
+        )
+        self._complete(pending)
+
+    async def _deliver_dead_letter(
+        self, pending: Pending, dlq: OutRecord, reply: OutRecord | None, code: ErrorCode
+    ) -> None:
+        try:
+            await self._sink.send(dlq)
+        except SinkClosedError:
+            return
+        except DeliveryError:
+            log.exception("dead letter for %s@%d refused", pending.record.tp, pending.record.offset)
+            return  # never completed: the record is re-read after a restart
+        self._metrics.dead_letters.labels(code.value).inc()
+        if reply is not None:
+            try:
+                await self._sink.send(reply)
+                self._metrics.replies.labels("error").inc()
+            except (DeliveryError, SinkClosedError) as err:
+                log.warning(
+                    "error reply for %s@%d not delivered: %s",
+                    pending.record.tp,
+                    pending.record.offset,
+                    err,
+                )
+        self._complete(pending)
+
+    def _complete(self, pending: Pending) -> None:
+        r = pending.record
+        if self.tracker.complete(r.tp, r.offset, pending.generation):
+            self.flow.remove(r.tp, 1, pending.n_tokens)
+        self._progress.set()
+
+    # ---- flow control and commits ---------------------------------------------------------------
+
+    def _apply_flow(self) -> None:
+        decision = self.flow.decide()
+        if decision.pause:
+            self.source.pause(decision.pause)
+            self._metrics.pauses.inc(len(decision.pause))
+        if decision.resume:
+            self.source.resume(decision.resume)
+        self._metrics.paused_partitions.set(len(self.flow.paused))
+
+    async def commit(self, only: frozenset[TopicPartition] | None = None) -> None:
+        """Commit every partition's safe offset (those in ``only`` when given)."""
+        offsets = self.tracker.committable()
+        if only is not None:
+            offsets = {tp: off for tp, off in offsets.items() if tp in only}
+        if not offsets:
+            return
+        started = self._clock()
+        try:
+            await self.source.commit(offsets)
+        except CommitError as err:
+            log.warning("%s; retrying at the next interval", err)
+            return
+        self._metrics.commit_time.observe(self._clock() - started)
+        self.tracker.mark_committed(offsets)
+        self._committed.update(offsets)
+
+    def _update_gauges(self) -> None:
+        m = self._metrics
+        m.in_flight_records.set(self.flow.total_records)
+        m.in_flight_tokens.set(self.flow.total_tokens)
+        m.assigned_partitions.set(len(self.tracker.assigned))
+        for (topic, partition), lag in self.source.lag(self._committed).items():
+            m.lag.labels(topic, str(partition)).set(lag)
+
+    # ---- rebalance and shutdown -----------------------------------------------------------------
+
+    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None:
+        """Start a new generation for each partition; re-apply pauses aiokafka forgot."""
+        self._metrics.rebalances.labels("assigned").inc()
+        for tp in tps:
+            self.tracker.assign(tp)
+            self.flow.assign(tp)
+            committed = await self.source.committed(tp)
+            if committed is not None:
+                self._committed[tp] = committed
+        self.flow.decide()
+        paused = self.flow.reapply()
+        if paused:
+            self.source.pause(paused)
+        self.assigned_once = True
+        log.info("assigned %s", sorted(tps))
+
+    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None:
+        """Finish, send and commit what revoked partitions hold, within the rebalance timeout."""
+        self._metrics.rebalances.labels("revoked").inc()
+        if not tps:
+            return
+        timeout_s = self.settings.rebalance_timeout_ms / 1000 * 0.8
+        await self.finish(tps, timeout_s)
+        for tp in tps:
+            dropped = self.engine.cancel_group(tp)
+            for item_id in dropped:
+                self._computing.pop(item_id, None)
+            self.dedup.drop_partition(tp)
+            self.tracker.revoke(tp)
+            self.flow.revoke(tp)
+            self._committed.pop(tp, None)
+        log.info("revoked %s", sorted(tps))
+
+    async def finish(self, tps: frozenset[TopicPartition] | None, timeout_s: float) -> bool:
+        """Flush the buckets, wait until ``tps`` (all when None) have nothing pending, commit.
+
+        Returns:
+            True when everything finished within ``timeout_s``.
+        """
+        await self.engine.flush()
+        deadline = self._clock() + timeout_s
+        targets = tps if tps is not None else self.tracker.assigned
+        done = False
+        while True:
+            done = all(self.tracker.pending(tp) == 0 for tp in targets)
+            remaining = deadline - self._clock()
+            if done or remaining <= 0:
+                break
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+        await self.commit(only=frozenset(targets))
+        if not done:
+            left = {tp: self.tracker.pending(tp) for tp in targets if self.tracker.pending(tp)}
+            log.warning("drain deadline passed with records unanswered: %s", left)
+        return done

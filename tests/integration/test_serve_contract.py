@@ -1,0 +1,247 @@
+"""The wire contract, end to end: a real ``kbatch serve`` process, the real broker, tiny models."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from schemas.codec import Encoding
+from tests.conftest import TopicFactory, unique_group
+from tests.integration.harness import Req, ServeProcess, produce, read_topic, request
+
+
+@dataclass
+class Topics:
+    requests: str
+    replies: str
+    dlq: str
+    group: str
+
+
+@pytest.fixture
+async def topics(new_topic: TopicFactory) -> Topics:
+    return Topics(
+        requests=await new_topic("req", partitions=2),
+        replies=await new_topic("rep", partitions=3),
+        dlq=await new_topic("dlq"),
+        group=unique_group("serve"),
+    )
+
+
+@pytest.fixture
+async def embed_server(
+    tmp_path: Path, kafka_bootstrap: str, topics: Topics, tiny_embed_dir: Path
+) -> AsyncIterator[ServeProcess]:
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=topics.requests,
+        reply_topic=topics.replies,
+        dlq_topic=topics.dlq,
+        group_id=topics.group,
+        model=str(tiny_embed_dir),
+        extra=["--max-wait-ms", "5"],
+    )
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def n_records(n: int) -> Callable[[list[object]], bool]:
+    return lambda rs: len(rs) >= n
+
+
+async def test_round_trip_embed(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    await produce(
+        kafka_bootstrap, topics.requests, [request("k1", "hello world", meta={"trace": "a1"})]
+    )
+    (rec,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    assert rec.key == b"k1"
+    assert rec.headers["kbatch-status"] == b"ok"
+    assert rec.headers["content-type"] == b"application/msgpack"
+    reply = rec.reply
+    assert reply.status == "ok" and reply.v == 1
+    assert reply.dedup is False and reply.truncated is False
+    assert reply.meta == {"trace": "a1"}
+    assert reply.result is not None and reply.timing is not None
+    embedding = (
+        reply.result["embedding"] if isinstance(reply.result, dict) else reply.result.embedding
+    )
+    assert len(embedding) == 32
+    assert abs(sum(x * x for x in embedding) - 1.0) < 1e-3  # L2-normalised (Normalize module)
+    assert reply.timing.batch_size >= 1 and reply.timing.padded_len >= 3
+    assert reply.model.name
+
+
+async def test_spring_headers_reply_topic_partition_and_correlation(
+    kafka_bootstrap: str, topics: Topics, new_topic: TopicFactory, embed_server: ServeProcess
+) -> None:
+    own_replies = await new_topic("own-rep", partitions=4)
+    correlation = bytes(range(16))
+    req = request("spring-1", "from a ReplyingKafkaTemplate")
+    headers = (
+        ("kafka_replyTopic", own_replies.encode()),
+        ("kafka_replyPartition", struct.pack(">i", 3)),
+        ("kafka_correlationId", correlation),
+    )
+    await produce(kafka_bootstrap, topics.requests, [Req(req.key, req.value, headers)])
+    (rec,) = await read_topic(kafka_bootstrap, own_replies, n_records(1), 60)
+    assert rec.partition == 3
+    assert rec.headers["kafka_correlationId"] == correlation
+    assert rec.key == b"spring-1"
+    assert rec.reply.status == "ok"
+
+
+async def test_json_request_gets_json_reply(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    await produce(kafka_bootstrap, topics.requests, [request("j1", "json please", Encoding.JSON)])
+    (rec,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    assert rec.headers["content-type"] == b"application/json"
+    assert rec.raw.startswith(b"{")
+    assert rec.reply.status == "ok"
+
+
+async def test_duplicates_are_computed_once(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    copies = [request("same-key", "retry me", meta={"copy": i}) for i in range(5)]
+    await produce(kafka_bootstrap, topics.requests, copies)
+    replies = await read_topic(kafka_bootstrap, topics.replies, n_records(5), 60)
+    assert sorted(r.reply.meta["copy"] for r in replies if r.reply.meta) == [0, 1, 2, 3, 4]
+    assert [r.reply.dedup for r in replies].count(False) == 1
+    assert all(r.reply.status == "ok" for r in replies)
+    first = next(r for r in replies if not r.reply.dedup)
+    assert all(r.reply.result == first.reply.result for r in replies)
+    assert all(r.reply.timing == first.reply.timing for r in replies)  # the source's timing
+    metrics = embed_server.metrics()
+    assert metrics["kbatch_dedup_hits_total"] == 4
+
+
+async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    poison = [
+        Req(b"bad-bytes", b"\xc1\xff\x00 not msgpack"),  # undecodable
+        Req(None, msgpack.packb({"text": "no key"})),  # no key, no correlation id: DLQ only
+        Req(b"bad-ct", b"{}", (("content-type", b"text/plain"),)),  # unknown content-type
+        Req(b"bad-version", msgpack.packb({"text": "hi", "v": 2})),  # unsupported_version
+        Req(b"empty-text", msgpack.packb({"text": ""})),
+        Req(
+            b"bad-partition",
+            msgpack.packb({"text": "x"}),
+            (("kafka_replyPartition", b"\x00\x01\x02"),),
+        ),
+    ]
+    good = [request(f"good-{i}", f"fine text {i}") for i in range(4)]
+    await produce(
+        kafka_bootstrap, topics.requests, [*poison[:3], *good[:2], *poison[3:], *good[2:]]
+    )
+    dead = await read_topic(kafka_bootstrap, topics.dlq, n_records(6), 60, decode=False)
+    assert {d.key for d in dead} == {
+        None,
+        b"bad-bytes",
+        b"bad-ct",
+        b"bad-version",
+        b"empty-text",
+        b"bad-partition",
+    }
+    by_key = {d.key: d for d in dead}
+    assert by_key[b"bad-version"].headers["kbatch.error.code"] == b"unsupported_version"
+    assert by_key[b"bad-bytes"].headers["kbatch.error.code"] == b"invalid_request"
+    assert by_key[b"bad-bytes"].raw == b"\xc1\xff\x00 not msgpack"  # value unchanged
+    assert by_key[b"bad-ct"].headers["content-type"] == b"text/plain"  # headers unchanged
+    assert by_key[b"bad-bytes"].headers["kbatch.source.topic"] == topics.requests.encode()
+    assert by_key[b"bad-bytes"].headers["kbatch.source.offset"].isdigit()
+
+    replies = await read_topic(kafka_bootstrap, topics.replies, n_records(9), 60)
+    statuses = {r.key: r.reply.status for r in replies}
+    assert all(statuses[f"good-{i}".encode()] == "ok" for i in range(4))
+    for key in (b"bad-bytes", b"bad-ct", b"bad-version", b"empty-text", b"bad-partition"):
+        assert statuses[key] == "error", key
+    assert None not in statuses
+    error_codes = {r.key: r.reply.error.code for r in replies if r.reply.error is not None}
+    assert error_codes[b"bad-version"] == "unsupported_version"
+
+
+async def test_expired_deadline_is_never_computed(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    past_ms = int(time.time() * 1000) - 1_000
+    await produce(
+        kafka_bootstrap,
+        topics.requests,
+        [request("late", "too late", deadline_ms=past_ms, meta={"m": 1})],
+    )
+    (rec,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    assert rec.reply.status == "expired"
+    assert rec.headers["kbatch-status"] == b"expired"
+    assert rec.reply.error is not None and rec.reply.error.code == "deadline_exceeded"
+    assert rec.reply.meta == {"m": 1}
+    metrics = embed_server.metrics()
+    assert metrics["kbatch_expired_total"] == 1
+    assert metrics.get("kbatch_batch_size_count", 0) == 0  # no batch ran
+
+
+async def test_wrong_task_and_too_long_input(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    long_text = "word " * 2_000
+    await produce(
+        kafka_bootstrap,
+        topics.requests,
+        [
+            request("wrong-task", "classify me", task="classify"),
+            request("too-long", long_text, truncate=False),
+            request("cut", long_text),
+        ],
+    )
+    replies = {
+        r.key: r for r in await read_topic(kafka_bootstrap, topics.replies, n_records(3), 60)
+    }
+    assert replies[b"wrong-task"].reply.error is not None
+    assert replies[b"wrong-task"].reply.error.code == "unsupported_task"
+    assert replies[b"too-long"].reply.error is not None
+    assert replies[b"too-long"].reply.error.code == "input_too_long"
+    assert replies[b"cut"].reply.status == "ok" and replies[b"cut"].reply.truncated is True
+    dlq_count = embed_server.metrics()
+    assert not any(k.startswith("kbatch_dead_letters_total{") for k in dlq_count)
+
+
+async def test_classify_scores(
+    tmp_path: Path, kafka_bootstrap: str, topics: Topics, tiny_classify_dir: Path
+) -> None:
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=topics.requests,
+        reply_topic=topics.replies,
+        dlq_topic=topics.dlq,
+        group_id=topics.group,
+        model=str(tiny_classify_dir),
+        task="classify",
+    )
+    try:
+        server.wait_ready()
+        await produce(
+            kafka_bootstrap, topics.requests, [request("c1", "great movie", task="classify")]
+        )
+        (rec,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    finally:
+        server.stop()
+    result = rec.reply.result
+    assert rec.reply.status == "ok" and result is not None
+    scores = result["scores"] if isinstance(result, dict) else result.scores
+    label = result["label"] if isinstance(result, dict) else result.label
+    assert abs(sum(scores.values()) - 1.0) < 1e-5
+    assert label == max(scores, key=lambda k: scores[k])

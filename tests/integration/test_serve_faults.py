@@ -1,0 +1,262 @@
+"""Faults against a real ``kbatch serve``: bursts, kill -9, a leaving member, broker restarts.
+
+Each test produces requests with unique keys and checks, by reading the reply topic, that every
+one was answered; figures worth reporting (duplicates, peak RSS, recovery time) are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.broker.local import LocalBroker
+from consumer.kafka.admin import create_topics
+from tests.conftest import TopicFactory, unique_group
+from tests.integration.harness import (
+    ReplyRecord,
+    ServeProcess,
+    committed_offsets,
+    free_port,
+    kill,
+    poll_until,
+    produce,
+    read_all,
+    read_topic,
+    request,
+)
+
+
+def all_keys(n: int, prefix: str = "r") -> set[bytes]:
+    return {f"{prefix}-{i}".encode() for i in range(n)}
+
+
+def covers(keys: set[bytes]) -> Callable[[list[ReplyRecord]], bool]:
+    return lambda rs: keys <= {r.key for r in rs}
+
+
+def duplicates(replies: list[ReplyRecord]) -> int:
+    return len(replies) - len({r.key for r in replies})
+
+
+def start(
+    tmp_path: Path,
+    bootstrap: str,
+    topics: tuple[str, str, str],
+    group: str,
+    model: str,
+    **kw: Any,
+) -> ServeProcess:
+    """A ``kbatch serve`` on ``topics`` = (requests, replies, dead letters)."""
+    req, rep, dlq = topics
+    return ServeProcess.start(
+        tmp_path,
+        bootstrap=bootstrap,
+        request_topic=req,
+        reply_topic=rep,
+        dlq_topic=dlq,
+        group_id=group,
+        model=model,
+        **kw,
+    )
+
+
+async def test_burst_pauses_partitions_and_bounds_memory(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """A pre-filled burst against the real MiniLM on 2 cores: pauses show, memory stays flat."""
+    req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
+    n = 1_500
+    texts = [f"burst request number {i} " + "with some words " * (i % 7) for i in range(n)]
+    await produce(kafka_bootstrap, req, [request(f"r-{i}", t) for i, t in enumerate(texts)])
+    limits = ["--max-partition-records", "64", "--max-total-records", "96"]
+    server = start(
+        tmp_path,
+        kafka_bootstrap,
+        (req, rep, dlq),
+        unique_group("burst"),
+        "minilm",
+        extra=[*limits, "--poll-max-records", "64"],
+    )
+    try:
+        server.wait_ready()
+        baseline_rss = server.sample_rss()
+        max_in_flight = 0.0
+
+        def sample() -> bool:
+            nonlocal max_in_flight
+            server.sample_rss()
+            m = server.metrics()
+            max_in_flight = max(max_in_flight, m.get("kbatch_in_flight_records", 0.0))
+            return m.get('kbatch_replies_total{status="ok"}', 0.0) >= n
+
+        poll_until(sample, 300, "every burst request answered", every_s=0.2)
+        metrics = server.metrics()
+    finally:
+        server.stop()
+    replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 60)
+    assert {r.key for r in replies} == all_keys(n)
+    assert metrics["kbatch_pauses_total"] >= 1
+    # Taken in but unanswered never exceeds the total limit plus one poll chunk.
+    assert max_in_flight <= 96 + 64
+    growth_mib = (server.peak_rss_bytes - baseline_rss) / 2**20
+    print(
+        f"\nburst: RSS {baseline_rss / 2**20:.0f} MiB when ready, "
+        f"peak {server.peak_rss_bytes / 2**20:.0f}"
+        f" MiB (+{growth_mib:.0f}), max in flight {max_in_flight:.0f}"
+    )
+    assert growth_mib < 400
+
+
+async def test_sigkill_then_restart_answers_everything(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("kill")
+    n = 600
+    await produce(
+        kafka_bootstrap, req, [request(f"r-{i}", f"text {i} " * (1 + i % 20)) for i in range(n)]
+    )
+    server = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir))
+    try:
+        server.wait_ready()
+        poll_until(
+            lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 100,
+            120,
+            "100 replies",
+        )
+        kill(server)
+        server.launch()
+        server.wait_ready()
+        replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)
+    finally:
+        server.stop()
+    dups = duplicates(replies)
+    print(f"\nSIGKILL: {len(replies)} replies for {n} requests, {dups} duplicates")
+    assert {r.key for r in replies} == all_keys(n)
+    assert dups < n  # a repeat is allowed, a loss is not
+
+
+async def test_two_members_one_leaves_midway(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("pair")
+    n = 800
+    first = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir), name="a")
+    second = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir), name="b")
+    try:
+        first.wait_ready()
+        second.wait_ready()
+        producing = asyncio.create_task(
+            produce(
+                kafka_bootstrap,
+                req,
+                [request(f"r-{i}", f"text {i} " * (1 + i % 30)) for i in range(n)],
+            )
+        )
+        await asyncio.to_thread(
+            poll_until,
+            lambda: second.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 50,
+            120,
+            "b answers",
+        )
+        second.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(second.wait, 60) == 0
+        await producing
+        replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)
+    finally:
+        first.stop()
+        second.stop()
+    assert {r.key for r in replies} == all_keys(n)
+    print(f"\ntwo members: {duplicates(replies)} duplicates after a graceful leave")
+
+
+async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> None:
+    """A broker of its own (so the shared one stays up), stopped and restarted mid-run."""
+    broker = LocalBroker(port=free_port_pair())
+    bootstrap = await asyncio.to_thread(broker.start, fresh=True)
+    try:
+        await create_topics(bootstrap, ["b.req"], partitions=2)
+        await create_topics(bootstrap, ["b.rep", "b.dlq"])
+        n = 400
+        await produce(bootstrap, "b.req", [request(f"r-{i}", f"text {i}") for i in range(n // 2)])
+        server = start(
+            tmp_path, bootstrap, "b.req", "b.rep", "b.dlq", "restart-group", str(tiny_embed_dir)
+        )
+        try:
+            server.wait_ready()
+            poll_until(
+                lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 50,
+                120,
+                "50 replies",
+            )
+            await asyncio.to_thread(broker.stop)
+            down_since = time.monotonic()
+            await asyncio.to_thread(broker.start)
+            await produce(
+                bootstrap, "b.req", [request(f"r-{i}", f"text {i}") for i in range(n // 2, n)]
+            )
+            replies = await read_topic(bootstrap, "b.rep", covers(all_keys(n)), 240)
+            recovered_s = time.monotonic() - down_since
+            assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+        finally:
+            server.stop()
+    finally:
+        await asyncio.to_thread(broker.stop)
+    assert {r.key for r in replies} == all_keys(n)
+    print(
+        f"\nbroker restart: all {n} answered {recovered_s:.1f}s after the stop, "
+        f"{duplicates(replies)} duplicates"
+    )
+
+
+async def test_sigterm_drains_commits_and_repeats_nothing(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("term")
+    n = 600
+    await produce(
+        kafka_bootstrap, req, [request(f"r-{i}", f"text {i} " * (1 + i % 25)) for i in range(n)]
+    )
+    server = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir))
+    try:
+        server.wait_ready()
+        poll_until(
+            lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 100,
+            120,
+            "100 replies",
+        )
+        server.signal(signal.SIGTERM)
+        assert server.wait(60) == 0, server.log_tail()
+        answered = await read_all(kafka_bootstrap, rep, 1)
+        committed = await committed_offsets(kafka_bootstrap, group, req, 2)
+        # Everything below the committed offsets was answered before the exit.
+        assert sum(v or 0 for v in committed.values()) == len({r.key for r in answered})
+        server.launch()
+        server.wait_ready()
+        replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)
+    finally:
+        server.stop()
+    assert {r.key for r in replies} == all_keys(n)
+    assert duplicates(replies) == 0
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        port = free_port()
+        try:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    pytest.fail("no free port pair")
