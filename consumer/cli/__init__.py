@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from consumer.cli.backfill import backfill_command
 from consumer.cli.bench import bench_group
 from consumer.cli.broker import broker_group
+from consumer.cli.load import load_command
+from consumer.cli.request import request_command
 from consumer.cli.serve import serve_command
 
 
@@ -18,6 +21,9 @@ def cli() -> None:
 cli.add_command(broker_group)
 cli.add_command(bench_group)
 cli.add_command(serve_command)
+cli.add_command(request_command)
+cli.add_command(load_command)
+cli.add_command(backfill_command)
 
 
 def main() -> None:
