@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ def _flags(command: list[str]) -> dict[str, str]:
 
 def test_services_are_the_documented_ones() -> None:
     services = _compose()["services"]
-    assert {"kafka", "kafka-init", "kbatch", "prometheus"} <= set(services)
+    assert {"kafka", "kafka-init", "kbatch", "prometheus", "grafana"} <= set(services)
     assert services["kbatch"]["deploy"]["replicas"] >= 2
     assert services["kbatch"]["build"] == "."
     assert (ROOT / "Dockerfile").is_file()
@@ -71,3 +73,87 @@ def test_prometheus_scrapes_the_metrics_port() -> None:
     assert job["dns_sd_configs"][0]["names"] == ["kbatch"]
     assert str(job["dns_sd_configs"][0]["port"]) == flags["--metrics-port"]
     assert flags["--metrics-port"] in _compose()["services"]["kbatch"]["expose"]
+
+
+def _metric_names() -> set[str]:
+    """Every sample name the service exports (histograms add _bucket/_sum/_count)."""
+    from consumer.metrics import Metrics
+
+    names: set[str] = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+        if family.type == "histogram":
+            names.update(f"{family.name}{s}" for s in ("_bucket", "_sum", "_count"))
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+    return names
+
+
+def _promql_metrics(expr: str) -> set[str]:
+    return set(re.findall(r"\b(kbatch_[a-z_]+)\b", expr))
+
+
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/kbatch.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = set().union(*(_promql_metrics(e) for e in exprs))
+    assert used, "the dashboard queries no kbatch metric"
+    assert used <= _metric_names()
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in (
+        "batch size",
+        "padding efficiency",
+        "queue wait",
+        "inference",
+        "end-to-end",
+        "lag",
+        "paused",
+    ):
+        assert topic in titles, topic
+
+
+def test_grafana_is_provisioned_in_compose() -> None:
+    grafana = _compose()["services"]["grafana"]
+    mounts = " ".join(grafana["volumes"])
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning" in mounts
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards" in mounts
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/kbatch.yml").read_text()
+    )
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def _k8s(name: str) -> dict[str, Any]:
+    (doc,) = list(yaml.safe_load_all((ROOT / "deploy/k8s" / name).read_text()))
+    return dict(doc)
+
+
+def test_k8s_deployment_agrees_with_the_cli() -> None:
+    deployment = _k8s("deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    flags = _flags(container["args"])
+    known = {opt for p in serve_command.params for opt in p.opts}
+    assert set(flags) <= known
+    settings = ServeSettings(**{k[2:].replace("-", "_"): v for k, v in flags.items()})
+    env_names = {e["name"] for e in container["env"]}
+    assert env_names <= {f"KBATCH_{f.upper()}" for f in ServeSettings.model_fields}
+    port = container["ports"][0]["containerPort"]
+    assert port == settings.metrics_port
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > settings.drain_timeout_s
+
+
+def test_keda_scales_the_deployment_on_the_groups_lag() -> None:
+    scaled = _k8s("keda-scaledobject.yaml")
+    deployment = _k8s("deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    flags = _flags(container["args"])
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == flags["--group-id"]
+    assert trigger["metadata"]["topic"] == flags["--request-topic"]
+    assert trigger["metadata"]["bootstrapServers"] == flags["--bootstrap"]
