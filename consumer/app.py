@@ -75,17 +75,18 @@ async def serve(settings: ServeSettings) -> int:
     for warning in settings.warnings():
         log.warning("config: %s", warning)
 
-    from consumer.model.runner import configure_threads, load_runner
+    from consumer.model.runner import configure_threads, default_device, load_runner
     from consumer.model.tokenize import HFTokenizer
 
     configure_threads(settings.torch_threads)
     model_dir, model_info = resolve_model(settings)
     metrics = Metrics()
     stats = PrometheusStats(metrics)
+    device = default_device() if settings.device == "auto" else settings.device
     runner = load_runner(
         model_dir,
         task=settings.task,
-        device=None if settings.device == "auto" else settings.device,
+        device=device,
         autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
         max_length=settings.max_length,
         stats=stats,
@@ -104,6 +105,9 @@ async def serve(settings: ServeSettings) -> int:
         on_outcome=pipeline.on_outcome,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
+        # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
+        # CPU the largest shape alone (all ~30 shapes cost ~8 s at start-up on 2 cores).
+        warmup="all" if device.startswith("cuda") else "largest",
     )
     source = KafkaSource(settings, handler=pipeline)
     pipeline.bind(source, engine)

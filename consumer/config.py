@@ -92,7 +92,9 @@ class ServeSettings(KafkaSecurity):
     # ---- batching (see consumer.batching.config) -------------------------------------------
     max_batch_size: int = Field(64, ge=1, le=4096, description="Most requests in one batch.")
     max_batch_tokens: int = Field(
-        16_384, ge=1, description="Token budget of one batch: padded_len × batch size."
+        2_048,
+        ge=1,
+        description="Token budget of one batch: padded_len × batch size (CPU: 2048; GPU: ~16384).",
     )
     max_wait_ms: float = Field(
         10.0, ge=0, le=60_000, description="Max wait counted from the first request in a bucket."

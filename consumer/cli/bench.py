@@ -88,6 +88,13 @@ def bench_group() -> None:
     default=None,
     help="torch intra-op threads (default: all usable CPUs).",
 )
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Backlog slices, interleaved across the strategies (3 on a shared, noisy machine).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def engine(
@@ -103,6 +110,7 @@ def engine(
     device: str | None,
     autocast: str | None,
     threads: int | None,
+    rounds: int,
     seed: int,
     as_json: bool,
 ) -> None:
@@ -132,6 +140,7 @@ def engine(
         device=device,
         autocast=autocast,
         threads=threads,
+        rounds=rounds,
         seed=seed,
     )
     report = asyncio.run(run_engine_bench(opts))

@@ -1,0 +1,489 @@
+"""The asyncio driver of the batching policy: submit → tokenize → buckets → runner → outcomes.
+
+docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one loop task:
+
+::
+
+    submit(items) ──► [tokenize thread] ──► BucketBatcher.add            (event loop)
+                                              │ dispatcher task: pop_ready(now, max_batches=free)
+                                              ▼
+                    [collate thread, CUDA only: runner.prepare one batch ahead]
+                                              ▼
+                    [model thread: runner.run(batch)] ──► on_outcome(ItemOutcome) per item
+
+- A batch is formed only when the runner can take it (one running, plus one being prepared
+  when the runner prefetches): while the model is busy, arrivals keep joining their buckets,
+  so the next batch is as full as it can be (the size-1 hand-off of text-embeddings-inference).
+- Items whose ``deadline_s`` passes are answered ``expired`` and never computed: checked when
+  batches form and again just before the model runs.
+- A batch running longer than ``batch_timeout_s`` makes :attr:`Engine.healthy` false (and counts a
+  watchdog trip) until it returns; a thread cannot be killed, so the process's health probe is
+  what acts on it.
+- ``on_outcome`` is called on the event loop thread exactly once per submitted item (ok,
+  error or expired), except for items removed by :meth:`Engine.cancel_group` or still queued
+  at :meth:`Engine.stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, TypeVar
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.policy import BucketBatcher
+from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.stats import NullStats, StatsSink
+from consumer.batching.types import (
+    Batch,
+    InferenceItem,
+    ItemOutcome,
+    ItemRun,
+    Rejected,
+    TokenizedItem,
+)
+from schemas.errors import ErrorCode
+
+__all__ = ["Engine", "EngineClosedError", "WarmupMode"]
+
+log = logging.getLogger(__name__)
+
+WarmupMode = Literal["all", "largest", "none"]
+_T = TypeVar("_T")
+
+
+class EngineClosedError(RuntimeError):
+    """``submit`` on an engine that is not started, or is stopping."""
+
+
+class Engine:
+    """Batches submitted items by token length and runs them on one model.
+
+    Args:
+        runner: computes batches (``consumer.model.backend.ModelRunner``).
+        tokenizer: tokenizes chunks (``consumer.model.tokenize.HFTokenizer``).
+        policy_config: batch formation settings; :meth:`start` may lower
+            ``max_batch_tokens`` (see :attr:`policy_config`).
+        on_outcome: called on the loop thread with each item's :class:`ItemOutcome`; an
+            exception in it is logged and ignored.
+        clock: monotonic seconds; ``InferenceItem.arrival_s``/``deadline_s`` use it too.
+        stats: counters sink (``on_queue_wait``, ``on_expired``, ``on_watchdog``; give the same
+            object to the runner for batch counters).
+        batch_timeout_s: the per-batch watchdog: a batch running longer than this makes the
+            engine unhealthy until it returns.
+        warmup: which worst-case bucket shapes :meth:`start` runs: ``all`` buckets (GPU: shows
+            a too-large budget and pre-builds kernels), the ``largest`` padded length only (CPU),
+            or ``none``.
+
+    Raises:
+        ValueError: when ``max_batch_tokens`` cannot hold one item of the model's max length.
+    """
+
+    def __init__(
+        self,
+        runner: BatchRunner,
+        tokenizer: TokenizerLike,
+        policy_config: BatchPolicyConfig,
+        on_outcome: Callable[[ItemOutcome], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        stats: StatsSink | None = None,
+        batch_timeout_s: float = 60.0,
+        warmup: WarmupMode = "all",
+    ) -> None:
+        self._runner = runner
+        self._tokenizer = tokenizer
+        self._on_outcome = on_outcome
+        self._clock = clock
+        self._stats: StatsSink = stats if stats is not None else NullStats()
+        self._batch_timeout_s = batch_timeout_s
+        self._warm = False
+        self._warmup: WarmupMode = warmup
+        self.max_length = min(runner.max_length, tokenizer.max_length)
+        self.policy_config = policy_config
+        self._batcher = BucketBatcher(policy_config, self.max_length)
+        self._prefetch = bool(runner.prefetch)
+        self._depth = 2 if self._prefetch else 1
+        self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-tokenize")
+        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-model")
+        self._prep_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="kbatch-collate") if self._prefetch else None
+        )
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
+        self._wake = asyncio.Event()
+        self._cond = asyncio.Condition()
+        self._model_lock = asyncio.Lock()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_pipeline = 0  # batches formed and not finished
+        self._running_items = 0  # items in formed batches
+        self._tokenizing = 0  # items inside submit()'s tokenization
+        self._force = False
+        self._stalled = 0  # batches past the watchdog
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def queued_items(self) -> int:
+        """Items waiting in buckets (not yet in a batch)."""
+        return self._batcher.queued_items
+
+    @property
+    def queued_tokens(self) -> int:
+        """Real tokens of the items waiting in buckets."""
+        return self._batcher.queued_tokens
+
+    @property
+    def in_flight_items(self) -> int:
+        """Items submitted and not yet answered: tokenizing, queued, or in a batch."""
+        return self._tokenizing + self._batcher.queued_items + self._running_items
+
+    @property
+    def healthy(self) -> bool:
+        """False while a batch runs past ``batch_timeout_s`` or once the engine has stopped."""
+        return self._stalled == 0 and self._state in ("new", "running")
+
+    @property
+    def warm(self) -> bool:
+        """True once :meth:`start` has finished warming up (the engine takes work)."""
+        return self._warm
+
+    @property
+    def bucket_edges(self) -> tuple[int, ...]:
+        """The effective bucket edges (capped at the model's max length)."""
+        return self._batcher.edges
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Warm up the worst-case shape of each bucket, then start batching.
+
+        A shape that runs out of memory halves ``max_batch_tokens`` (logged as a warning)
+        and warm-up starts over. Raises ``RuntimeError`` when even one item of the model's
+        max length does not fit; re-raises any other warm-up error. Idempotent.
+        """
+        if self._state != "new":
+            return
+        await self._warm_up()
+        self._warm = True
+        self._state = "running"
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="kbatch-dispatch")
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop batching: waits up to ``timeout_s`` for running batches (their outcomes are
+        still delivered) and drops what is still queued without outcomes — call
+        :meth:`flush` and :meth:`drain` first for a graceful stop. Idempotent."""
+        if self._state in ("stopping", "stopped"):
+            return
+        self._state = "stopping"
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+            if pending:
+                log.error("stop: %d batch(es) still running after %.1f s", len(pending), timeout_s)
+        for pool in (self._tok_pool, self._model_pool, self._prep_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._state = "stopped"
+        await self._notify()
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+        """Tokenize a chunk of items off the event loop and queue them for batching.
+
+        Returns each item's token count (special tokens included; for an ``input_too_long``
+        item, its length). An over-length item that may not be truncated is answered
+        ``error``/``input_too_long`` through ``on_outcome`` (after this returns). If the
+        tokenizer itself raises, every item of the chunk is answered ``inference_failed``.
+        Raises :class:`EngineClosedError` before :meth:`start` or after :meth:`stop`.
+        """
+        if self._state != "running":
+            raise EngineClosedError(f"engine is {self._state}")
+        if not items:
+            return []
+        chunk = list(items)
+        loop = asyncio.get_running_loop()
+        self._tokenizing += len(chunk)
+        try:
+            results = await loop.run_in_executor(self._tok_pool, self._tokenizer.tokenize, chunk)
+            if len(results) != len(chunk):
+                raise RuntimeError(f"tokenizer returned {len(results)} for {len(chunk)} items")
+        except Exception as exc:
+            log.exception("tokenizer failed on a chunk of %d items", len(chunk))
+            for it in chunk:
+                loop.call_soon(
+                    self._emit, _failed(it, f"tokenization failed: {type(exc).__name__}")
+                )
+            return [0] * len(chunk)
+        finally:
+            self._tokenizing -= len(chunk)
+        now = self._clock()
+        counts: list[int] = []
+        for r in results:
+            counts.append(r.n_tokens)
+            if isinstance(r, Rejected):
+                loop.call_soon(self._emit, _rejected(r, now))
+            elif self._state == "running":
+                self._batcher.add(r, now)
+            else:
+                loop.call_soon(self._emit, _failed(r.item, "the engine stopped"))
+        self._wake.set()
+        return counts
+
+    def cancel_group(self, group: Hashable) -> list[int]:
+        """Drop the queued (not running) items of ``group``; returns their ``item_id``s.
+
+        No outcome is delivered for them. Items of a :meth:`submit` still tokenizing are not
+        affected (await pending submits first).
+        """
+        removed = self._batcher.cancel_group(group, self._clock())
+        if removed:
+            self._wake.set()
+        return [t.item.item_id for t in removed]
+
+    async def flush(self) -> None:
+        """Form batches from everything queued now, without waiting for deadlines, and
+        return once nothing is left in the buckets (batches may still be running)."""
+        self._force = True
+        self._wake.set()
+        try:
+            await self._wait_for(lambda: self._batcher.queued_items == 0, None)
+        finally:
+            self._force = False
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until nothing is tokenizing, queued or running; True if so within
+        ``timeout_s`` seconds (None = no limit)."""
+        return await self._wait_for(lambda: self.in_flight_items == 0, timeout_s)
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _warm_up(self) -> None:
+        if self._warmup == "none":
+            return
+        loop = asyncio.get_running_loop()
+        config = self.policy_config
+        while True:
+            shapes = self._batcher.worst_case_shapes()
+            if self._warmup == "largest":
+                shapes = shapes[-1:]
+            try:
+                for n, seq_len in reversed(shapes):
+                    await loop.run_in_executor(self._model_pool, self._runner.warmup, n, seq_len)
+                return
+            except Exception as exc:
+                if not self._runner.is_oom(exc):
+                    raise
+                lowered = config.max_batch_tokens // 2
+                if lowered < self.max_length:
+                    raise RuntimeError(
+                        f"warm-up: one item of {self.max_length} tokens does not fit the device "
+                        f"(max_batch_tokens={config.max_batch_tokens})"
+                    ) from exc
+                log.warning(
+                    "warm-up ran out of memory at max_batch_tokens=%d: lowering to %d",
+                    config.max_batch_tokens,
+                    lowered,
+                )
+                config = config.model_copy(update={"max_batch_tokens": lowered})
+                self.policy_config = config
+                self._batcher = BucketBatcher(config, self.max_length)
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = self._clock()
+            free = self._depth - self._in_pipeline
+            ready = self._batcher.pop_ready(now, max_batches=max(free, 0), force=self._force)
+            if ready.expired:
+                self._expire(ready.expired, now)
+            for batch in ready.batches:
+                self._launch(batch)
+            await self._notify()
+            self._wake.clear()
+            timeout: float | None = None
+            if self._in_pipeline < self._depth:
+                due = self._batcher.next_deadline()
+                if due is not None:
+                    timeout = max(0.0, due - self._clock())
+                    if timeout == 0.0 and not ready:
+                        # Due but nothing formed (cannot happen with a free slot): yield once
+                        # rather than spin.
+                        timeout = 0.001
+            if timeout is None:
+                await self._wake.wait()
+            else:
+                handle = loop.call_later(timeout, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    handle.cancel()
+
+    def _launch(self, batch: Batch) -> None:
+        self._in_pipeline += 1
+        self._running_items += len(batch.items)
+        task = asyncio.create_task(self._run_batch(batch), name="kbatch-batch")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, batch: Batch) -> None:
+        loop = asyncio.get_running_loop()
+        n_formed = len(batch.items)
+        outcomes: list[ItemOutcome] = []
+        try:
+            prepared: object | None = None
+            if self._prep_pool is not None:
+                try:
+                    prepared = await loop.run_in_executor(
+                        self._prep_pool, self._runner.prepare, batch
+                    )
+                except Exception:
+                    log.exception("collation failed; the model thread will retry it")
+            async with self._model_lock:
+                start = self._clock()
+                live = [t for t in batch.items if not _overdue(t, start)]
+                if len(live) != len(batch.items):
+                    self._expire([t for t in batch.items if _overdue(t, start)], start)
+                    if not live:
+                        return
+                    batch = Batch(live, max(t.n_tokens for t in live), batch.formed_s, batch.bucket)
+                    prepared = None
+                for t in live:
+                    self._stats.on_queue_wait((start - t.item.arrival_s) * 1000.0)
+                runs = await self._watch(
+                    loop.run_in_executor(self._model_pool, self._runner.run, batch, prepared),
+                    batch,
+                )
+            if len(runs) != len(batch.items):
+                raise RuntimeError(f"runner returned {len(runs)} runs for {len(batch.items)}")
+            outcomes = [_ok_or_error(t, r, start) for t, r in zip(batch.items, runs, strict=True)]
+        except Exception as exc:  # never lose an item, never stop the engine
+            log.exception("batch of %d failed outside the runner", len(batch.items))
+            msg = f"batch failed: {type(exc).__name__}"
+            outcomes = [_failed(t.item, msg, t) for t in batch.items]
+        finally:
+            self._in_pipeline -= 1
+            self._running_items -= n_formed
+            self._wake.set()
+        for o in outcomes:
+            self._emit(o)
+        await self._notify()
+
+    async def _watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:
+        done, _ = await asyncio.wait({fut}, timeout=self._batch_timeout_s)
+        if done:
+            return fut.result()
+        self._stalled += 1
+        self._stats.on_watchdog()
+        log.error(
+            "batch of %d × %d tokens running longer than %.1f s: engine unhealthy",
+            len(batch.items),
+            batch.padded_len,
+            self._batch_timeout_s,
+        )
+        try:
+            return await fut
+        finally:
+            self._stalled -= 1
+
+    def _expire(self, items: list[TokenizedItem], now: float) -> None:
+        self._stats.on_expired(len(items))
+        for t in items:
+            self._emit(
+                ItemOutcome(
+                    item_id=t.item.item_id,
+                    status="expired",
+                    result=None,
+                    error_code=ErrorCode.DEADLINE_EXCEEDED,
+                    error_message="the request's deadline passed before compute",
+                    truncated=t.truncated,
+                    n_tokens=t.n_tokens,
+                    queue_ms=(now - t.item.arrival_s) * 1000.0,
+                    infer_ms=0.0,
+                    batch_size=0,
+                    padded_len=0,
+                    group=t.item.group,
+                )
+            )
+
+    def _emit(self, outcome: ItemOutcome) -> None:
+        try:
+            self._on_outcome(outcome)
+        except Exception:
+            log.exception("on_outcome raised for item %s", outcome.item_id)
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def _wait_for(self, predicate: Callable[[], bool], timeout_s: float | None) -> bool:
+        async def wait() -> None:
+            async with self._cond:
+                await self._cond.wait_for(lambda: predicate() or self._state == "stopped")
+
+        try:
+            await asyncio.wait_for(wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return predicate()
+
+
+def _overdue(t: TokenizedItem, now: float) -> bool:
+    d = t.item.deadline_s
+    return d is not None and d <= now
+
+
+def _ok_or_error(t: TokenizedItem, r: ItemRun, start: float) -> ItemOutcome:
+    ok = r.result is not None and r.error_code is None
+    return ItemOutcome(
+        item_id=t.item.item_id,
+        status="ok" if ok else "error",
+        result=r.result if ok else None,
+        error_code=None if ok else str(r.error_code or ErrorCode.INFERENCE_FAILED),
+        error_message=None if ok else (r.error_message or "inference failed"),
+        truncated=t.truncated,
+        n_tokens=t.n_tokens,
+        queue_ms=(start - t.item.arrival_s) * 1000.0,
+        infer_ms=r.infer_ms,
+        batch_size=r.batch_size,
+        padded_len=r.padded_len,
+        group=t.item.group,
+    )
+
+
+def _failed(item: InferenceItem, message: str, t: TokenizedItem | None = None) -> ItemOutcome:
+    return ItemOutcome(
+        item_id=item.item_id,
+        status="error",
+        result=None,
+        error_code=ErrorCode.INFERENCE_FAILED,
+        error_message=message,
+        truncated=t.truncated if t else False,
+        n_tokens=t.n_tokens if t else 0,
+        queue_ms=0.0,
+        infer_ms=0.0,
+        batch_size=0,
+        padded_len=0,
+        group=item.group,
+    )
+
+
+def _rejected(r: Rejected, now: float) -> ItemOutcome:
+    return ItemOutcome(
+        item_id=r.item.item_id,
+        status="error",
+        result=None,
+        error_code=r.error_code,
+        error_message=r.error_message,
+        truncated=False,
+        n_tokens=r.n_tokens,
+        queue_ms=(now - r.item.arrival_s) * 1000.0,
+        infer_ms=0.0,
+        batch_size=0,
+        padded_len=0,
+        group=r.item.group,
+    )

@@ -1,0 +1,282 @@
+"""The pure batching policy: token-length buckets, deadlines, budgets. No asyncio, no torch.
+
+Driven by an injected clock — every method that needs the time takes ``now`` (monotonic
+seconds) — so the tests step time by hand. The policy returns decisions (:class:`Ready`);
+the engine acts on them.
+
+Rules (issue 4 and the field report in ``/work/shared/seed``):
+
+1. Each bucket holds token lengths in ``(edges[i-1], edges[i]]`` and has its own FIFO queue.
+2. A bucket's deadline is its **oldest** item's ``arrival_s + max_wait``; later arrivals never
+   push it back (the classic bug: a timer restarted per arrival starves the first request).
+3. A bucket is *due* when it is full (``max_batch_size`` items, or its padded tokens reach
+   ``max_batch_tokens``), when its deadline passes, or — with ``adaptive_wait`` — when its
+   decayed arrival rate says it cannot fill before the deadline (no waiting for nothing).
+4. Batches take the bucket's items in arrival order, up to ``max_batch_size`` and the padded
+   token budget; a bucket holding more than one batch stays due (a backlog flushes at once).
+   On a deadline flush, ``preferred_batch_sizes`` picks the largest preferred size that fits.
+5. Items whose ``deadline_s`` has passed are returned as expired and never batched.
+
+Sorting inside a bucket is deliberately not done: with edges ~10 % apart, a batch padded to its
+longest item already wastes < 5 % (measured 0.96–0.97 on the VADER mix), and FIFO order keeps
+every item's wait bounded by the deadline rule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.types import Batch, TokenizedItem
+
+__all__ = ["BucketBatcher", "Ready"]
+
+
+@dataclass(slots=True)
+class Ready:
+    """A decision of :meth:`BucketBatcher.pop_ready`: batches to run and items to expire."""
+
+    batches: list[Batch] = field(default_factory=list)
+    expired: list[TokenizedItem] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.batches or self.expired)
+
+
+class _Bucket:
+    """One length bucket: FIFO queue plus cached aggregates and a decayed arrival rate."""
+
+    __slots__ = ("edge", "index", "items", "max_tokens", "oldest_s", "rate_t", "rate_x", "tokens")
+
+    def __init__(self, index: int, edge: int) -> None:
+        self.index = index
+        self.edge = edge
+        self.items: deque[TokenizedItem] = deque()
+        self.tokens = 0  # real tokens queued
+        self.max_tokens = 0  # longest queued item
+        self.oldest_s = math.inf  # min arrival_s queued
+        self.rate_x = 0.0  # exponentially decayed arrival count
+        self.rate_t = -math.inf  # time of the last decay update
+
+    def recompute(self) -> None:
+        self.tokens = sum(t.n_tokens for t in self.items)
+        self.max_tokens = max((t.n_tokens for t in self.items), default=0)
+        self.oldest_s = min((t.item.arrival_s for t in self.items), default=math.inf)
+
+    def rate_per_s(self, now: float, window_s: float) -> float:
+        """Arrivals per second, exponentially decayed with time constant ``window_s``."""
+        if self.rate_x == 0.0:
+            return 0.0
+        return self.rate_x * math.exp(-max(0.0, now - self.rate_t) / window_s) / window_s
+
+    def note_arrival(self, now: float, window_s: float) -> None:
+        decay = math.exp(-max(0.0, now - self.rate_t) / window_s) if self.rate_x else 0.0
+        self.rate_x = self.rate_x * decay + 1.0
+        self.rate_t = max(now, self.rate_t)
+
+
+class BucketBatcher:
+    """Token-length buckets with per-bucket deadlines, a padded-token budget and expiry.
+
+    Args:
+        config: the batching settings.
+        max_length: the model's maximum length in tokens (the last bucket edge).
+
+    Raises:
+        ValueError: when ``config.max_batch_tokens`` cannot hold one item of ``max_length``.
+
+    Not thread-safe: one owner (the engine's event loop) calls it.
+    """
+
+    def __init__(self, config: BatchPolicyConfig, max_length: int) -> None:
+        self.config = config
+        self.max_length = max_length
+        self.edges: tuple[int, ...] = config.edges_for(max_length)
+        self._buckets = [_Bucket(i, e) for i, e in enumerate(self.edges)]
+        self._due: list[float] = [math.inf] * len(self.edges)
+        self._queued_items = 0
+        self._queued_tokens = 0
+        self._with_deadline = 0  # queued items that carry a deadline_s
+
+    # -- introspection -------------------------------------------------------------------
+
+    @property
+    def queued_items(self) -> int:
+        """Items waiting in all buckets."""
+        return self._queued_items
+
+    @property
+    def queued_tokens(self) -> int:
+        """Real (unpadded) tokens waiting in all buckets."""
+        return self._queued_tokens
+
+    def bucket_of(self, n_tokens: int) -> int:
+        """Index of the bucket for an item of ``n_tokens`` (the first edge ≥ it).
+
+        Raises ``ValueError`` when ``n_tokens`` is not in ``[1, max_length]``.
+        """
+        if not 1 <= n_tokens <= self.max_length:
+            raise ValueError(f"n_tokens={n_tokens} outside [1, max_length={self.max_length}]")
+        return bisect.bisect_left(self.edges, n_tokens)
+
+    def batch_capacity(self, padded_len: int) -> int:
+        """Items a batch padded to ``padded_len`` tokens may hold under both limits."""
+        return max(1, min(self.config.max_batch_size, self.config.max_batch_tokens // padded_len))
+
+    def worst_case_shapes(self) -> list[tuple[int, int]]:
+        """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""
+        return [(self.batch_capacity(e), e) for e in self.edges]
+
+    # -- the three operations ------------------------------------------------------------
+
+    def add(self, item: TokenizedItem, now: float) -> None:
+        """Queue ``item`` in its length bucket at time ``now`` (monotonic seconds).
+
+        The bucket's deadline is ``min(arrival_s of its items) + max_wait``; ``now`` feeds the
+        bucket's arrival-rate estimate. Raises ``ValueError`` for ``n_tokens`` outside
+        ``[1, max_length]``.
+        """
+        b = self._buckets[self.bucket_of(item.n_tokens)]
+        b.items.append(item)
+        b.tokens += item.n_tokens
+        b.max_tokens = max(b.max_tokens, item.n_tokens)
+        b.oldest_s = min(b.oldest_s, item.item.arrival_s)
+        b.note_arrival(now, self.config.rate_window_s)
+        self._queued_items += 1
+        self._queued_tokens += item.n_tokens
+        if item.item.deadline_s is not None:
+            self._with_deadline += 1
+        self._update_due(b, now)
+
+    def pop_ready(
+        self, now: float, *, max_batches: int | None = None, force: bool = False
+    ) -> Ready:
+        """Expire overdue items and form the batches that are due at ``now``.
+
+        Args:
+            now: monotonic seconds.
+            max_batches: form at most this many batches (the engine asks for one when its
+                runner can take one, so later arrivals can still join the others); ``None`` =
+                every due batch. Expired items are always returned.
+            force: treat every bucket as due (shutdown flush): form batches now, no waiting.
+
+        Returns:
+            :class:`Ready`: batches ordered by their oldest item (earliest deadline first) and
+            the expired items (``deadline_s <= now``), which will never be computed.
+        """
+        out = Ready()
+        if self._with_deadline:
+            out.expired = self._expire(now)
+        limit = math.inf if max_batches is None else max_batches
+        while len(out.batches) < limit:
+            due = [b for b in self._buckets if b.items and (force or self._due[b.index] <= now)]
+            if not due:
+                break
+            bucket = min(due, key=lambda b: b.oldest_s)
+            out.batches.append(self._form(bucket, now, deadline_flush=not self._is_full(bucket)))
+            self._update_due(bucket, now)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic time at which a bucket is due (possibly in the past), or
+        ``None`` when nothing is queued. Item expiry does not wake the engine by itself:
+        expired items are collected by the next :meth:`pop_ready`, at the latest by their
+        bucket's deadline.
+        """
+        due = min(self._due)
+        return None if due == math.inf else due
+
+    def cancel(
+        self, predicate: Callable[[TokenizedItem], bool], now: float | None = None
+    ) -> list[TokenizedItem]:
+        """Remove and return the queued items for which ``predicate`` is true.
+
+        ``now`` (monotonic seconds), when given, re-evaluates the adaptive rule of the buckets
+        that lost items; without it their due time falls back to full/deadline.
+        """
+        removed: list[TokenizedItem] = []
+        for b in self._buckets:
+            if not b.items:
+                continue
+            keep: deque[TokenizedItem] = deque()
+            for t in b.items:
+                (removed if predicate(t) else keep).append(t)
+            if len(keep) != len(b.items):
+                b.items = keep
+                b.recompute()
+                if now is None:
+                    self._due[b.index] = self._recompute_due_static(b)
+                else:
+                    self._update_due(b, now)
+        self._account_removed(removed)
+        return removed
+
+    def cancel_group(self, group: Hashable, now: float | None = None) -> list[TokenizedItem]:
+        """Remove and return the queued items whose ``item.group == group``."""
+        return self.cancel(lambda t: t.item.group == group, now)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _is_full(self, b: _Bucket) -> bool:
+        n = len(b.items)
+        return n >= self.config.max_batch_size or n * b.max_tokens >= self.config.max_batch_tokens
+
+    def _recompute_due_static(self, b: _Bucket) -> float:
+        """The due time without the adaptive rule (used where no ``now`` is at hand)."""
+        if not b.items:
+            return math.inf
+        if self._is_full(b):
+            return -math.inf
+        return b.oldest_s + self.config.max_wait_s
+
+    def _update_due(self, b: _Bucket, now: float) -> None:
+        due = self._recompute_due_static(b)
+        if self.config.adaptive_wait and now < due < math.inf:
+            # Would the batch fill before its deadline at the current arrival rate?
+            target = self.batch_capacity(max(b.max_tokens, 1))
+            need = max(0, target - len(b.items))
+            rate = b.rate_per_s(now, self.config.rate_window_s)
+            fill_s = need / rate if rate > 0.0 else math.inf
+            if now + fill_s > due:
+                due = now  # cannot fill in time: do not wait for nothing
+        self._due[b.index] = due
+
+    def _form(self, b: _Bucket, now: float, *, deadline_flush: bool) -> Batch:
+        cfg = self.config
+        taken: list[TokenizedItem] = []
+        padded = 0
+        for t in b.items:
+            new_padded = max(padded, t.n_tokens)
+            if len(taken) >= cfg.max_batch_size or (
+                taken and new_padded * (len(taken) + 1) > cfg.max_batch_tokens
+            ):
+                break
+            taken.append(t)
+            padded = new_padded
+        if deadline_flush and cfg.preferred_batch_sizes:
+            fits = [p for p in cfg.preferred_batch_sizes if p <= len(taken)]
+            if fits and fits[-1] < len(taken):
+                taken = taken[: fits[-1]]
+                padded = max(t.n_tokens for t in taken)
+        for _ in taken:
+            b.items.popleft()
+        b.recompute()
+        self._account_removed(taken)
+        taken.sort(key=lambda t: t.n_tokens, reverse=True)
+        return Batch(items=taken, padded_len=padded, formed_s=now, bucket=b.index)
+
+    def _expire(self, now: float) -> list[TokenizedItem]:
+        def overdue(t: TokenizedItem) -> bool:
+            d = t.item.deadline_s
+            return d is not None and d <= now
+
+        return self.cancel(overdue, now)
+
+    def _account_removed(self, removed: list[TokenizedItem]) -> None:
+        self._queued_items -= len(removed)
+        self._queued_tokens -= sum(t.n_tokens for t in removed)
+        self._with_deadline -= sum(1 for t in removed if t.item.deadline_s is not None)

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``kbatch bench …`` (commands with JSON output, never timed tests)."""

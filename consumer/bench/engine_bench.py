@@ -1,0 +1,291 @@
+"""``kbatch bench engine``: one model, the same real texts, the same arrivals, three strategies.
+
+Strategies (all driven through the same :class:`~consumer.batching.engine.Engine`, tokenizer
+and runner, so only batch formation differs):
+
+- ``single``: one request at a time (``max_batch_size=1``, no wait);
+- ``fixed``: batches of ``fixed_batch_size`` in arrival order, one queue, padded to the longest;
+- ``bucketed``: the engine's token-length buckets with the configured budget and wait.
+
+Two phases per strategy, identical for all three:
+
+1. **backlog** — all ``n`` texts arrive at once (a consumer catching up, a backfill):
+   ``seq_per_s``, ``tokens_per_s`` (real tokens) and ``padding_efficiency`` (real / padded).
+   The backlog runs in ``rounds`` slices, interleaved across the strategies, so a noisy
+   neighbour on a shared machine slows all three alike.
+2. **paced** — Poisson arrivals at ``rate_per_s`` for ``seconds`` (default rate: half the
+   bucketed backlog throughput): ``p50_ms``/``p99_ms`` from arrival to answer. A strategy that
+   cannot sustain the rate shows it here as a growing queue.
+
+Texts: a seeded uniform sample of the VADER corpus (``producer_tools.corpus``: tweets, movie,
+NYT and Amazon snippets, plus whole NYT/Amazon documents for the long tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.engine import Engine, WarmupMode
+from consumer.batching.stats import EngineStats
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.model.backend import ModelRunner
+from consumer.model.runner import configure_threads, describe_runner, load_runner
+from consumer.model.tokenize import HFTokenizer
+
+__all__ = ["EngineBenchOptions", "run_engine_bench"]
+
+STRATEGIES = ("single", "fixed", "bucketed")
+
+
+@dataclass(frozen=True)
+class EngineBenchOptions:
+    """Options of ``kbatch bench engine`` (see the CLI for their help)."""
+
+    model_dir: Path
+    texts: Sequence[str]
+    n: int = 1500
+    seconds: float = 5.0
+    rate_per_s: float | None = None
+    max_wait_ms: float = 10.0
+    max_batch_tokens: int | None = None
+    max_batch_size: int = 64
+    fixed_batch_size: int = 32
+    device: str | None = None
+    autocast: str | None = None
+    threads: int | None = None
+    chunk: int = 256
+    rounds: int = 1
+    seed: int = 0
+    strategies: tuple[str, ...] = STRATEGIES
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(q / 100.0 * (len(s) - 1))))
+    return s[k]
+
+
+def _configs(opts: EngineBenchOptions, max_length: int, cuda: bool) -> dict[str, BatchPolicyConfig]:
+    budget = opts.max_batch_tokens or (16384 if cuda else 2048)
+    one_queue = (max_length,)
+    return {
+        "single": BatchPolicyConfig(
+            max_batch_size=1,
+            max_batch_tokens=max_length,
+            max_wait_ms=0.0,
+            bucket_edges=one_queue,
+            adaptive_wait=False,
+        ),
+        "fixed": BatchPolicyConfig(
+            max_batch_size=opts.fixed_batch_size,
+            max_batch_tokens=opts.fixed_batch_size * max_length,
+            max_wait_ms=opts.max_wait_ms,
+            bucket_edges=one_queue,
+            adaptive_wait=False,
+        ),
+        "bucketed": BatchPolicyConfig(
+            max_batch_size=opts.max_batch_size,
+            max_batch_tokens=max(budget, max_length),
+            max_wait_ms=opts.max_wait_ms,
+        ),
+    }
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.done_at: dict[int, float] = {}
+        self.outcomes: dict[int, ItemOutcome] = {}
+        self.all_done = asyncio.Event()
+        self.expect = 0
+
+    def reset(self, expect: int) -> None:
+        self.done_at.clear()
+        self.outcomes.clear()
+        self.all_done.clear()
+        self.expect = expect
+
+    def __call__(self, o: ItemOutcome) -> None:
+        self.done_at[o.item_id] = time.monotonic()
+        self.outcomes[o.item_id] = o
+        if len(self.outcomes) >= self.expect:
+            self.all_done.set()
+
+
+class _Strategy:
+    """One strategy's engine, kept across the interleaved backlog rounds and the paced phase."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: HFTokenizer,
+        config: BatchPolicyConfig,
+        warmup: WarmupMode,
+    ) -> None:
+        self.runner = runner
+        self.stats = EngineStats()
+        self.collect = _Collector()
+        self.engine = Engine(
+            runner, tokenizer, config, self.collect, stats=self.stats, warmup=warmup
+        )
+        self.backlog_s = 0.0
+        self.backlog_items = 0
+        self.failed = 0
+
+    async def backlog(self, texts: Sequence[str], chunk: int) -> None:
+        """Everything arrives at t0, submitted a poll chunk at a time; time to the last answer."""
+        self.runner.stats = self.stats
+        self.collect.reset(len(texts))
+        t0 = time.monotonic()
+        for start in range(0, len(texts), chunk):
+            part = texts[start : start + chunk]
+            await self.engine.submit(
+                [InferenceItem(start + i, t, arrival_s=t0) for i, t in enumerate(part)]
+            )
+        await self.collect.all_done.wait()
+        self.backlog_s += max(self.collect.done_at.values()) - t0
+        self.backlog_items += len(texts)
+        self.failed += sum(1 for o in self.collect.outcomes.values() if o.status != "ok")
+
+    async def paced(self, paced: list[tuple[float, str]]) -> dict[str, Any]:
+        """Poisson arrivals, one record per submit; the backlog counters end here."""
+        s = self.stats
+        real, padded, batches = s.real_tokens, s.padded_tokens, s.batches
+        self.runner.stats = s
+        self.collect.reset(len(paced))
+        t1 = time.monotonic()
+        pending: set[asyncio.Task[list[int]]] = set()
+        for i, (offset, text) in enumerate(paced):
+            delay = t1 + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(
+                self.engine.submit([InferenceItem(i, text, arrival_s=t1 + offset)])
+            )
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if paced:
+            await self.collect.all_done.wait()
+        latencies = [
+            (self.collect.done_at[i] - (t1 + paced[i][0])) * 1000.0 for i in range(len(paced))
+        ]
+        batch_ms = list(s.infer_ms)[batches:]
+        paced_sizes = list(s.batch_sizes)[batches:]
+        span = self.backlog_s
+        return {
+            "seq_per_s": round(self.backlog_items / span, 1),
+            "tokens_per_s": round(real / span, 1),
+            "padding_efficiency": round(real / padded, 4) if padded else 1.0,
+            "p50_ms": round(_percentile(latencies, 50), 1),
+            "p99_ms": round(_percentile(latencies, 99), 1),
+            "backlog_s": round(span, 2),
+            "backlog_batches": batches,
+            "backlog_mean_batch_size": round(self.backlog_items / max(batches, 1), 1),
+            "padded_tokens_per_s": round(padded / span, 1),
+            "paced_mean_batch_size": (
+                round(statistics.fmean(paced_sizes), 2) if paced_sizes else 0.0
+            ),
+            "batch_ms_p50": round(_percentile(batch_ms, 50), 1),
+            "batch_ms_p99": round(_percentile(batch_ms, 99), 1),
+            "batch_ms_max": round(max(batch_ms, default=float("nan")), 1),
+            "failed": self.failed,
+        }
+
+
+async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON-able report (see the module docstring).
+
+    Raises ``ValueError`` for an unknown strategy or too few texts.
+    """
+    unknown = set(opts.strategies) - set(STRATEGIES)
+    if unknown or "bucketed" not in opts.strategies:
+        raise ValueError(f"strategies must include 'bucketed' and be among {STRATEGIES}")
+    if not opts.texts:
+        raise ValueError("no texts")
+    threads = configure_threads(opts.threads)
+    runner = load_runner(
+        opts.model_dir,
+        device=opts.device,
+        autocast=opts.autocast,  # type: ignore[arg-type]
+    )
+    tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
+    info = describe_runner(runner)
+    cuda = str(info.get("device", "")).startswith("cuda")
+    texts = list(opts.texts)[: opts.n]
+    configs = _configs(opts, runner.max_length, cuda)
+    warmup: WarmupMode = "all" if cuda else "largest"
+
+    # One engine per strategy (one shared runner); the warm-up runs once, up front.
+    order = ["bucketed", *[n for n in opts.strategies if n != "bucketed"]]
+    strategies = {
+        n: _Strategy(runner, tokenizer, configs[n], warmup if n == "bucketed" else "none")
+        for n in order
+    }
+    for n in order:
+        await strategies[n].engine.start()
+    report: dict[str, Any] = {}
+    try:
+        # Backlog rounds, interleaved: a noisy neighbour on a shared machine slows every
+        # strategy alike instead of one of them.
+        bounds = [round(i * len(texts) / opts.rounds) for i in range(opts.rounds + 1)]
+        for lo, hi in itertools.pairwise(bounds):
+            for n in order:
+                await strategies[n].backlog(texts[lo:hi], opts.chunk)
+        # Paced phase: the same Poisson arrivals for every strategy, by default at half the
+        # bucketed backlog rate.
+        b_rate = strategies["bucketed"].backlog_items / strategies["bucketed"].backlog_s
+        rate = opts.rate_per_s or max(1.0, 0.5 * b_rate)
+        rng = random.Random(opts.seed + 1)
+        paced: list[tuple[float, str]] = []
+        t = rng.expovariate(rate)
+        while t < opts.seconds:
+            paced.append((t, texts[rng.randrange(len(texts))]))
+            t += rng.expovariate(rate)
+        for n in order:
+            report[n] = await strategies[n].paced(paced)
+    finally:
+        for st in strategies.values():
+            await st.engine.stop()
+
+    b = report["bucketed"]
+    if "single" in report:
+        report["ratio_bucketed_vs_single"] = round(
+            b["seq_per_s"] / report["single"]["seq_per_s"], 2
+        )
+    if "fixed" in report:
+        report["ratio_bucketed_vs_fixed"] = round(b["seq_per_s"] / report["fixed"]["seq_per_s"], 2)
+    bound = opts.max_wait_ms + 2 * b["batch_ms_p99"]
+    report["bucketed_p99_bound_ms"] = round(bound, 1)
+    report["bucketed_p99_within_bound"] = bool(b["p99_ms"] <= bound)
+    if cuda and info.get("params_non_embedding") and info.get("peak_tflops_bf16"):
+        achieved = b["padded_tokens_per_s"] * 2 * info["params_non_embedding"] / 1e12
+        report["bucketed_model_tflops"] = round(achieved, 3)
+        report["bucketed_mfu_vs_bf16_peak"] = round(achieved / info["peak_tflops_bf16"], 5)
+    tokens = tokenizer.encode(texts)
+    lengths = sorted(len(x) for x in tokens)
+    report["setup"] = {
+        "model": str(opts.model_dir),
+        "texts": len(texts),
+        "median_tokens": lengths[len(lengths) // 2],
+        "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
+        "paced_rate_per_s": round(rate, 1),
+        "paced_items": len(paced),
+        "paced_seconds": opts.seconds,
+        "max_wait_ms": opts.max_wait_ms,
+        "bucketed_max_batch_tokens": configs["bucketed"].max_batch_tokens,
+        "bucketed_max_batch_size": configs["bucketed"].max_batch_size,
+        "fixed_batch_size": opts.fixed_batch_size,
+        "torch_threads": threads,
+        **info,
+    }
+    return report

@@ -1,0 +1,258 @@
+"""The model seam: :class:`ModelBackend` (what a model must do), :class:`ModelRunner` (what
+the engine calls: failure splitting, timing, counters) and :class:`FakeBackend` (for tests).
+
+No torch here: the torch backend lives in :mod:`consumer.model.runner`.
+
+Failure handling (issue 4 §Failures): any exception of a batch — an out-of-memory error or
+anything else — splits the batch in half and retries each half (re-collated to its own padded
+length); a single item that still fails is answered ``inference_failed``. The runner never
+raises for a model error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
+
+from consumer.batching.stats import NullStats, StatsSink
+from consumer.batching.types import Batch, ItemRun, TokenizedItem
+from schemas.errors import ErrorCode
+
+__all__ = ["FakeBackend", "FakeOOMError", "ModelBackend", "ModelRunner", "Task"]
+
+log = logging.getLogger(__name__)
+
+Task = Literal["embed", "classify"]
+
+
+class ModelBackend(Protocol):
+    """A loaded model on one device.
+
+    Attributes:
+        task: ``embed`` or ``classify``.
+        max_length: maximum tokens per item, special tokens included.
+        prefetch: whether collation should run one batch ahead (true on CUDA).
+        name / revision: the model's name and version for replies (revision may be None).
+    """
+
+    task: Task
+    max_length: int
+    prefetch: bool
+    name: str
+    revision: str | None
+
+    def prepare(self, items: Sequence[TokenizedItem], padded_len: int) -> object:
+        """Collate ``items`` into ``(n, padded_len)`` int64 ids and mask on the device."""
+        ...
+
+    def forward(self, prepared: object) -> list[dict[str, Any]]:
+        """Compute a prepared batch; the contract's ``result`` map per item, in order."""
+        ...
+
+    def warmup(self, batch_size: int, seq_len: int) -> None:
+        """Run one dummy batch of that shape (raises an OOM error when it does not fit)."""
+        ...
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the device ran out of memory."""
+        ...
+
+    def recover(self, exc: BaseException) -> None:
+        """Clean up after a failed batch (e.g. release cached CUDA memory)."""
+        ...
+
+
+class ModelRunner:
+    """Runs batches on a :class:`ModelBackend` with failure splitting, timing and counters.
+
+    Implements :class:`consumer.batching.protocols.BatchRunner`. One thread computes at a
+    time (the engine's model thread); :meth:`prepare` may run concurrently in another.
+
+    Args:
+        backend: the model.
+        stats: receives ``on_batch`` per computed (sub-)batch, ``on_split``, ``on_failed``.
+        clock: a monotonic clock in seconds, for ``infer_ms``.
+    """
+
+    def __init__(
+        self,
+        backend: ModelBackend,
+        stats: StatsSink | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.backend = backend
+        self.stats: StatsSink = stats if stats is not None else NullStats()
+        self._clock = clock
+
+    @property
+    def max_length(self) -> int:
+        """The backend's maximum length in tokens."""
+        return self.backend.max_length
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether the engine should prepare one batch ahead (the backend's choice)."""
+        return self.backend.prefetch
+
+    @property
+    def task(self) -> Task:
+        """``embed`` or ``classify``."""
+        return self.backend.task
+
+    def prepare(self, batch: Batch) -> object:
+        """Collate ``batch`` ahead of :meth:`run` (see :meth:`ModelBackend.prepare`)."""
+        return self.backend.prepare(batch.items, batch.padded_len)
+
+    def run(self, batch: Batch, prepared: object | None = None) -> list[ItemRun]:
+        """Compute ``batch``: one :class:`ItemRun` per item, aligned with ``batch.items``.
+
+        Never raises for a model error: a failing batch is split in half and retried, down
+        to single items, which are answered ``inference_failed``.
+        """
+        return self._run(list(batch.items), batch.padded_len, prepared)
+
+    def warmup(self, batch_size: int, seq_len: int) -> None:
+        """Run one dummy batch of ``(batch_size, seq_len)``; raises the backend's error."""
+        self.backend.warmup(batch_size, seq_len)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the backend's out-of-memory error."""
+        return self.backend.is_oom(exc)
+
+    def _run(
+        self, items: list[TokenizedItem], padded_len: int, prepared: object | None
+    ) -> list[ItemRun]:
+        start = self._clock()
+        try:
+            if prepared is None:
+                prepared = self.backend.prepare(items, padded_len)
+            results = self.backend.forward(prepared)
+            if len(results) != len(items):
+                raise RuntimeError(f"backend returned {len(results)} results for {len(items)}")
+        except Exception as exc:  # any per-batch failure: split and retry (issue 4)
+            prepared = None
+            self.backend.recover(exc)
+            kind = "out of memory" if self.backend.is_oom(exc) else type(exc).__name__
+            if len(items) == 1:
+                log.warning("inference failed for item %s: %s", items[0].item.item_id, kind)
+                self.stats.on_failed(1)
+                return [
+                    ItemRun(
+                        result=None,
+                        error_code=ErrorCode.INFERENCE_FAILED,
+                        error_message=f"the model failed on this input ({kind})",
+                    )
+                ]
+            log.warning(
+                "batch of %d × %d failed (%s): splitting in half", len(items), padded_len, kind
+            )
+            self.stats.on_split()
+            half = len(items) // 2
+            out: list[ItemRun] = []
+            for part in (items[:half], items[half:]):
+                out.extend(self._run(part, max(t.n_tokens for t in part), None))
+            return out
+        infer_ms = (self._clock() - start) * 1000.0
+        real = sum(t.n_tokens for t in items)
+        self.stats.on_batch(len(items), real, padded_len * len(items), infer_ms)
+        n = len(items)
+        return [
+            ItemRun(result=r, infer_ms=infer_ms, batch_size=n, padded_len=padded_len)
+            for r in results
+        ]
+
+
+class FakeOOMError(MemoryError):
+    """The fake backend's out-of-memory error."""
+
+
+class FakeBackend:
+    """A deterministic, torch-free :class:`ModelBackend` for tests.
+
+    ``embed`` answers a 4-dim L2-normalised vector that depends only on the item's token ids
+    (never on the batch); ``classify`` answers two labels. Failures are injectable:
+
+    Args:
+        task: ``embed`` or ``classify``.
+        max_length: maximum tokens per item.
+        oom_above_padded_tokens: raise :class:`FakeOOMError` for batches (and warm-ups) with
+            more padded tokens than this.
+        fail_item_ids: raise ``RuntimeError`` for any batch containing one of these item ids.
+        gate: when set, ``forward`` blocks until the event is set (a hung batch).
+
+    Attributes:
+        calls: ``(batch_size, padded_len)`` of each forward call, in order.
+        computed: item ids of each successful forward, flattened in order.
+        warmups: shapes passed to :meth:`warmup`.
+    """
+
+    def __init__(
+        self,
+        task: Task = "embed",
+        max_length: int = 64,
+        *,
+        oom_above_padded_tokens: float = math.inf,
+        fail_item_ids: Sequence[int] = (),
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.task: Task = task
+        self.max_length = max_length
+        self.prefetch = False
+        self.name = "fake"
+        self.revision: str | None = None
+        self.oom_above_padded_tokens = oom_above_padded_tokens
+        self.fail_item_ids = set(fail_item_ids)
+        self.gate = gate
+        self.calls: list[tuple[int, int]] = []
+        self.computed: list[int] = []
+        self.warmups: list[tuple[int, int]] = []
+        self.recovered = 0
+
+    def prepare(self, items: Sequence[TokenizedItem], padded_len: int) -> object:
+        """Check the shape (ids must fit ``padded_len``) and return ``(items, padded_len)``."""
+        if any(t.n_tokens > padded_len for t in items):
+            raise ValueError("an item is longer than padded_len")
+        return (list(items), padded_len)
+
+    def forward(self, prepared: object) -> list[dict[str, Any]]:
+        """Answer a prepared batch; raises the injected failures."""
+        if not isinstance(prepared, tuple):
+            raise TypeError("forward() takes the result of prepare()")
+        items: list[TokenizedItem] = prepared[0]
+        padded_len: int = prepared[1]
+        self.calls.append((len(items), padded_len))
+        if self.gate is not None:
+            self.gate.wait()
+        if len(items) * padded_len > self.oom_above_padded_tokens:
+            raise FakeOOMError("CUDA out of memory (fake)")
+        if any(t.item.item_id in self.fail_item_ids for t in items):
+            raise RuntimeError("injected failure")
+        self.computed.extend(t.item.item_id for t in items)
+        return [self._answer(t.input_ids) for t in items]
+
+    def warmup(self, batch_size: int, seq_len: int) -> None:
+        """Record the shape; raises :class:`FakeOOMError` above the OOM threshold."""
+        self.warmups.append((batch_size, seq_len))
+        if batch_size * seq_len > self.oom_above_padded_tokens:
+            raise FakeOOMError("CUDA out of memory (fake warm-up)")
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """True for :class:`FakeOOMError`."""
+        return isinstance(exc, FakeOOMError)
+
+    def recover(self, exc: BaseException) -> None:
+        """Count recoveries."""
+        self.recovered += 1
+
+    def _answer(self, ids: Sequence[int]) -> dict[str, Any]:
+        if self.task == "classify":
+            p = (sum(ids) % 100) / 100.0
+            return {"label": "pos" if p >= 0.5 else "neg", "score": max(p, 1 - p),
+                    "scores": {"neg": 1 - p, "pos": p}}  # fmt: skip
+        v = [float(len(ids)), float(sum(ids) % 97 + 1), float(ids[0] if ids else 1), 1.0]
+        norm = math.sqrt(sum(x * x for x in v))
+        return {"embedding": [x / norm for x in v], "dim": 4}

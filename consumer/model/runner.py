@@ -1,0 +1,356 @@
+"""The torch backend: ``embed`` and ``classify`` on CUDA or CPU (the only torch importer with
+``consumer.model.tokenize``).
+
+- ``embed``: ``AutoModel`` + the pooling the model's sentence-transformers config asks for
+  (``modules.json`` → ``1_Pooling/config.json``: cls / mean / max / mean-sqrt-len; a
+  ``Normalize`` module adds L2 normalisation — MiniLM: mean + normalise); without that config,
+  mean pooling and no normalisation (CONTRACT.md §Reply record).
+- ``classify``: ``AutoModelForSequenceClassification``, softmax over ``config.id2label``.
+
+Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
+changes an answer. On CUDA: optional bf16/fp16 autocast, pinned host buffers, non-blocking
+copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+from transformers.utils import logging as hf_logging
+
+from consumer.batching.stats import StatsSink
+from consumer.batching.types import TokenizedItem
+from consumer.model.backend import ModelRunner, Task
+from consumer.model.tokenize import read_max_length
+
+__all__ = [
+    "Pooling",
+    "TorchBackend",
+    "configure_threads",
+    "default_device",
+    "describe_runner",
+    "load_runner",
+    "read_pooling",
+]
+
+log = logging.getLogger(__name__)
+
+PoolingMode = Literal["mean", "cls", "max", "mean_sqrt_len"]
+AutocastName = Literal["bf16", "fp16"]
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """How token states become one embedding: ``mode`` and whether to L2-normalise."""
+
+    mode: PoolingMode = "mean"
+    normalize: bool = False
+
+
+def read_pooling(model_dir: Path) -> Pooling:
+    """The pooling a sentence-transformers model directory asks for.
+
+    Reads ``modules.json``; its ``Pooling`` module's ``config.json`` chooses the mode (the
+    first true of ``pooling_mode_cls_token``, ``_max_tokens``, ``_mean_sqrt_len_tokens``,
+    ``_mean_tokens``); a ``Normalize`` module turns on L2 normalisation. Without
+    ``modules.json`` (a plain transformers model): mean pooling, no normalisation. Modes this
+    backend does not implement fall back to mean with a warning.
+    """
+    modules_path = model_dir / "modules.json"
+    if not modules_path.is_file():
+        return Pooling()
+    modules = json.loads(modules_path.read_text())
+    normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
+    mode: PoolingMode = "mean"
+    for m in modules:
+        if not str(m.get("type", "")).endswith(".Pooling"):
+            continue
+        cfg_path = model_dir / str(m.get("path", "")) / "config.json"
+        if not cfg_path.is_file():
+            break
+        cfg = json.loads(cfg_path.read_text())
+        chosen = [
+            name
+            for key, name in (
+                ("pooling_mode_cls_token", "cls"),
+                ("pooling_mode_max_tokens", "max"),
+                ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+                ("pooling_mode_mean_tokens", "mean"),
+            )
+            if cfg.get(key)
+        ]
+        other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+        if chosen:
+            mode = chosen[0]  # type: ignore[assignment]
+        elif other:
+            log.warning("pooling %s not supported: using mean pooling", other)
+        if len(chosen) > 1:
+            log.warning("several pooling modes %s: using %s only", chosen, mode)
+    unknown = [
+        m.get("type")
+        for m in modules
+        if not str(m.get("type", "")).endswith((".Transformer", ".Pooling", ".Normalize"))
+    ]
+    if unknown:
+        log.warning("sentence-transformers modules %s are not applied", unknown)
+    return Pooling(mode=mode, normalize=normalize)
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads (default: the CPUs this process may use) and one inter-op
+    thread; returns the intra-op count. Call once, before the first model runs.
+
+    On a 2-core machine two intra-op threads are fastest; more only oversubscribe.
+    """
+    n = num_threads or len(os.sched_getaffinity(0)) or 1
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # already set, or parallel work already started
+        torch.set_num_interop_threads(1)
+    return n
+
+
+@dataclass(slots=True)
+class _Prepared:
+    ids: torch.Tensor  # (n, padded_len) int64, on the device
+    mask: torch.Tensor  # (n, padded_len) int64, on the device
+
+
+class TorchBackend:
+    """A transformers model for ``embed`` or ``classify`` on one device.
+
+    Args:
+        model: an eval-mode ``PreTrainedModel`` already on ``device``.
+        task: ``embed`` (``model`` returns ``last_hidden_state``) or ``classify`` (``logits``).
+        max_length: maximum tokens per item (see :func:`read_max_length`).
+        pad_token_id: the tokenizer's padding id.
+        device: a torch device string (``cpu``, ``cuda``, ``cuda:1``).
+        pooling: for ``embed``.
+        autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
+        name / revision: reported in replies.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        task: Task,
+        *,
+        max_length: int,
+        pad_token_id: int,
+        device: str,
+        pooling: Pooling | None = None,
+        autocast: AutocastName | None = None,
+        name: str = "model",
+        revision: str | None = None,
+    ) -> None:
+        self.model = model
+        self.task: Task = task
+        self.max_length = max_length
+        self.pad_token_id = pad_token_id
+        self.device = torch.device(device)
+        self.pooling = pooling or Pooling()
+        self.name = name
+        self.revision = revision
+        self.cuda = self.device.type == "cuda"
+        self.prefetch = self.cuda
+        self.autocast_dtype: torch.dtype | None = None
+        if autocast is not None and self.cuda:
+            self.autocast_dtype = torch.bfloat16 if autocast == "bf16" else torch.float16
+        config = getattr(model, "config", None)
+        id2label = getattr(config, "id2label", None) or {}
+        self.labels: list[str] = [str(id2label[i]) for i in sorted(id2label)]
+        if task == "classify" and not self.labels:
+            raise ValueError("a classify model needs config.id2label")
+
+    # -- ModelBackend --------------------------------------------------------------------
+
+    def prepare(self, items: Sequence[TokenizedItem], padded_len: int) -> _Prepared:
+        """Pad ``items`` to ``(n, padded_len)`` int64 ids and a 0/1 mask (pinned on CUDA) and
+        copy them to the device without blocking. Raises ``ValueError`` for an item longer
+        than ``padded_len``."""
+        n = len(items)
+        ids = np.full((n, padded_len), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((n, padded_len), dtype=np.int64)
+        for i, t in enumerate(items):
+            if t.n_tokens > padded_len:
+                raise ValueError(f"item of {t.n_tokens} tokens > padded_len {padded_len}")
+            ids[i, : t.n_tokens] = t.input_ids
+            mask[i, : t.n_tokens] = 1
+        return _Prepared(self._to_device(ids), self._to_device(mask))
+
+    def forward(self, prepared: object) -> list[dict[str, Any]]:
+        """Compute a batch from :meth:`prepare`; one contract ``result`` map per row."""
+        if not isinstance(prepared, _Prepared):
+            raise TypeError("forward() takes the result of prepare()")
+        with torch.inference_mode(), self._autocast():
+            if self.task == "embed":
+                out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
+                emb = self._pool(out.last_hidden_state, prepared.mask)
+                rows: list[list[float]] = emb.float().cpu().tolist()
+                dim = emb.shape[-1]
+                return [{"embedding": r, "dim": dim} for r in rows]
+            out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
+            probs = torch.softmax(out.logits.float(), dim=-1).cpu().tolist()
+        labels = self.labels
+        results: list[dict[str, Any]] = []
+        for p in probs:
+            best = max(range(len(p)), key=p.__getitem__)
+            results.append(
+                {
+                    "label": labels[best],
+                    "score": p[best],
+                    "scores": dict(zip(labels, p, strict=True)),
+                }
+            )
+        return results
+
+    def warmup(self, batch_size: int, seq_len: int) -> None:
+        """One forward of ``(batch_size, seq_len)`` real (unpadded) tokens; on CUDA it also
+        synchronises so an out-of-memory error shows here."""
+        ids = np.full((batch_size, seq_len), 1000, dtype=np.int64)
+        mask = np.ones((batch_size, seq_len), dtype=np.int64)
+        self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """``torch.OutOfMemoryError``, ``MemoryError`` or a message saying out of memory."""
+        return isinstance(exc, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(exc)
+
+    def recover(self, exc: BaseException) -> None:
+        """Release cached CUDA blocks after an out-of-memory error."""
+        if self.cuda and self.is_oom(exc):
+            torch.cuda.empty_cache()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _to_device(self, a: np.ndarray[Any, Any]) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        if not self.cuda:
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 embeddings."""
+        h = hidden.float()
+        m = mask.unsqueeze(-1).to(h.dtype)
+        mode = self.pooling.mode
+        if mode == "cls":
+            pooled = h[:, 0]
+        elif mode == "max":
+            pooled = h.masked_fill(m == 0, float("-inf")).max(dim=1).values
+        else:
+            summed = (h * m).sum(dim=1)
+            counts = m.sum(dim=1).clamp(min=1.0)
+            pooled = summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
+        if self.pooling.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+        return pooled
+
+
+def _detect_task(model_dir: Path) -> Task:
+    config = AutoConfig.from_pretrained(str(model_dir))
+    archs = getattr(config, "architectures", None) or []
+    return "classify" if any("ForSequenceClassification" in a for a in archs) else "embed"
+
+
+def load_runner(
+    model_dir: str | Path,
+    *,
+    task: Task | None = None,
+    device: str | None = None,
+    autocast: AutocastName | None = None,
+    pad_token_id: int | None = None,
+    max_length: int | None = None,
+    stats: StatsSink | None = None,
+    name: str | None = None,
+    revision: str | None = None,
+) -> ModelRunner:
+    """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
+
+    Args:
+        model_dir: local directory with ``config.json`` and weights (and, for embed, optional
+            sentence-transformers ``modules.json``/``1_Pooling``).
+        task: ``embed`` or ``classify``; default from ``config.architectures``
+            (``*ForSequenceClassification`` → classify).
+        device: default :func:`default_device`.
+        autocast: ``bf16``/``fp16`` on CUDA.
+        pad_token_id: default ``config.pad_token_id`` (else 0).
+        max_length: default :func:`consumer.model.tokenize.read_max_length`.
+        stats: counters sink for the runner.
+        name / revision: default the directory name / ``None``.
+
+    Raises:
+        OSError / ValueError: from transformers when the directory is not a model.
+    """
+    path = Path(model_dir)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    task = task or _detect_task(path)
+    dev = device or default_device()
+    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
+    model = cls.from_pretrained(str(path))
+    model.eval().to(dev)
+    cfg = model.config
+    pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
+    backend = TorchBackend(
+        model,
+        task,
+        max_length=max_length or read_max_length(path),
+        pad_token_id=int(pad),
+        device=dev,
+        pooling=read_pooling(path) if task == "embed" else None,
+        autocast=autocast,
+        name=name or path.name,
+        revision=revision,
+    )
+    return ModelRunner(backend, stats=stats)
+
+
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s) of common accelerators, from vendor datasheets.
+_PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+    "T4": 65.0,
+    "V100": 125.0,
+}
+
+
+def describe_runner(runner: ModelRunner) -> dict[str, Any]:
+    """Facts for benchmark reports: device, its name, torch threads, the model's non-embedding
+    parameters (≈ FLOPs/token / 2) and, on a known GPU, its dense bf16 peak in TFLOP/s."""
+    backend = runner.backend
+    info: dict[str, Any] = {"device": "unknown", "torch_threads": torch.get_num_threads()}
+    if not isinstance(backend, TorchBackend):
+        return info
+    info["device"] = str(backend.device)
+    params = sum(p.numel() for n, p in backend.model.named_parameters() if "embeddings" not in n)
+    info["params_non_embedding"] = int(params)
+    info["autocast"] = str(backend.autocast_dtype) if backend.autocast_dtype else None
+    if backend.cuda:
+        name = torch.cuda.get_device_name(backend.device)
+        info["device_name"] = name
+        info["peak_tflops_bf16"] = next((v for k, v in _PEAK_TFLOPS.items() if k in name), None)
+    return info

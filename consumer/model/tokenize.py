@@ -1,0 +1,147 @@
+"""Tokenization with the model's fast (Rust) tokenizer, one poll chunk per call.
+
+The engine calls :meth:`HFTokenizer.tokenize` in a worker thread, so the event loop never
+tokenizes. Lengths include special tokens (``[CLS] … [SEP]``). Over-length policy per item:
+``truncate`` true (or None with the default policy) cuts to ``max_length`` and reports
+``truncated``; false rejects with ``input_too_long`` (CONTRACT.md §Request record).
+
+A character pre-limit (default ``16 × max_length`` characters) bounds the work for huge
+inputs: a 1 MiB text is never tokenized whole. A text cut by it is over-length (no
+word-piece tokenizer packs 16 characters per token on average) — truncated or rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
+from schemas.errors import ErrorCode
+
+__all__ = ["HFTokenizer", "read_max_length"]
+
+_UNBOUNDED = 1_000_000  # transformers' "no limit" model_max_length is ~1e30
+
+
+def read_max_length(model_dir: Path) -> int:
+    """The model's maximum input length in tokens, special tokens included.
+
+    The smallest of: ``sentence_bert_config.json``'s ``max_seq_length`` (256 for MiniLM),
+    ``tokenizer_config.json``'s ``model_max_length`` and ``config.json``'s
+    ``max_position_embeddings`` (minus 2 for RoBERTa-style position offsets). Raises
+    ``ValueError`` when none is found.
+    """
+    found: list[int] = []
+
+    def read(name: str) -> dict[str, object]:
+        p = model_dir / name
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    sbert = read("sentence_bert_config.json").get("max_seq_length")
+    if isinstance(sbert, int) and sbert > 0:
+        found.append(sbert)
+    tok_max = read("tokenizer_config.json").get("model_max_length")
+    if isinstance(tok_max, int | float) and 0 < tok_max < _UNBOUNDED:
+        found.append(int(tok_max))
+    cfg = read("config.json")
+    pos = cfg.get("max_position_embeddings")
+    if isinstance(pos, int) and pos > 0:
+        offset = 2 if cfg.get("model_type") in {"roberta", "xlm-roberta", "camembert"} else 0
+        found.append(pos - offset)
+    if not found:
+        raise ValueError(f"{model_dir}: cannot tell the model's maximum length")
+    return min(found)
+
+
+class HFTokenizer:
+    """The model's fast tokenizer, with the over-length policy and a character pre-limit.
+
+    Args:
+        model_dir: a directory ``AutoTokenizer`` can load (a fast tokenizer is required).
+        max_length: maximum tokens per item; default :func:`read_max_length`.
+        truncate_by_default: the server's policy for items whose ``truncate`` is None.
+        max_chars: the character pre-limit; default ``16 × max_length``.
+
+    Raises:
+        ValueError: when only a slow (Python) tokenizer is available.
+
+    Thread-safety: :meth:`tokenize` may be called from one worker thread at a time.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_length: int | None = None,
+        truncate_by_default: bool = True,
+        max_chars: int | None = None,
+    ) -> None:
+        path = Path(model_dir)
+        hf = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+        backend = getattr(hf, "backend_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) available")
+        self.max_length: int = max_length or read_max_length(path)
+        self.truncate_by_default = truncate_by_default
+        self.max_chars: int = max_chars or 16 * self.max_length
+        pad_id = hf.pad_token_id
+        self.pad_token_id: int = int(pad_id) if pad_id is not None else 0
+        # Two private copies: one never truncates (to measure), one truncates to max_length
+        # (the post-processor re-adds [SEP] after the cut).
+        self._full = Tokenizer.from_str(backend.to_str())
+        self._full.no_truncation()
+        self._full.no_padding()
+        self._cut = Tokenizer.from_str(backend.to_str())
+        self._cut.no_padding()
+        self._cut.enable_truncation(max_length=self.max_length)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, truncated to ``max_length`` (special tokens included)."""
+        return [e.ids for e in self._cut.encode_batch([t[: self.max_chars] for t in texts])]
+
+    def tokenize(self, items: Sequence[InferenceItem]) -> list[TokenizedItem | Rejected]:
+        """Tokenize one chunk of items; one result per item, in order.
+
+        Returns a :class:`TokenizedItem` (``truncated`` when cut to ``max_length``) or, for an
+        over-length item that may not be truncated, a :class:`Rejected` with
+        ``input_too_long``. Empty input yields only special tokens (still an item).
+        """
+        if not items:
+            return []
+        texts = [it.text[: self.max_chars] for it in items]
+        cut_chars = [len(it.text) > self.max_chars for it in items]
+        encodings = self._full.encode_batch(texts)
+        results: list[TokenizedItem | Rejected | None] = [None] * len(items)
+        to_cut: list[int] = []
+        for i, (it, enc) in enumerate(zip(items, encodings, strict=True)):
+            n = len(enc.ids)
+            if n <= self.max_length and not cut_chars[i]:
+                results[i] = TokenizedItem(it, enc.ids, n, truncated=False)
+                continue
+            allowed = self.truncate_by_default if it.truncate is None else it.truncate
+            if allowed:
+                to_cut.append(i)
+            else:
+                why = (
+                    f"more than {self.max_chars} characters"
+                    if cut_chars[i] and n <= self.max_length
+                    else f"{n} tokens"
+                )
+                results[i] = Rejected(
+                    it,
+                    n_tokens=max(n, self.max_length + 1),
+                    error_code=ErrorCode.INPUT_TOO_LONG,
+                    error_message=(
+                        f"input has {why}; the model's maximum is {self.max_length} tokens "
+                        "and the request set truncate=false"
+                    ),
+                )
+        if to_cut:
+            cut = self._cut.encode_batch([texts[i] for i in to_cut])
+            for i, enc in zip(to_cut, cut, strict=True):
+                results[i] = TokenizedItem(items[i], enc.ids, len(enc.ids), truncated=True)
+        return [r for r in results if r is not None]

@@ -1,0 +1,297 @@
+"""BucketBatcher with a fake clock: deadlines from the first item, budgets, expiry, order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
+from consumer.batching.policy import BucketBatcher
+from consumer.batching.types import InferenceItem, TokenizedItem
+
+MS = 0.001
+
+
+def tok(
+    item_id: int,
+    n: int,
+    at_ms: float = 0.0,
+    deadline_ms: float | None = None,
+    group: str | None = None,
+) -> TokenizedItem:
+    item = InferenceItem(
+        item_id=item_id,
+        text="x",
+        arrival_s=at_ms * MS,
+        deadline_s=None if deadline_ms is None else deadline_ms * MS,
+        group=group,
+    )
+    return TokenizedItem(item=item, input_ids=[1] * n, n_tokens=n, truncated=False)
+
+
+def cfg(**kw: object) -> BatchPolicyConfig:
+    base: dict[str, object] = {
+        "max_batch_size": 8,
+        "max_batch_tokens": 1024,
+        "max_wait_ms": 10.0,
+        "bucket_edges": (8, 16, 32, 64),
+        "adaptive_wait": False,
+    }
+    base.update(kw)
+    return BatchPolicyConfig.model_validate(base)
+
+
+def ids(batches: list) -> list[list[int]]:  # type: ignore[type-arg]
+    return [sorted(t.item.item_id for t in b.items) for b in batches]
+
+
+def test_timer_starts_at_first_item_and_is_not_reset() -> None:
+    b = BucketBatcher(cfg(), max_length=64)
+    for i, at in enumerate((0.0, 3.0, 6.0)):
+        b.add(tok(i, 5, at_ms=at), now=at * MS)
+        assert b.next_deadline() == pytest.approx(10 * MS)  # never pushed back
+    assert not b.pop_ready(9.999 * MS)
+    ready = b.pop_ready(10 * MS)
+    assert ids(ready.batches) == [[0, 1, 2]]
+    assert b.queued_items == 0 and b.next_deadline() is None
+
+
+def test_lone_item_leaves_at_its_deadline() -> None:
+    b = BucketBatcher(cfg(max_wait_ms=25.0), max_length=64)
+    b.add(tok(7, 20, at_ms=100.0), now=100 * MS)
+    assert b.next_deadline() == pytest.approx(125 * MS)
+    assert not b.pop_ready(124.9 * MS)
+    ready = b.pop_ready(125 * MS)
+    assert ids(ready.batches) == [[7]]
+    assert ready.batches[0].padded_len == 20
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "budget", "max_size", "expected_sizes"),
+    [
+        (60, 240, 8, [4, 4, 2]),  # 4 × 60 = 240 fits exactly
+        (60, 239, 8, [3, 3, 3, 1]),  # one token less: 3 per batch
+        (5, 1024, 4, [4, 4, 2]),  # the size limit binds first
+        (64, 64, 8, [1] * 10),  # one max-length item per batch
+    ],
+)
+def test_token_budget_and_size_limit_hold(
+    n_tokens: int, budget: int, max_size: int, expected_sizes: list[int]
+) -> None:
+    b = BucketBatcher(cfg(max_batch_tokens=budget, max_batch_size=max_size), max_length=64)
+    for i in range(10):
+        b.add(tok(i, n_tokens), now=0.0)
+    ready = b.pop_ready(0.0, force=True)
+    assert [len(x.items) for x in ready.batches] == expected_sizes
+    for batch in ready.batches:
+        assert batch.padded_tokens <= budget
+        assert len(batch.items) <= max_size
+
+
+def test_padded_len_is_the_longest_in_the_batch_and_mixed_lengths_respect_budget() -> None:
+    b = BucketBatcher(cfg(max_batch_tokens=100, bucket_edges=(64,)), max_length=64)
+    for i, n in enumerate([10, 30, 20, 30, 40]):
+        b.add(tok(i, n), now=0.0)
+    batches = b.pop_ready(0.0, force=True).batches
+    # FIFO: 10, 30, 20 → padded 30 × 3 = 90; adding 30 → 120 > 100.
+    assert ids(batches) == [[0, 1, 2], [3, 4]]
+    assert [x.padded_len for x in batches] == [30, 40]
+    assert all(x.padded_tokens <= 100 for x in batches)
+
+
+def test_full_bucket_leaves_before_its_deadline() -> None:
+    b = BucketBatcher(cfg(max_batch_size=4), max_length=64)
+    for i in range(3):
+        b.add(tok(i, 5, at_ms=i), now=i * MS)
+    assert not b.pop_ready(3 * MS)
+    b.add(tok(3, 5, at_ms=3), now=3 * MS)
+    assert b.next_deadline() is not None and b.next_deadline() <= 3 * MS  # type: ignore[operator]
+    assert ids(b.pop_ready(3 * MS).batches) == [[0, 1, 2, 3]]
+
+
+def test_token_budget_fills_a_bucket() -> None:
+    b = BucketBatcher(cfg(max_batch_tokens=128, max_batch_size=64), max_length=64)
+    for i in range(3):
+        b.add(tok(i, 40), now=0.0)  # 3 × 40 = 120 < 128: not full
+    assert not b.pop_ready(0.0)
+    b.add(tok(3, 40), now=0.0)  # 4 × 40 = 160 ≥ 128: full
+    assert ids(b.pop_ready(0.0).batches) == [[0, 1, 2]]
+
+
+def test_backlog_flushes_at_once() -> None:
+    b = BucketBatcher(cfg(max_batch_size=8), max_length=64)
+    for i in range(20):
+        b.add(tok(i, 5), now=0.0)
+    ready = b.pop_ready(0.0)
+    assert [len(x.items) for x in ready.batches] == [8, 8]  # no waiting for full batches
+    assert b.queued_items == 4
+    assert not b.pop_ready(9.9 * MS)  # the remainder waits for its deadline
+    assert [len(x.items) for x in b.pop_ready(10 * MS).batches] == [4]
+
+
+def test_max_batches_limits_what_is_formed() -> None:
+    b = BucketBatcher(cfg(max_batch_size=8), max_length=64)
+    for i in range(24):
+        b.add(tok(i, 5), now=0.0)
+    assert len(b.pop_ready(0.0, max_batches=1).batches) == 1
+    assert b.pop_ready(0.0, max_batches=0).batches == []
+    assert b.queued_items == 16
+
+
+@pytest.mark.parametrize(
+    ("queued", "preferred", "expected_sizes"),
+    [
+        (7, (2, 4), [4, 2, 1]),
+        (8, (2, 4), [8]),  # full: a size flush, not a deadline flush
+        (5, (4,), [4, 1]),
+        (3, (4,), [3]),  # nothing fits: take everything
+        (6, (), [6]),
+    ],
+)
+def test_preferred_sizes_on_a_deadline_flush(
+    queued: int, preferred: tuple[int, ...], expected_sizes: list[int]
+) -> None:
+    b = BucketBatcher(cfg(preferred_batch_sizes=preferred), max_length=64)
+    for i in range(queued):
+        b.add(tok(i, 5), now=0.0)
+    ready = b.pop_ready(10 * MS)
+    assert [len(x.items) for x in ready.batches] == expected_sizes
+
+
+def test_expired_items_are_returned_and_never_batched() -> None:
+    b = BucketBatcher(cfg(), max_length=64)
+    b.add(tok(1, 5, deadline_ms=5.0), now=0.0)
+    b.add(tok(2, 5), now=0.0)
+    b.add(tok(3, 20, deadline_ms=50.0), now=0.0)
+    ready = b.pop_ready(10 * MS)
+    assert [t.item.item_id for t in ready.expired] == [1]
+    assert ids(ready.batches) == [[2], [3]]
+    assert b.queued_items == 0 and b.queued_tokens == 0
+
+
+def test_item_expired_while_waiting_in_a_full_backlog() -> None:
+    b = BucketBatcher(cfg(max_batch_size=2), max_length=64)
+    b.add(tok(1, 5, deadline_ms=1.0), now=0.0)
+    b.add(tok(2, 5), now=0.0)
+    b.add(tok(3, 5), now=0.0)
+    ready = b.pop_ready(2 * MS)
+    assert [t.item.item_id for t in ready.expired] == [1]
+    assert ids(ready.batches) == [[2, 3]]
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "bucket"),
+    [(1, 0), (8, 0), (9, 1), (16, 1), (17, 2), (32, 2), (33, 3), (48, 3)],
+)
+def test_bucket_choice(n_tokens: int, bucket: int) -> None:
+    b = BucketBatcher(cfg(bucket_edges=(8, 16, 32, 64, 128)), max_length=48)
+    assert b.edges == (8, 16, 32, 48)  # capped at the model's max length
+    assert b.bucket_of(n_tokens) == bucket
+
+
+@pytest.mark.parametrize("n_tokens", [0, 49])
+def test_out_of_range_lengths_are_refused(n_tokens: int) -> None:
+    b = BucketBatcher(cfg(), max_length=48)
+    with pytest.raises(ValueError, match="n_tokens"):
+        b.add(tok(0, n_tokens), now=0.0)
+
+
+def test_buckets_do_not_mix_lengths_and_oldest_deadline_goes_first() -> None:
+    b = BucketBatcher(cfg(), max_length=64)
+    b.add(tok(1, 40, at_ms=0.0), now=0.0)
+    b.add(tok(2, 5, at_ms=1.0), now=1 * MS)
+    b.add(tok(3, 6, at_ms=2.0), now=2 * MS)
+    ready = b.pop_ready(20 * MS)
+    assert ids(ready.batches) == [[1], [2, 3]]  # earliest deadline first
+    one = BucketBatcher(cfg(), max_length=64)
+    one.add(tok(1, 40), now=0.0)
+    one.add(tok(2, 5), now=0.0)
+    assert sorted(x.padded_len for x in one.pop_ready(10 * MS).batches) == [5, 40]
+
+
+def test_adaptive_wait_does_not_wait_under_sparse_traffic() -> None:
+    b = BucketBatcher(cfg(adaptive_wait=True), max_length=64)
+    b.add(tok(1, 5), now=0.0)  # no arrival history: cannot fill in 10 ms
+    assert b.next_deadline() == 0.0
+    assert ids(b.pop_ready(0.0).batches) == [[1]]
+
+
+def test_adaptive_wait_waits_when_the_rate_fills_the_batch_in_time() -> None:
+    config = cfg(adaptive_wait=True, max_batch_size=8, rate_window_ms=20.0)
+    b = BucketBatcher(config, max_length=64)
+    # 1 item / 0.5 ms = 2000/s: 7 more items need ~3.5 ms < 10 ms wait.
+    for i in range(200):
+        b.add(tok(i, 5, at_ms=i * 0.5), now=i * 0.5 * MS)
+        b.pop_ready(i * 0.5 * MS)  # full batches leave as they fill
+    b.add(tok(999, 5, at_ms=100.0), now=100 * MS)
+    assert b.next_deadline() == pytest.approx(110 * MS)  # worth waiting
+
+
+def test_cancel_group_removes_only_that_group() -> None:
+    b = BucketBatcher(cfg(), max_length=64)
+    b.add(tok(1, 5, group="a"), now=0.0)
+    b.add(tok(2, 5, group="b"), now=0.0)
+    b.add(tok(3, 40, group="a"), now=0.0)
+    removed = b.cancel_group("a")
+    assert sorted(t.item.item_id for t in removed) == [1, 3]
+    assert b.queued_items == 1 and b.queued_tokens == 5
+    assert ids(b.pop_ready(10 * MS).batches) == [[2]]
+
+
+def test_worst_case_shapes_follow_the_budget() -> None:
+    b = BucketBatcher(cfg(max_batch_tokens=256, max_batch_size=16), max_length=64)
+    assert b.worst_case_shapes() == [(16, 8), (16, 16), (8, 32), (4, 64)]
+
+
+def test_random_traffic_every_item_leaves_once_within_limits() -> None:
+    rng = random.Random(7)
+    config = cfg(max_batch_size=16, max_batch_tokens=512, bucket_edges=DEFAULT_BUCKET_EDGES)
+    b = BucketBatcher(config, max_length=128)
+    seen: list[int] = []
+    now = 0.0
+
+    def pop(at: float) -> None:
+        for batch in b.pop_ready(at).batches:
+            assert batch.padded_tokens <= 512 and len(batch.items) <= 16
+            assert at - min(t.item.arrival_s for t in batch.items) <= 10 * MS + 1e-9
+            seen.extend(t.item.item_id for t in batch.items)
+
+    for i in range(2000):
+        arrival = now + rng.expovariate(2000.0)
+        # The driver wakes at every due time before the next arrival (as the engine does).
+        while (due := b.next_deadline()) is not None and due <= arrival:
+            now = max(now, due)
+            pop(now)
+        now = arrival
+        b.add(tok(i, rng.randint(1, 128), at_ms=now / MS), now=now)
+        pop(now)
+    seen.extend(t.item.item_id for x in b.pop_ready(now, force=True).batches for t in x.items)
+    assert sorted(seen) == list(range(2000))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"bucket_edges": (16, 8)},
+        {"bucket_edges": (0, 8)},
+        {"preferred_batch_sizes": (4, 2)},
+        {"preferred_batch_sizes": (64,), "max_batch_size": 32},
+        {"max_wait_ms": -1.0},
+        {"max_batch_size": 0},
+        {"unknown_field": 1},
+    ],
+)
+def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        BatchPolicyConfig.model_validate(bad)
+
+
+def test_config_is_frozen_and_checks_budget_against_max_length() -> None:
+    c = BatchPolicyConfig()
+    with pytest.raises(ValidationError):
+        c.max_wait_ms = 5.0  # type: ignore[misc]
+    assert c.max_wait_s == pytest.approx(c.max_wait_ms / 1000)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        BucketBatcher(BatchPolicyConfig(max_batch_tokens=100), max_length=256)

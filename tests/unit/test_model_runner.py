@@ -1,0 +1,179 @@
+"""The torch runner on tiny random models loaded through the real path (save_pretrained)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.engine import Engine
+from consumer.batching.stats import EngineStats
+from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
+from consumer.model.backend import ModelRunner
+from consumer.model.runner import Pooling, TorchBackend, load_runner, read_pooling
+from consumer.model.tokenize import HFTokenizer, read_max_length
+from tests.fixtures.tiny_models import CLASSIFY_LABELS, minilm_dir
+
+TEXTS = [
+    "ok",
+    "The movie was surprisingly good, and the cast was wonderful.",
+    "",
+    "terrible " * 20,
+    "A mid-length sentence about Kafka consumers and padded batches.",
+]
+
+
+def tokenize(model_dir: Path, texts: list[str]) -> list[TokenizedItem]:
+    tok = HFTokenizer(model_dir)
+    out = tok.tokenize([InferenceItem(i, t) for i, t in enumerate(texts)])
+    assert all(isinstance(r, TokenizedItem) for r in out)
+    return out  # type: ignore[return-value]
+
+
+def batch(items: list[TokenizedItem]) -> Batch:
+    return Batch(items, max(t.n_tokens for t in items), 0.0)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+@pytest.fixture(scope="module")
+def embed_runner(tiny_embed_dir: Path) -> ModelRunner:
+    return load_runner(tiny_embed_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def classify_runner(tiny_classify_dir: Path) -> ModelRunner:
+    return load_runner(tiny_classify_dir, device="cpu")
+
+
+def test_embed_in_a_mixed_length_batch_equals_single_item(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    items = tokenize(tiny_embed_dir, TEXTS)
+    assert len({t.n_tokens for t in items}) == len(items)  # really mixed lengths
+    together = embed_runner.run(batch(items))
+    for t, run in zip(items, together, strict=True):
+        alone = embed_runner.run(batch([t]))[0]
+        assert run.result is not None and alone.result is not None
+        assert cosine(run.result["embedding"], alone.result["embedding"]) >= 0.9999
+        assert run.result["dim"] == 32 == len(run.result["embedding"])
+        assert math.sqrt(sum(x * x for x in run.result["embedding"])) == pytest.approx(1.0)
+        assert run.batch_size == len(items) and run.padded_len == max(x.n_tokens for x in items)
+
+
+def test_classify_in_a_mixed_length_batch_equals_single_item(
+    classify_runner: ModelRunner, tiny_classify_dir: Path
+) -> None:
+    items = tokenize(tiny_classify_dir, TEXTS)
+    together = classify_runner.run(batch(items))
+    for t, run in zip(items, together, strict=True):
+        alone = classify_runner.run(batch([t]))[0]
+        assert run.result is not None and alone.result is not None
+        assert run.result["label"] == alone.result["label"]
+        scores: dict[str, float] = run.result["scores"]
+        assert set(scores) == set(CLASSIFY_LABELS.values())
+        assert sum(scores.values()) == pytest.approx(1.0, abs=1e-6)
+        assert run.result["score"] == max(scores.values())
+        assert scores[run.result["label"]] == run.result["score"]
+        for label, p in scores.items():
+            assert p == pytest.approx(alone.result["scores"][label], abs=1e-5)
+
+
+def test_task_is_detected_from_the_architecture(
+    embed_runner: ModelRunner, classify_runner: ModelRunner
+) -> None:
+    assert embed_runner.task == "embed" and classify_runner.task == "classify"
+    assert embed_runner.max_length == 64 and classify_runner.max_length == 128
+
+
+class OOMOnce(TorchBackend):
+    """Out of memory for any batch larger than two items."""
+
+    def __init__(self, inner: TorchBackend) -> None:
+        self.__dict__.update(inner.__dict__)
+
+    def forward(self, prepared: object) -> list[dict[str, Any]]:
+        if prepared.ids.shape[0] > 2:  # type: ignore[attr-defined]
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate (injected)")
+        return super().forward(prepared)
+
+
+def test_injected_oom_splits_and_still_answers_all(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    assert isinstance(embed_runner.backend, TorchBackend)
+    stats = EngineStats()
+    runner = ModelRunner(OOMOnce(embed_runner.backend), stats=stats)
+    items = tokenize(tiny_embed_dir, TEXTS + TEXTS[:3])  # 8 items → 4 → 2
+    runs = runner.run(batch(items))
+    assert all(r.result is not None for r in runs)
+    assert stats.splits == 3 and stats.batches == 4
+    assert all(r.batch_size == 2 for r in runs)
+    reference = embed_runner.run(batch(items))
+    for r, ref in zip(runs, reference, strict=True):
+        assert r.result is not None and ref.result is not None
+        assert cosine(r.result["embedding"], ref.result["embedding"]) >= 0.9999
+
+
+def test_a_single_failing_item_is_inference_failed(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    class Broken(OOMOnce):
+        def forward(self, prepared: object) -> list[dict[str, Any]]:
+            raise RuntimeError("kernel exploded")
+
+    assert isinstance(embed_runner.backend, TorchBackend)
+    runs = ModelRunner(Broken(embed_runner.backend)).run(batch(tokenize(tiny_embed_dir, ["x"])))
+    assert runs[0].result is None and runs[0].error_code == "inference_failed"
+
+
+def test_pooling_and_max_length_are_read_from_the_model_files(
+    tiny_embed_dir: Path, tiny_classify_dir: Path
+) -> None:
+    assert read_pooling(minilm_dir()) == Pooling("mean", normalize=True)
+    assert read_max_length(minilm_dir()) == 256  # sentence_bert_config.json
+    assert read_pooling(tiny_embed_dir) == Pooling("mean", normalize=True)
+    assert read_pooling(tiny_classify_dir) == Pooling("mean", normalize=False)  # no modules.json
+
+
+def test_cls_pooling_config_is_honoured(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "modules.json").write_text(
+        '[{"path": "p", "type": "sentence_transformers.models.Pooling"}]'
+    )
+    (tmp_path / "p" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    assert read_pooling(tmp_path) == Pooling("cls", normalize=False)
+
+
+async def test_engine_end_to_end_on_the_tiny_embedder(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    outcomes: dict[int, ItemOutcome] = {}
+    engine = Engine(
+        embed_runner,
+        HFTokenizer(tiny_embed_dir),
+        BatchPolicyConfig(max_wait_ms=0.0, max_batch_tokens=512),
+        lambda o: outcomes.__setitem__(o.item_id, o),
+        warmup="all",
+    )
+    await engine.start()
+    texts = TEXTS * 4
+    await engine.submit([InferenceItem(i, t, arrival_s=0.0) for i, t in enumerate(texts)])
+    assert await engine.drain(timeout_s=60)
+    await engine.stop()
+    assert len(outcomes) == len(texts)
+    singles = {
+        t.item.text: embed_runner.run(batch([t]))[0] for t in tokenize(tiny_embed_dir, TEXTS)
+    }
+    for i, text in enumerate(texts):
+        o = outcomes[i]
+        ref = singles[text].result
+        assert o.status == "ok" and o.result is not None and ref is not None
+        assert cosine(o.result["embedding"], ref["embedding"]) >= 0.9999
