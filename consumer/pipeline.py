@@ -163,7 +163,11 @@ class Pipeline:
             generation = self.tracker.generation(record.tp)
             if generation is None:  # fetched just before its partition was revoked
                 continue
-            self.tracker.track(record.tp, record.offset)
+            try:
+                self.tracker.track(record.tp, record.offset)
+            except ValueError:  # an offset at or below one already taken: a re-delivery
+                log.warning("skipping re-delivered %s@%d", record.tp, record.offset)
+                continue
             self.flow.add(record.tp, 1, 0)
             self._metrics.records_consumed.labels(record.topic).inc()
             pending = Pending(record, generation)
@@ -398,12 +402,13 @@ class Pipeline:
             True when everything finished within ``timeout_s``.
         """
         await self.engine.flush()
-        deadline = self._clock() + timeout_s
+        loop = asyncio.get_running_loop()  # the waits below are asyncio's: so is this deadline
+        deadline = loop.time() + timeout_s
         targets = tps if tps is not None else self.tracker.assigned
         done = False
         while True:
             done = all(self.tracker.pending(tp) == 0 for tp in targets)
-            remaining = deadline - self._clock()
+            remaining = deadline - loop.time()
             if done or remaining <= 0:
                 break
             self._progress.clear()

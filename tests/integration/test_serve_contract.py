@@ -245,3 +245,22 @@ async def test_classify_scores(
     label = result["label"] if isinstance(result, dict) else result.label
     assert abs(sum(scores.values()) - 1.0) < 1e-5
     assert label == max(scores, key=lambda k: scores[k])
+
+
+async def test_reply_partition_that_does_not_exist_is_dead_lettered(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    """A client naming partition 99 of a 3-partition topic must not block its partition."""
+    bad = request("no-such-partition", "hello")
+    headers = (("kafka_replyPartition", struct.pack(">i", 99)),)
+    await produce(
+        kafka_bootstrap,
+        topics.requests,
+        [Req(bad.key, bad.value, headers), request("after", "still flowing")],
+    )
+    (dead,) = await read_topic(kafka_bootstrap, topics.dlq, n_records(1), 60, decode=False)
+    assert dead.key == b"no-such-partition"
+    assert dead.headers["kbatch.error.code"] == b"invalid_request"
+    assert b"reply could not be delivered" in dead.headers["kbatch.error.message"]
+    (after,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    assert after.key == b"after" and after.reply.status == "ok"

@@ -1,0 +1,212 @@
+"""The pipeline's decisions with fakes for Kafka and the engine: no broker, no model, fake clock.
+
+The fakes record what the pipeline asks for; the sink's acknowledgements are futures the test
+resolves in any order, so out-of-order completion and commit safety can be driven exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import msgpack
+import pytest
+
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.config import ServeSettings
+from consumer.kafka.records import InRecord, TopicPartition
+from consumer.metrics import Metrics
+from consumer.pipeline import Pipeline
+from consumer.replies import ReplyBuilder
+from schemas.codec import Encoding, decode_reply
+from schemas.models import ModelInfo
+from schemas.records import OutRecord
+
+TP: TopicPartition = ("req", 0)
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.paused: set[TopicPartition] = set()
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        return []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return None
+
+    def pause(self, tps: frozenset[TopicPartition]) -> None:
+        self.paused |= tps
+
+    def resume(self, tps: frozenset[TopicPartition]) -> None:
+        self.paused -= tps
+
+    def lag(self, committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        return {}
+
+
+class FakeSink:
+    """Each send waits on a future the test resolves (ack) in the order it likes."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutRecord] = []
+        self.acks: list[asyncio.Future[None]] = []
+
+    async def send(self, record: OutRecord) -> None:
+        self.sent.append(record)
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.acks.append(ack)
+        await ack
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.items: list[InferenceItem] = []
+        self.cancelled: list[object] = []
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+        self.items.extend(items)
+        return [len(i.text.split()) + 2 for i in items]
+
+    def cancel_group(self, group: object) -> list[int]:
+        self.cancelled.append(group)
+        return [i.item_id for i in self.items if i.group == group]
+
+    async def flush(self) -> None:
+        return None
+
+
+def record(offset: int, key: bytes | None = b"k", value: bytes | None = None) -> InRecord:
+    body = value if value is not None else msgpack.packb({"text": f"text {offset}"})
+    return InRecord("req", 0, offset, key, body, (), 0)
+
+
+def ok(item: InferenceItem) -> ItemOutcome:
+    return ItemOutcome(
+        item_id=item.item_id,
+        status="ok",
+        result={"embedding": [1.0, 0.0], "dim": 2},
+        error_code=None,
+        error_message=None,
+        truncated=False,
+        n_tokens=4,
+        queue_ms=1.0,
+        infer_ms=2.0,
+        batch_size=1,
+        padded_len=4,
+    )
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def parts() -> tuple[Pipeline, FakeSource, FakeSink, FakeEngine]:
+    settings = ServeSettings(max_partition_records=3, max_total_records=100)
+    sink = FakeSink()
+    pipeline = Pipeline(
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
+        Metrics(),
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    source, engine = FakeSource(), FakeEngine()
+    pipeline.bind(source, engine)
+    await pipeline.on_assigned(frozenset({TP}))
+    return pipeline, source, sink, engine
+
+
+async def test_commit_waits_for_the_lowest_unanswered_offset(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(10, b"a"), record(11, b"b"), record(12, b"c")])
+    for item in reversed(engine.items):  # the engine answers out of order
+        pipeline.on_outcome(ok(item))
+    await settle()
+    assert len(sink.sent) == 3
+    sink.acks[0].set_result(None)  # offset 12 acknowledged first
+    await settle()
+    await pipeline.commit()
+    assert source.commits == []  # 10 and 11 still unanswered: nothing is safe
+    sink.acks[2].set_result(None)  # offset 10
+    await settle()
+    await pipeline.commit()
+    assert source.commits == [{TP: 11}]
+    sink.acks[1].set_result(None)  # offset 11
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 13}
+
+
+async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, _, sink, engine = parts
+    await pipeline.take([record(0, b"same"), record(1, b"same")])
+    assert len(engine.items) == 1  # computed once
+    pipeline.on_outcome(ok(engine.items[0]))
+    await settle()
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert sorted(r.dedup for r in replies) == [False, True]
+    assert all(r.result == replies[0].result for r in replies)
+
+
+async def test_a_bad_record_is_dead_lettered_and_answered_without_blocking(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(0, b"bad", b"\xc1"), record(1, b"good")])
+    await settle()
+    assert [i.text for i in engine.items] == ["text 1"]
+    dlq = [r for r in sink.sent if r.topic == "kbatch.requests.dlq"]
+    assert len(dlq) == 1 and dlq[0].value == b"\xc1"
+    sink.acks[0].set_result(None)  # the dead letter
+    await settle()
+    sink.acks[1].set_result(None)  # its error reply
+    pipeline.on_outcome(ok(engine.items[0]))
+    await settle()
+    sink.acks[2].set_result(None)  # the good reply
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 2}
+
+
+async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(3)])
+    pipeline._apply_flow()
+    assert source.paused == {TP}
+    for item in engine.items:
+        pipeline.on_outcome(ok(item))
+    await settle()
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    pipeline._apply_flow()
+    assert source.paused == set()
+
+
+async def test_revoke_drops_queued_work_and_ignores_late_completions(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    pipeline.settings = pipeline.settings.model_copy(update={"rebalance_timeout_ms": 1_000})
+    await pipeline.take([record(0, b"x")])
+    revoke = asyncio.create_task(pipeline.on_revoked(frozenset({TP})))
+    await asyncio.wait_for(revoke, 5)  # the fake clock never advances: one wait, then drop
+    assert engine.cancelled == [TP]
+    pipeline.on_outcome(ok(engine.items[0]))  # a late result of the revoked partition
+    await settle()
+    assert sink.sent == []
+    assert source.commits == []
