@@ -1,11 +1,198 @@
-"""``kbatch load``: see its --help. (Owned by the load work; registered in consumer/cli/__init__.py.)"""
+"""``kbatch load``: open-loop load against a running ``kbatch serve``, with reports and plots.
+
+The mechanics live in :mod:`producer_tools.load` (schedule, sends, waits) and
+:mod:`producer_tools.report` (the statistics and their definitions); this module only turns
+flags into :class:`producer_tools.load.LoadOptions` and prints.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
 import click
+
+from consumer.cli.options import CommaList
+from consumer.cli.request import encoding_option, topic_options
+
+_POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
 @click.command("load")
-def load_command() -> None:
-    """Not built yet."""
-    raise click.ClickException("kbatch load is not built yet")
+@click.option(
+    "--pattern",
+    type=click.Choice(["constant", "poisson", "step", "pulse"]),
+    default="constant",
+    show_default=True,
+    help="constant: evenly spaced; poisson: exponential gaps; step: a rate sweep; "
+    "pulse: base rate with bursts.",
+)
+@click.option(
+    "--rate",
+    "rate_per_s",
+    type=_POSITIVE,
+    default=20.0,
+    show_default=True,
+    help="Requests per second (pulse: the base rate; step: the first step, see --steps).",
+)
+@click.option(
+    "--duration-s",
+    type=_POSITIVE,
+    default=None,
+    help="Measured length (default 20 s; step: steps x --step-s). Warm-up comes on top.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Measured requests: stop after this many (constant/poisson: instead of a duration).",
+)
+@click.option(
+    "--corpus",
+    default="vader",
+    show_default=True,
+    help="'vader' (the VADER texts, fetched once) or a JSONL/text file.",
+)
+@click.option(
+    "--warmup-s",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Seconds of load at the first rate before measuring (sent, left out of the report).",
+)
+@click.option(
+    "--rates",
+    "rates_per_s",
+    type=CommaList(float),
+    default=None,
+    help="step: the rates of the sweep, e.g. 5,10,20,40 (default: --rate x 1..--steps).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--step-s", type=_POSITIVE, default=10.0, show_default=True, help="step: seconds per step."
+)
+@click.option(
+    "--burst-factor",
+    type=_POSITIVE,
+    default=5.0,
+    show_default=True,
+    help="pulse: burst rate = factor x --rate.",
+)
+@click.option(
+    "--burst-s", type=_POSITIVE, default=2.0, show_default=True, help="pulse: burst length."
+)
+@click.option(
+    "--burst-every-s",
+    type=_POSITIVE,
+    default=10.0,
+    show_default=True,
+    help="pulse: seconds from one burst's start to the next.",
+)
+@click.option(
+    "--first-burst-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="pulse: start of the first burst after the warm-up (default: half the period).",
+)
+@click.option(
+    "--after-s",
+    type=_POSITIVE,
+    default=None,
+    help="pulse: window after each burst reported as 'after burst' (default 2 x --burst-s).",
+)
+@click.option(
+    "--poisson-arrivals",
+    is_flag=True,
+    help="step/pulse: exponential gaps at each segment's rate instead of even spacing.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Texts and Poisson gaps.")
+@click.option(
+    "--timeout-s",
+    type=_POSITIVE,
+    default=30.0,
+    show_default=True,
+    help="A request without a reply after this long counts as a timeout.",
+)
+@click.option(
+    "--deadline-after-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Give each request deadline_ms = send time + this (late ones come back expired).",
+)
+@click.option("--task", type=click.Choice(["embed", "classify"]), default=None)
+@click.option(
+    "--metrics-url",
+    default=None,
+    help="The server's /metrics URL, e.g. http://127.0.0.1:9400/metrics: adds padding "
+    "efficiency from its token counters.",
+)
+@click.option("--no-probe", is_flag=True, help="Skip the probe request before the run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no tables).")
+@click.option(
+    "--plots-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Write PNG plots here.",
+)
+@click.option("--plots-prefix", default=None, help="File name prefix (default: the pattern).")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@encoding_option
+@topic_options
+def load_command(
+    corpus: str,
+    as_json: bool,
+    plots_dir: Path | None,
+    plots_prefix: str | None,
+    no_progress: bool,
+    no_probe: bool,
+    encoding: str,
+    poisson_arrivals: bool,
+    **opts: Any,
+) -> None:
+    """Open-loop load on real texts: latency percentiles, throughput, knee, bursts, plots.
+
+    Send times are fixed before the run (a slow server shows as latency, not as a lower send
+    rate); latency is measured from each request's scheduled send time to its reply.
+    """
+    from rich.console import Console
+
+    from producer_tools import corpus as corpus_mod
+    from producer_tools.client import ClientError
+    from producer_tools.load import LoadError, LoadOptions, run_load, write_plots
+    from producer_tools.report import print_report
+    from schemas.codec import Encoding
+
+    try:
+        if corpus == "vader":
+            pool = corpus_mod.load_vader()
+        else:
+            path = Path(corpus)
+            if not path.is_file():
+                raise click.BadParameter(
+                    f"{corpus} is neither 'vader' nor a file", param_hint="--corpus"
+                )
+            pool = corpus_mod.load_file(path)
+        texts = [t.text for t in corpus_mod.sample(pool, len(pool), seed=opts["seed"])]
+    except (corpus_mod.CorpusError, ValueError) as err:
+        raise click.ClickException(f"cannot load the corpus: {err}") from err
+    options = LoadOptions(
+        texts=texts,
+        encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,
+        poisson=poisson_arrivals,
+        probe=not no_probe,
+        **opts,
+    )
+    try:
+        run = asyncio.run(run_load(options, progress=not no_progress))
+    except (LoadError, ClientError) as err:
+        raise click.ClickException(str(err)) from err
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    if plots_dir is not None:
+        write_plots(run, plots_dir, plots_prefix or options.pattern)
+    if as_json:
+        click.echo(json.dumps(run.report))
+    else:
+        print_report(run.report, Console())

@@ -1,11 +1,155 @@
-"""``kbatch request``: see its --help. (Owned by the request work; registered in consumer/cli/__init__.py.)"""
+"""``kbatch request TEXT``: one request/reply round trip, the reply printed as JSON.
+
+Also home of :func:`topic_options`, the ``--bootstrap``/``--request-topic``/``--reply-topic``
+flags that ``kbatch request`` and ``kbatch load`` share with ``kbatch serve`` (same names,
+same ``KBATCH_*`` variables, defaults read from :class:`consumer.config.ServeSettings`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
+
+from consumer.config import ServeSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_NOT_OK = 1
+"""Exit status when the reply came but its status is ``error`` or ``expired``."""
+
+
+def _default(name: str) -> str:
+    value = ServeSettings.model_fields[name].default
+    assert isinstance(value, str)
+    return value
+
+
+def topic_options(func: F) -> F:
+    """Add ``--bootstrap``, ``--request-topic``, ``--reply-topic`` as ``kbatch serve`` has them."""
+    for name, help_text in reversed(
+        [
+            ("bootstrap", "Kafka bootstrap servers, comma-separated."),
+            ("request_topic", "Topic kbatch serve consumes."),
+            ("reply_topic", "Topic the replies are asked for (kafka_replyTopic); must exist."),
+        ]
+    ):
+        func = click.option(
+            "--" + name.replace("_", "-"),
+            name,
+            default=_default(name),
+            show_default=True,
+            envvar=f"KBATCH_{name.upper()}",
+            help=help_text + f" (env KBATCH_{name.upper()})",
+        )(func)
+    return func
+
+
+def encoding_option(func: F) -> F:
+    """``--encoding msgpack|json`` (the reply comes back in the same)."""
+    return click.option(
+        "--encoding",
+        type=click.Choice(["msgpack", "json"]),
+        default="msgpack",
+        show_default=True,
+        help="Request encoding; the reply uses the same.",
+    )(func)
 
 
 @click.command("request")
-def request_command() -> None:
-    """Not built yet."""
-    raise click.ClickException("kbatch request is not built yet")
+@click.argument("text")
+@click.option("--key", default=None, help="Idempotency key (default: a random one).")
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the reply, retries included.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Re-send the same key this many times while unanswered (the server dedups).",
+)
+@click.option("--task", type=click.Choice(["embed", "classify"]), default=None)
+@click.option(
+    "--deadline-after-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Set deadline_ms this many ms from now: later, the server answers expired.",
+)
+@click.option("--meta", default=None, help="A JSON object echoed in the reply.")
+@click.option("--truncate/--no-truncate", default=None, help="Over-length policy.")
+@click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
+@encoding_option
+@topic_options
+def request_command(
+    text: str,
+    key: str | None,
+    timeout_s: float,
+    retries: int,
+    task: str | None,
+    deadline_after_ms: int | None,
+    meta: str | None,
+    truncate: bool | None,
+    full: bool,
+    encoding: str,
+    bootstrap: str,
+    request_topic: str,
+    reply_topic: str,
+) -> None:
+    """Send TEXT to kbatch serve and print its reply as JSON.
+
+    Exit status: 0 for an ok reply, 1 for an error or expired reply (still printed) or no
+    reply within --timeout-s.
+    """
+    import time
+
+    from producer_tools.client import ClientError, RequestReplyClient
+    from schemas.codec import Encoding
+
+    meta_obj: dict[str, Any] | None = None
+    if meta is not None:
+        try:
+            meta_obj = json.loads(meta)
+        except json.JSONDecodeError as err:
+            raise click.BadParameter(f"not JSON: {err}", param_hint="--meta") from err
+        if not isinstance(meta_obj, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--meta")
+    enc = Encoding.JSON if encoding == "json" else Encoding.MSGPACK
+    deadline_ms = (
+        int(time.time() * 1000) + deadline_after_ms if deadline_after_ms is not None else None
+    )
+
+    async def call() -> dict[str, Any]:
+        async with RequestReplyClient(
+            bootstrap=bootstrap, request_topic=request_topic, reply_topic=reply_topic, encoding=enc
+        ) as client:
+            envelope = await client.request(
+                text,
+                key,
+                timeout_s=timeout_s,
+                retries=retries,
+                task=task,  # type: ignore[arg-type]  # click.Choice guarantees the literal
+                deadline_ms=deadline_ms,
+                meta=meta_obj,
+                truncate=truncate,
+            )
+        out = envelope.to_json()
+        return out if full else out["reply"]
+
+    try:
+        result = asyncio.run(call())
+    except ClientError as err:
+        raise click.ClickException(str(err)) from err
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    click.echo(json.dumps(result))
+    status = result["reply"]["status"] if full else result["status"]
+    if status != "ok":
+        raise SystemExit(EXIT_NOT_OK)

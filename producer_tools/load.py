@@ -1,0 +1,366 @@
+"""The open-loop load generator behind ``kbatch load``.
+
+A run, in order:
+
+1. build the arrival schedule (:mod:`producer_tools.arrivals`) — every send time is fixed
+   before the first send, so a slow server shows up as latency, never as a lower send rate;
+2. start one :class:`~producer_tools.client.RequestReplyClient` and, unless disabled, send one
+   probe request to make sure a server answers (left out of the statistics);
+3. at each scheduled time start the request as its own task — a send never awaits an earlier
+   reply; each request waits for its reply at most ``timeout_s``;
+4. when ``metrics_url`` is given, read the server's token counters at every segment boundary
+   and at the end (padding efficiency per step);
+5. wait for every outstanding reply (or its timeout), then build the report
+   (:mod:`producer_tools.report`) and, on request, the plots (:mod:`producer_tools.plots`).
+
+Keys are ``<run id>-<index>``, unique per request, so the server computes each one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from producer_tools import arrivals
+from producer_tools.client import ClientError, RequestReplyClient, RequestTimeoutError
+from producer_tools.report import Outcome, RunLog, build_report
+from schemas.codec import Encoding
+
+__all__ = ["LoadError", "LoadOptions", "LoadRun", "build_schedule", "run_load"]
+
+Pattern = Literal["constant", "poisson", "step", "pulse"]
+PATTERNS: tuple[Pattern, ...] = ("constant", "poisson", "step", "pulse")
+
+DEFAULT_DURATION_S = 20.0
+"""Length of a constant, Poisson or pulse run given neither a duration nor a count."""
+
+
+class LoadError(RuntimeError):
+    """The run could not start (no server answers the probe, bad options)."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Everything a run needs; see ``kbatch load --help`` for each option's meaning."""
+
+    bootstrap: str
+    request_topic: str
+    reply_topic: str
+    texts: Sequence[str]
+    pattern: Pattern = "constant"
+    rate_per_s: float = 20.0
+    duration_s: float | None = None
+    count: int | None = None
+    rates_per_s: Sequence[float] | None = None
+    steps: int = 5
+    step_s: float = 10.0
+    burst_factor: float = 5.0
+    burst_s: float = 2.0
+    burst_every_s: float = 10.0
+    first_burst_s: float | None = None
+    after_s: float | None = None
+    poisson: bool = False
+    warmup_s: float = 2.0
+    seed: int = 0
+    timeout_s: float = 30.0
+    deadline_after_ms: int | None = None
+    task: Literal["embed", "classify"] | None = None
+    encoding: Encoding = Encoding.MSGPACK
+    metrics_url: str | None = None
+    probe: bool = True
+    probe_timeout_s: float = 30.0
+    keep_up_ratio: float = 0.9
+    client_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def after_window_s(self) -> float:
+        """Pulse: the window after each burst reported as "after burst" (default 2 × burst)."""
+        return self.after_s if self.after_s is not None else 2 * self.burst_s
+
+
+def build_schedule(opts: LoadOptions) -> arrivals.Schedule:
+    """The run's arrival schedule (warm-up first). Raises ``ValueError`` for bad options."""
+    extend = False
+    if opts.count is not None and opts.count < 1:
+        raise ValueError(f"count must be >= 1, got {opts.count}")
+    if opts.pattern in ("constant", "poisson"):
+        duration = opts.duration_s
+        if duration is None:
+            if opts.count is not None:
+                duration, extend = opts.count / opts.rate_per_s, True
+            else:
+                duration = DEFAULT_DURATION_S
+        profile = arrivals.constant_profile(opts.rate_per_s, duration)
+    elif opts.pattern == "step":
+        rates = list(opts.rates_per_s or [opts.rate_per_s * (i + 1) for i in range(opts.steps)])
+        step_s = opts.step_s if opts.duration_s is None else opts.duration_s / len(rates)
+        profile = arrivals.step_profile(rates, step_s)
+    elif opts.pattern == "pulse":
+        profile = arrivals.pulse_profile(
+            opts.rate_per_s,
+            opts.duration_s or DEFAULT_DURATION_S,
+            burst_factor=opts.burst_factor,
+            burst_s=opts.burst_s,
+            period_s=opts.burst_every_s,
+            first_burst_s=opts.first_burst_s,
+        )
+    else:
+        raise ValueError(f"unknown pattern {opts.pattern!r}; known: {PATTERNS}")
+    profile = arrivals.with_warmup(profile, opts.warmup_s)
+    max_count = None
+    if opts.count is not None:
+        warm = [s for s in profile if s.phase == "warmup"]
+        n_warm = round(warm[0].rate_per_s * warm[0].duration_s) if warm else 0
+        max_count = opts.count + n_warm
+    return arrivals.arrival_times(
+        profile,
+        poisson=opts.pattern == "poisson" or opts.poisson,
+        rng=np.random.default_rng(opts.seed),
+        max_count=max_count,
+        extend=extend,
+    )
+
+
+@dataclass
+class LoadRun:
+    """A finished run: the schedule followed, every request's fate, and the report."""
+
+    schedule: arrivals.Schedule
+    log: RunLog
+    report: dict[str, Any]
+
+
+def _read_token_counters(url: str, timeout_s: float = 2.0) -> tuple[float, float] | None:
+    """(real, padded) from ``kbatch_tokens_real_total``/``kbatch_tokens_padded_total``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            body = resp.read().decode()
+    except (OSError, urllib.error.URLError):
+        return None
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name in ("kbatch_tokens_real_total", "kbatch_tokens_padded_total"):
+                values[sample.name] = sample.value
+    if len(values) != 2:
+        return None
+    return values["kbatch_tokens_real_total"], values["kbatch_tokens_padded_total"]
+
+
+class _Runner:
+    def __init__(self, opts: LoadOptions, schedule: arrivals.Schedule, progress: bool) -> None:
+        self.opts = opts
+        self.schedule = schedule
+        self.log = RunLog.empty(schedule.times_s)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.t0 = 0.0
+        self.sent = 0
+        self.done = 0
+        self.first_error: str | None = None
+        self.tokens: list[tuple[float, float] | None] = [None] * (len(schedule.segments) + 1)
+        self.progress = progress
+
+    async def one(self, client: RequestReplyClient, i: int) -> None:
+        opts, log = self.opts, self.log
+        deadline_ms = (
+            int(time.time() * 1000) + opts.deadline_after_ms
+            if opts.deadline_after_ms is not None
+            else None
+        )
+        log.sent_s[i] = time.monotonic() - self.t0
+        self.sent += 1
+        try:
+            env = await client.request(
+                opts.texts[i % len(opts.texts)],
+                f"{self.run_id}-{i}",
+                timeout_s=opts.timeout_s,
+                deadline_ms=deadline_ms,
+                task=opts.task,
+                encoding=opts.encoding,
+            )
+        except RequestTimeoutError:
+            log.outcome[i] = Outcome.TIMEOUT
+        except ClientError as exc:
+            log.outcome[i] = Outcome.SEND_FAILED
+            self.first_error = self.first_error or repr(exc)
+        else:
+            reply = env.reply
+            log.received_s[i] = env.received_s - self.t0
+            log.outcome[i] = {
+                "ok": Outcome.OK,
+                "error": Outcome.ERROR,
+                "expired": Outcome.EXPIRED,
+            }[reply.status]
+            log.dedup[i] = reply.dedup
+            if reply.timing is not None:
+                log.batch_size[i] = reply.timing.batch_size
+                log.padded_len[i] = reply.timing.padded_len
+                log.queue_ms[i] = reply.timing.queue_ms
+                log.infer_ms[i] = reply.timing.infer_ms
+            if reply.error is not None and self.first_error is None:
+                self.first_error = f"{reply.error.code}: {reply.error.message}"
+        finally:
+            self.done += 1
+
+    async def sample_tokens(self) -> None:
+        url = self.opts.metrics_url
+        assert url is not None
+        for k, seg in enumerate(self.schedule.segments):
+            await asyncio.sleep(max(0.0, self.t0 + seg.start_s - time.monotonic()))
+            self.tokens[k] = await asyncio.to_thread(_read_token_counters, url)
+
+    async def run(self) -> None:
+        opts = self.opts
+        async with RequestReplyClient(
+            bootstrap=opts.bootstrap,
+            request_topic=opts.request_topic,
+            reply_topic=opts.reply_topic,
+            encoding=opts.encoding,
+            **opts.client_options,
+        ) as client:
+            if opts.probe:
+                try:
+                    await client.request(
+                        opts.texts[0],
+                        f"{self.run_id}-probe",
+                        timeout_s=opts.probe_timeout_s,
+                        task=opts.task,
+                    )
+                except RequestTimeoutError as exc:
+                    raise LoadError(f"the probe request got no reply: {exc}") from exc
+            with self._progress() as tick:
+                self.t0 = time.monotonic() + 0.05
+                sampler = asyncio.create_task(self.sample_tokens()) if opts.metrics_url else None
+                ticker = asyncio.create_task(self._tick(tick))
+                tasks: list[asyncio.Task[None]] = []
+                times = self.schedule.times_s
+                i, n = 0, len(times)
+                while i < n:
+                    delay = self.t0 + times[i] - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    now_rel = time.monotonic() - self.t0
+                    while i < n and times[i] <= now_rel:  # all that are due: no sleep between
+                        tasks.append(asyncio.create_task(self.one(client, i)))
+                        i += 1
+                await asyncio.gather(*tasks)
+                if sampler is not None:
+                    sampler.cancel()
+                    await asyncio.gather(sampler, return_exceptions=True)
+                    self.tokens[-1] = await asyncio.to_thread(
+                        _read_token_counters, opts.metrics_url or ""
+                    )
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+                tick()
+
+    def _progress(self) -> Any:
+        from contextlib import contextmanager
+
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        @contextmanager
+        def ctx() -> Any:
+            if not self.progress:
+                yield lambda: None
+                return
+            total = len(self.schedule)
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            ) as bar:
+                task_id = bar.add_task(f"kbatch load {self.opts.pattern}", total=total, status="")
+
+                def tick() -> None:
+                    ok = int((self.log.outcome == Outcome.OK).sum())
+                    lost = int((self.log.outcome == Outcome.TIMEOUT).sum())
+                    bar.update(
+                        task_id,
+                        completed=self.done,
+                        status=f"sent {self.sent}/{total} in flight {self.sent - self.done} "
+                        f"ok {ok} timeouts {lost}",
+                    )
+
+                yield tick
+
+        return ctx()
+
+    async def _tick(self, tick: Any) -> None:
+        while True:
+            tick()
+            await asyncio.sleep(0.25)
+
+
+async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
+    """Run the load described by ``opts``; the schedule, per-request log and report.
+
+    Raises:
+        LoadError: no reply to the probe request, or no texts.
+        ValueError: invalid pattern parameters.
+        ClientError: the client could not start (broker down, reply topic missing).
+    """
+    if not opts.texts:
+        raise LoadError("no texts to send")
+    schedule = build_schedule(opts)
+    runner = _Runner(opts, schedule, progress)
+    await runner.run()
+    report = build_report(
+        runner.log,
+        schedule,
+        pattern=opts.pattern,
+        after_s=opts.after_window_s,
+        boundary_tokens=runner.tokens if opts.metrics_url else None,
+        keep_up_ratio=opts.keep_up_ratio,
+    )
+    if runner.first_error is not None:
+        report["first_error"] = runner.first_error
+    report["setup"] = {
+        "bootstrap": opts.bootstrap,
+        "request_topic": opts.request_topic,
+        "reply_topic": opts.reply_topic,
+        "pattern": opts.pattern,
+        "poisson_arrivals": opts.pattern == "poisson" or opts.poisson,
+        "segments": [
+            {
+                "phase": s.phase,
+                "start_s": round(s.start_s, 3),
+                "end_s": round(s.end_s, 3),
+                "rate_per_s": s.rate_per_s,
+            }
+            for s in schedule.segments
+        ],
+        "warmup_s": opts.warmup_s,
+        "timeout_s": opts.timeout_s,
+        "deadline_after_ms": opts.deadline_after_ms,
+        "encoding": opts.encoding.value,
+        "texts": len(opts.texts),
+        "seed": opts.seed,
+        "run_id": runner.run_id,
+        "metrics_url": opts.metrics_url,
+    }
+    return LoadRun(schedule=schedule, log=runner.log, report=report)
+
+
+def write_plots(run: LoadRun, out_dir: Path, prefix: str) -> list[Path]:
+    """The run's PNG plots (see :mod:`producer_tools.plots`); adds their paths to the report."""
+    from producer_tools.plots import write_plots as _write
+
+    paths = _write(run.log, run.schedule, run.report, out_dir, prefix)
+    run.report["plots"] = [str(p) for p in paths]
+    return paths
