@@ -7,6 +7,7 @@ import click
 from consumer.cli.backfill import backfill_command
 from consumer.cli.bench import bench_group
 from consumer.cli.broker import broker_group
+from consumer.cli.demo import demo_command
 from consumer.cli.load import load_command
 from consumer.cli.request import request_command
 from consumer.cli.serve import serve_command
@@ -24,6 +25,7 @@ cli.add_command(serve_command)
 cli.add_command(request_command)
 cli.add_command(load_command)
 cli.add_command(backfill_command)
+cli.add_command(demo_command)
 
 
 def main() -> None:

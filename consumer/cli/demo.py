@@ -1,0 +1,36 @@
+"""``kbatch demo``: the README's first command — serve MiniLM on real texts and show it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("demo")
+@click.option(
+    "--steady-s", type=float, default=30.0, show_default=True, help="Steady phase length."
+)
+@click.option(
+    "--steady-rate", type=float, default=30.0, show_default=True, help="Requests/s, steady."
+)
+@click.option("--pulse-s", type=float, default=30.0, show_default=True, help="Pulse phase length.")
+@click.option(
+    "--plots-dir", type=click.Path(path_type=Path), default=None, help="Write PNG plots here."
+)
+@click.option("--broker-port", type=int, default=9092, show_default=True)
+def demo_command(
+    steady_s: float, steady_rate: float, pulse_s: float, plots_dir: Path | None, broker_port: int
+) -> None:
+    """Start the local broker and `kbatch serve --model minilm`, drive it with a steady phase
+    and a pulse of VADER texts, print the reports and sample replies, then stop it."""
+    from producer_tools.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        steady_rate_per_s=steady_rate,
+        steady_s=steady_s,
+        pulse_s=pulse_s,
+        plots_dir=plots_dir,
+        broker_port=broker_port,
+    )
+    raise SystemExit(run_demo(options))
