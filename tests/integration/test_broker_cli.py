@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from consumer.broker.local import LocalBroker
 
 KBATCH = str(Path(sys.executable).with_name("kbatch"))
 
@@ -54,6 +57,7 @@ def test_start_twice_status_stop() -> None:
     assert stopped.returncode == 0
     assert _kbatch("status", "--port", str(port)).returncode != 0
     assert _broker_pids(port) == []
+    shutil.rmtree(LocalBroker(port=port).home, ignore_errors=True)
 
 
 def test_port_held_by_another_program_gives_one_line_error() -> None:

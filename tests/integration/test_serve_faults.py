@@ -7,6 +7,7 @@ one was answered; figures worth reporting (duplicates, peak RSS, recovery time) 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -180,14 +181,14 @@ async def test_two_members_one_leaves_midway(
 async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> None:
     """A broker of its own (so the shared one stays up), stopped and restarted mid-run."""
     broker = LocalBroker(port=free_port_pair())
-    bootstrap = await asyncio.to_thread(broker.start, fresh=True)
     try:
+        bootstrap = await asyncio.to_thread(broker.start, fresh=True)
         await create_topics(bootstrap, ["b.req"], partitions=2)
         await create_topics(bootstrap, ["b.rep", "b.dlq"])
         n = 400
         await produce(bootstrap, "b.req", [request(f"r-{i}", f"text {i}") for i in range(n // 2)])
         server = start(
-            tmp_path, bootstrap, "b.req", "b.rep", "b.dlq", "restart-group", str(tiny_embed_dir)
+            tmp_path, bootstrap, ("b.req", "b.rep", "b.dlq"), "restart-group", str(tiny_embed_dir)
         )
         try:
             server.wait_ready()
@@ -209,6 +210,7 @@ async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> N
             server.stop()
     finally:
         await asyncio.to_thread(broker.stop)
+        shutil.rmtree(broker.home, ignore_errors=True)
     assert {r.key for r in replies} == all_keys(n)
     print(
         f"\nbroker restart: all {n} answered {recovered_s:.1f}s after the stop, "
