@@ -56,6 +56,7 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self._reply_children: dict[str, Counter] = {}
         self.dead_letters = Counter(
             "kbatch_dead_letters_total",
             "Dead letters acknowledged, by error code.",
@@ -152,6 +153,13 @@ class Metrics:
         self.gpu_memory = Gauge(
             "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
         )
+
+    def reply_status(self, status: str) -> Counter:
+        """The ``kbatch_replies_total`` child of ``status`` (cached: this is per record)."""
+        child = self._reply_children.get(status)
+        if child is None:
+            child = self._reply_children[status] = self.replies.labels(status)
+        return child
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

@@ -159,6 +159,7 @@ class Pipeline:
         """Decode a poll chunk; answer what needs no model; submit the rest in one call."""
         now, now_ms = self._clock(), self._wall_ms()
         to_compute: list[tuple[Pending, InferenceItem]] = []
+        consumed: dict[str, int] = {}
         for record in records:
             generation = self.tracker.generation(record.tp)
             if generation is None:  # fetched just before its partition was revoked
@@ -169,7 +170,7 @@ class Pipeline:
                 log.warning("skipping re-delivered %s@%d", record.tp, record.offset)
                 continue
             self.flow.add(record.tp, 1, 0)
-            self._metrics.records_consumed.labels(record.topic).inc()
+            consumed[record.topic] = consumed.get(record.topic, 0) + 1
             pending = Pending(record, generation)
             try:
                 pending.parsed = parse_request_record(
@@ -184,6 +185,8 @@ class Pipeline:
             item = self._admit(pending, now, now_ms)
             if item is not None:
                 to_compute.append((pending, item))
+        for topic, n in consumed.items():  # one labelled update per chunk, not per record
+            self._metrics.records_consumed.labels(topic).inc(n)
         if not to_compute:
             return
         n_tokens = await self.engine.submit([item for _, item in to_compute])
@@ -288,7 +291,7 @@ class Pipeline:
                 ErrorCode.INVALID_REQUEST,
             )
             return
-        self._metrics.replies.labels(status).inc()
+        self._metrics.reply_status(status).inc()
         self._metrics.end_to_end.observe(
             max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
         )
@@ -308,7 +311,7 @@ class Pipeline:
         if reply is not None:
             try:
                 await self._sink.send(reply)
-                self._metrics.replies.labels("error").inc()
+                self._metrics.reply_status("error").inc()
             except (DeliveryError, SinkClosedError) as err:
                 log.warning(
                     "error reply for %s@%d not delivered: %s",

@@ -13,11 +13,11 @@ import logging
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
-from schemas.records import OutRecord
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.config import ServeSettings
 from consumer.kafka.client_config import security_kwargs
+from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
 
@@ -69,21 +69,32 @@ class KafkaSink:
             DeliveryError: the record can never be delivered (bad topic, partition, size).
             SinkClosedError: the sink closed before the record was acknowledged.
         """
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda e: _retriable(e) and not self._closed),
-            wait=wait_exponential(multiplier=0.05, max=2.0),
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    await self._send_once(record)
+            try:
+                await self._send_once(record)  # the fast path: no retry machinery per record
+            except Exception as first:
+                if not _retriable(first) or self._closed:
+                    raise
+                log.warning(
+                    "send to %s failed (%s); retrying", record.topic or self._default_topic, first
+                )
+                await self._retry(record)
         except DeliveryError:
             raise
         except Exception as err:
             if self._closed:
                 raise SinkClosedError(str(err)) from err
             raise DeliveryError(f"{type(err).__name__}: {err}") from err
+
+    async def _retry(self, record: OutRecord) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: _retriable(e) and not self._closed),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._send_once(record)
 
     async def _send_once(self, record: OutRecord) -> None:
         topic = record.topic or self._default_topic
