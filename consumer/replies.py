@@ -8,6 +8,8 @@ it, with its own key, reply address, correlation id and ``meta``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.records import InRecord
 from schemas.errors import ErrorCode, RecordDecodeError
@@ -37,9 +39,19 @@ class ReplyBuilder:
         self, parsed: ParsedRequest, outcome: ItemOutcome, *, dedup: bool
     ) -> OutRecord:
         """The reply to ``parsed`` carrying ``outcome`` (ok, error or expired)."""
-        meta = parsed.request.meta
+        return self._record(parsed, self.reply(outcome, dedup=dedup, meta=parsed.request.meta))
+
+    def reply(
+        self, outcome: ItemOutcome, *, dedup: bool = False, meta: dict[str, Any] | None = None
+    ) -> Reply:
+        """The contract's reply value for ``outcome`` (ok, error or expired), without a record
+        around it (``kbatch backfill`` writes it to its own output records).
+
+        Raises:
+            ValueError: ``outcome.error_code`` is not a contract error code.
+        """
         if outcome.status == "ok":
-            reply = Reply(
+            return Reply(
                 status="ok",
                 result=None if outcome.result is None else result_from_map(outcome.result),
                 model=self.model,
@@ -53,17 +65,15 @@ class ReplyBuilder:
                     padded_len=outcome.padded_len,
                 ),
             )
-        else:
-            code = ErrorCode(outcome.error_code or ErrorCode.INFERENCE_FAILED)
-            reply = Reply(
-                status=outcome.status,
-                error=ErrorInfo(code=code, message=outcome.error_message or code.value),
-                model=self.model,
-                truncated=outcome.truncated,
-                dedup=dedup,
-                meta=meta,
-            )
-        return self._record(parsed, reply)
+        code = ErrorCode(outcome.error_code or ErrorCode.INFERENCE_FAILED)
+        return Reply(
+            status=outcome.status,
+            error=ErrorInfo(code=code, message=outcome.error_message or code.value),
+            model=self.model,
+            truncated=outcome.truncated,
+            dedup=dedup,
+            meta=meta,
+        )
 
     def error(self, parsed: ParsedRequest, code: ErrorCode, message: str) -> OutRecord:
         """An ``error`` reply to a well-formed request (e.g. ``unsupported_task``)."""

@@ -1,0 +1,182 @@
+"""Wiring of ``kbatch backfill``: build the parts, resolve the range, run, summarise, exit.
+
+Start: source (range fixed now) → model (warm-up) → sink → engine → job. Stop: the job finishes
+what it read, commits, then sink, source and engine close.
+
+Exit codes: :data:`EXIT_COMPLETE` (0) only when every partition reached its end;
+:data:`EXIT_STOPPED` (3) when a signal stopped the job first (progress committed: rerun the same
+command to continue); :data:`EXIT_INCOMPLETE` (1) otherwise (an undeliverable dead letter, a
+failed final commit, a broker error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+from consumer.backfill.config import BackfillSettings
+from consumer.backfill.job import BackfillJob, BackfillSummary
+from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
+from consumer.batching.engine import Engine
+from consumer.batching.stats import EngineStats
+from consumer.config import ServeSettings
+from consumer.kafka.range_source import RangeSource, RangeSourceError, RangeSpecError
+from consumer.kafka.sink import KafkaSink
+from consumer.replies import ReplyBuilder
+from schemas.models import ModelInfo
+
+__all__ = ["EXIT_COMPLETE", "EXIT_INCOMPLETE", "EXIT_STOPPED", "run_backfill"]
+
+log = logging.getLogger("kbatch.backfill")
+
+EXIT_COMPLETE = 0
+EXIT_INCOMPLETE = 1
+EXIT_STOPPED = 3
+
+
+def _serve_view(settings: BackfillSettings) -> ServeSettings:
+    """The fields ``resolve_model`` and ``KafkaSink`` read, as the ``ServeSettings`` they take
+    (built without validation or the environment: every value here is already validated)."""
+    return ServeSettings.model_construct(
+        bootstrap=settings.bootstrap,
+        reply_topic=settings.output_topic,
+        send_timeout_ms=settings.send_timeout_ms,
+        model=settings.model,
+        model_revision=settings.model_revision,
+        security_protocol=settings.security_protocol,
+        sasl_mechanism=settings.sasl_mechanism,
+        sasl_plain_username=settings.sasl_plain_username,
+        sasl_plain_password=settings.sasl_plain_password,
+        ssl_cafile=settings.ssl_cafile,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+    )
+
+
+def _progress(settings: BackfillSettings) -> ProgressSink:
+    show = settings.progress if settings.progress is not None else sys.stderr.isatty()
+    return RichProgress() if show else LogProgress()
+
+
+async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False) -> int:
+    """Run one job to its end (or a SIGTERM/SIGINT); prints the summary (stderr, and one JSON
+    object on stdout with ``json_summary``); returns the process exit code.
+
+    Raises:
+        RangeSourceError: the source topic does not exist or the broker cannot be reached.
+        RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
+        FileNotFoundError: the model directory does not exist.
+    """
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
+
+    group_id = settings.effective_group_id
+    source = RangeSource(
+        bootstrap=settings.bootstrap,
+        security=settings,
+        topic=settings.source_topic,
+        group_id=group_id,
+    )
+    await source.start()
+    try:
+        plan = await source.resolve(settings.from_bound, settings.to_bound)
+    except (RangeSourceError, RangeSpecError):
+        await source.stop()
+        raise
+    for r in plan.values():
+        log.info(
+            "partition %d: range [%d, %d), reading from %d%s",
+            r.partition,
+            r.range_start,
+            r.end,
+            r.start,
+            f" (resumed: group {group_id})" if r.resumed_from is not None else "",
+        )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    view = _serve_view(settings)
+    sink = KafkaSink(view)
+    engine: Engine | None = None
+    try:
+        if sum(r.remaining for r in plan.values()) == 0:
+            log.info("nothing to read in the range")
+            summary = await _empty_job(settings, source, sink, stop)
+        else:
+            from consumer.app import resolve_model
+            from consumer.model.runner import configure_threads, describe_runner, load_runner
+            from consumer.model.tokenize import HFTokenizer
+
+            configure_threads(settings.torch_threads)
+            stats = EngineStats(keep=1)
+            model_dir, model_info = resolve_model(view)
+            runner = load_runner(
+                model_dir,
+                task=settings.task,
+                device=None if settings.device == "auto" else settings.device,
+                autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+                max_length=settings.max_length,
+                stats=stats,
+                name=model_info.name,
+                revision=model_info.revision,
+            )
+            tokenizer = HFTokenizer(
+                model_dir, max_length=runner.max_length, truncate_by_default=settings.truncate
+            )
+            cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")
+            policy = settings.batch_policy(cuda=cuda)
+            if policy.max_batch_tokens < runner.max_length:
+                policy = policy.model_copy(update={"max_batch_tokens": runner.max_length})
+            job = BackfillJob(
+                settings,
+                source,
+                sink,
+                ReplyBuilder(model_info, settings.dead_letter_topic),
+                _progress(settings),
+                stats=stats,
+            )
+            engine = Engine(
+                runner,
+                tokenizer,
+                policy,
+                on_outcome=job.on_outcome,
+                stats=stats,
+                batch_timeout_s=settings.batch_timeout_s,
+                warmup="all" if cuda else "largest",
+            )
+            job.bind(engine)
+            await engine.start()
+            await sink.start()
+            summary = await job.run(stop)
+    finally:
+        for step in (sink.stop, source.stop, *((engine.stop,) if engine else ())):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(step(), settings.drain_timeout_s)
+    render_summary(summary)
+    if json_summary:
+        sys.stdout.write(json.dumps(summary.to_json()) + "\n")
+        sys.stdout.flush()
+    if summary.complete:
+        return EXIT_COMPLETE
+    return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
+
+
+async def _empty_job(
+    settings: BackfillSettings, source: RangeSource, sink: KafkaSink, stop: asyncio.Event
+) -> BackfillSummary:
+    """An empty range: no model is loaded; the summary says every partition is at its end."""
+    job = BackfillJob(settings, source, sink, ReplyBuilder(_no_model(), settings.dead_letter_topic))
+    return await job.run(stop)
+
+
+def _no_model() -> ModelInfo:
+    return ModelInfo(name="(not loaded)", revision=None)

@@ -1,0 +1,230 @@
+"""Pure parts of a backfill: the text of a source record, and the output record it becomes.
+
+Source records are any application events (no contract): the text is
+
+* the whole value as UTF-8 (no ``--text-field``), or
+* the string at a dotted path (``--text-field payload.body.text``; a number indexes a list,
+  ``items.0.text``) of a JSON or msgpack map. The encoding comes from ``--value-format``, or
+  with ``auto`` from the ``content-type`` header (the last one, as the contract reads it),
+  else from the first byte (``{``, ``[`` or ``"`` after whitespace: JSON; else msgpack).
+
+A record whose text cannot be had raises :class:`ExtractError`; the job dead-letters it with
+code ``invalid_request`` and the error's message (which names the field and the rule and never
+repeats the input).
+
+Output value encoding: **JSON when the source value was read as JSON, msgpack otherwise**
+(raw UTF-8 and msgpack sources) — the contract's rule that a reply uses its request's encoding,
+applied to events; the ``content-type`` header says which.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgpack
+
+from schemas import headers as h
+from schemas.codec import Encoding
+from schemas.errors import DecodeError
+from schemas.records import OutRecord
+
+__all__ = [
+    "ExtractError",
+    "Extracted",
+    "TextPath",
+    "ValueFormat",
+    "extract_text",
+    "output_record",
+    "parse_text_path",
+]
+
+ValueFormat = Literal["auto", "json", "msgpack"]
+TextPath = tuple[str, ...]
+"""A parsed ``--text-field``: its dot-separated components."""
+
+_JSON_START = frozenset(b'{["')  # in msgpack these bytes are bare small ints: no fields
+_WHITESPACE = b" \t\r\n"
+
+
+class ExtractError(ValueError):
+    """The record has no usable text; ``str(err)`` is the dead letter's message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extracted:
+    """A record's text and the encoding its output value uses."""
+
+    text: str
+    encoding: Encoding
+
+
+def parse_text_path(dotted: str | None) -> TextPath | None:
+    """``"a.b.c"`` → ``("a", "b", "c")``; None stays None (the raw value is the text).
+
+    Raises:
+        ValueError: an empty path or an empty component (``"a..b"``, ``".a"``).
+    """
+    if dotted is None:
+        return None
+    parts = tuple(dotted.split("."))
+    if not dotted or any(not p for p in parts):
+        raise ValueError(f"text field {dotted!r} must be dot-separated non-empty names")
+    return parts
+
+
+def extract_text(
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+    path: TextPath | None,
+    *,
+    value_format: ValueFormat = "auto",
+    max_text_bytes: int = 512 * 1024,
+) -> Extracted:
+    """The text of one source record.
+
+    Args:
+        value: the record's value (None: a null value, e.g. a tombstone).
+        headers: the record's headers (``content-type`` is read when ``value_format`` is auto).
+        path: the parsed ``--text-field``; None: the whole value is UTF-8 text.
+        value_format: how a value with a ``path`` is decoded.
+        max_text_bytes: longest text accepted, in UTF-8 bytes (the contract's limit).
+
+    Raises:
+        ExtractError: null value; not UTF-8; not JSON/msgpack; no map; the path missing or not
+            a string; an empty text; a text over ``max_text_bytes``.
+    """
+    if value is None:
+        raise ExtractError("the record's value is null (a tombstone?): no text")
+    if path is None:
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ExtractError(f"the value is not UTF-8 text (byte {err.start})") from None
+        return Extracted(_checked(text, "the value", max_text_bytes), Encoding.MSGPACK)
+    encoding = _encoding(value, headers, value_format)
+    document = _decode(value, encoding)
+    field = ".".join(path)
+    node: Any = document
+    for depth, name in enumerate(path):
+        where = ".".join(path[:depth]) or "the value"
+        if isinstance(node, dict):
+            if name in node:
+                node = node[name]
+            elif name.encode() in node:  # msgpack maps may have binary keys
+                node = node[name.encode()]
+            else:
+                raise ExtractError(f"field {field}: {where} has no {name!r}")
+        elif isinstance(node, list):
+            if not name.isdigit() or int(name) >= len(node):
+                raise ExtractError(
+                    f"field {field}: {where} is a list of {len(node)}; {name!r} is not an index"
+                )
+            node = node[int(name)]
+        else:
+            raise ExtractError(f"field {field}: {where} is {_kind(node)}, not a map")
+    if not isinstance(node, str):
+        raise ExtractError(f"field {field} is {_kind(node)}, not a string")
+    return Extracted(_checked(node, f"field {field}", max_text_bytes), encoding)
+
+
+def output_record(
+    *,
+    topic: str,
+    key: bytes | None,
+    value: bytes,
+    encoding: Encoding,
+    status: str,
+    source_topic: str,
+    source_partition: int,
+    source_offset: int,
+) -> OutRecord:
+    """The output record of one scored source record.
+
+    Keyed by the source key (the producer's partitioner picks the partition from it); headers
+    ``content-type``, ``kbatch-status`` and ``kbatch.source.topic`` / ``.partition`` /
+    ``.offset`` (UTF-8, decimal — the names dead letters use), so a reader can join the output
+    back to its source record.
+    """
+    return OutRecord(
+        topic=topic,
+        partition=None,
+        key=key,
+        value=value,
+        headers=[
+            (h.CONTENT_TYPE, encoding.value.encode("ascii")),
+            (h.STATUS, status.encode("ascii")),
+            (h.SOURCE_TOPIC, source_topic.encode("utf-8")),
+            (h.SOURCE_PARTITION, str(int(source_partition)).encode("ascii")),
+            (h.SOURCE_OFFSET, str(int(source_offset)).encode("ascii")),
+        ],
+    )
+
+
+# ---- internals ---------------------------------------------------------------------------------
+
+
+def _checked(text: str, what: str, max_text_bytes: int) -> str:
+    if not text:
+        raise ExtractError(f"{what} is an empty string")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise ExtractError(f"{what} holds a lone surrogate (character {err.start})") from None
+    if size > max_text_bytes:
+        raise ExtractError(
+            f"{what} is {size} bytes of UTF-8; at most {max_text_bytes} are accepted"
+        )
+    return text
+
+
+def _encoding(
+    value: bytes, headers: Sequence[tuple[str, bytes | None]], value_format: ValueFormat
+) -> Encoding:
+    if value_format == "json":
+        return Encoding.JSON
+    if value_format == "msgpack":
+        return Encoding.MSGPACK
+    content_type: bytes | None = None
+    for name, raw in headers:
+        if name == h.CONTENT_TYPE:
+            content_type = raw  # the last one counts; a null value counts as absent
+    if content_type is not None:
+        try:
+            return Encoding.from_content_type(content_type)
+        except DecodeError:
+            pass  # an application's own media type: look at the bytes
+    first = value.lstrip(_WHITESPACE)[:1]
+    return Encoding.JSON if first and first[0] in _JSON_START else Encoding.MSGPACK
+
+
+def _decode(value: bytes, encoding: Encoding) -> Any:
+    if encoding is Encoding.JSON:
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8
+            raise ExtractError(f"the value is not valid JSON: {type(err).__name__}") from None
+    try:
+        return msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except Exception as err:  # msgpack raises several unrelated types for bad input
+        raise ExtractError(f"the value is not valid msgpack: {type(err).__name__}") from None
+
+
+def _kind(node: object) -> str:
+    if node is None:
+        return "null"
+    if isinstance(node, bool):
+        return "a boolean"
+    if isinstance(node, int | float):
+        return "a number"
+    if isinstance(node, bytes):
+        return "binary"
+    if isinstance(node, str):
+        return "a string"
+    if isinstance(node, list):
+        return "a list"
+    if isinstance(node, dict):
+        return "a map"
+    return f"a {type(node).__name__}"

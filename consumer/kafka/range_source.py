@@ -1,0 +1,466 @@
+"""A bounded source for ``kbatch backfill``: read one topic between two positions, then stop.
+
+Two parts:
+
+* **Pure** (no I/O): :func:`parse_bound` turns ``--from``/``--to`` text into a
+  :data:`RangeBound`; :func:`plan_partition` turns resolved offsets and the group's committed
+  offset into a :class:`PartitionRange`. Table-tested without a broker.
+* **I/O**: :class:`RangeSource` resolves the bounds against the broker once, at start
+  (``beginning_offsets``, ``end_offsets``, ``offsets_for_times``, ``committed``), ``assign``-s
+  the partitions, ``seek``-s each to its start and reads until every partition's position
+  reaches its end. End offsets are fixed at start: records appended later are not read (the
+  job is bounded).
+
+Ranges are half-open, ``[start, end)`` per partition, in offsets:
+
+==================  =====================================================================
+bound               offset it resolves to
+==================  =====================================================================
+``earliest``        the partition's log start offset (``--from`` only)
+``now``/``latest``  the end offset at start (the last stable offset: reads are
+                    ``read_committed``) (``--to`` only)
+ISO-8601 time       the first offset whose timestamp is at or after the time
+                    (``offsets_for_times``, KIP-79); the log end when there is none. So
+                    ``--from T1 --to T2`` reads records stamped in ``[T1, T2)`` when timestamps
+                    grow with offsets (LogAppendTime, or producers with sane clocks).
+``P:OFFSET,…``      that offset for partition ``P``; partitions not named take the default
+                    (``earliest`` for ``--from``, ``now`` for ``--to``)
+==================  =====================================================================
+
+Resuming: the job commits under its own consumer group (manual assignment: no group
+membership, no rebalance). A committed offset inside ``[start, end]`` moves the start there;
+one outside the range (an older job's) is ignored. Offsets below the log start (deleted by
+retention since) are clamped to it; ends above the log end to it.
+
+Errors raised: :class:`RangeSpecError` (a ``ValueError``) for unparseable bounds or a partition
+the topic does not have; :class:`RangeSourceError` for a missing topic or a broker failure
+(aiokafka's errors are translated here).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import KafkaError
+
+from consumer.config import KafkaSecurity
+from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.records import InRecord
+
+__all__ = [
+    "AtOffsets",
+    "AtTime",
+    "Earliest",
+    "Latest",
+    "PartitionRange",
+    "RangeBound",
+    "RangeSource",
+    "RangeSourceError",
+    "RangeSpecError",
+    "parse_bound",
+    "plan_partition",
+]
+
+log = logging.getLogger(__name__)
+
+Side = Literal["from", "to"]
+
+
+class RangeSpecError(ValueError):
+    """A ``--from``/``--to`` value that cannot be parsed or does not fit the topic."""
+
+
+class RangeSourceError(RuntimeError):
+    """The broker could not be asked (topic missing, broker down, offsets not available)."""
+
+
+# ---- pure: bounds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Earliest:
+    """The log start offset of each partition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """The end offset of each partition, taken once at start."""
+
+
+@dataclass(frozen=True, slots=True)
+class AtTime:
+    """The first offset stamped at or after ``timestamp_ms`` (Unix epoch milliseconds)."""
+
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AtOffsets:
+    """Explicit offsets per partition; partitions not named take the side's default."""
+
+    offsets: Mapping[int, int] = field(default_factory=dict)
+
+
+RangeBound = Earliest | Latest | AtTime | AtOffsets
+"""One side of a range, before it is resolved against the broker."""
+
+_PARTITION_OFFSET = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
+
+
+def parse_bound(text: str, side: Side) -> RangeBound:
+    """Parse one side of a range.
+
+    ``--from``: ``earliest`` | ISO-8601 time with a zone (``2024-05-01T00:00:00Z``,
+    ``…+02:00``) | ``P:OFFSET,…``. ``--to``: ``now`` (or ``latest``) | ISO-8601 time |
+    ``P:OFFSET,…`` (the first offset *not* read).
+
+    Raises:
+        RangeSpecError: an unknown word, a time without a zone (ambiguous), a malformed or
+            repeated ``P:OFFSET`` entry, or a negative number.
+    """
+    value = text.strip()
+    word = value.lower()
+    if side == "from" and word == "earliest":
+        return Earliest()
+    if side == "to" and word in ("now", "latest"):
+        return Latest()
+    if ":" in value and all(_PARTITION_OFFSET.fullmatch(p) for p in value.split(",")):
+        offsets: dict[int, int] = {}
+        for part in value.split(","):
+            m = _PARTITION_OFFSET.fullmatch(part)
+            assert m is not None
+            partition, offset = int(m.group(1)), int(m.group(2))
+            if partition in offsets:
+                raise RangeSpecError(f"--{side} {text!r}: partition {partition} is named twice")
+            offsets[partition] = offset
+        return AtOffsets(offsets)
+    try:
+        moment = dt.datetime.fromisoformat(value)
+    except ValueError:
+        words = "earliest" if side == "from" else "now"
+        raise RangeSpecError(
+            f"--{side} {text!r} is neither {words!r}, an ISO-8601 time "
+            "(2024-05-01T12:00:00Z) nor a P:OFFSET list (0:100,1:250)"
+        ) from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise RangeSpecError(
+            f"--{side} {text!r} has no time zone: add Z (UTC) or an offset such as +02:00"
+        )
+    timestamp_ms = (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(milliseconds=1)
+    if timestamp_ms < 0:
+        raise RangeSpecError(f"--{side} {text!r} is before 1970 (Kafka timestamps are >= 0)")
+    return AtTime(timestamp_ms)
+
+
+# ---- pure: plan ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRange:
+    """What one partition contributes to a job; offsets are half-open ``[start, end)``.
+
+    Attributes:
+        partition: the partition number.
+        range_start: where the range begins (the ``--from`` bound, clamped to the log).
+        start: where reading begins: ``range_start``, or the committed offset when resuming.
+        end: the first offset not read (the ``--to`` bound, clamped to the log).
+        resumed_from: the group's committed offset when it moved ``start``, else None.
+        log_start / log_end: the partition's log start and end offsets at start.
+    """
+
+    partition: int
+    range_start: int
+    start: int
+    end: int
+    resumed_from: int | None
+    log_start: int
+    log_end: int
+
+    @property
+    def remaining(self) -> int:
+        """Offsets left to read (an upper bound on records: compaction leaves gaps)."""
+        return max(0, self.end - self.start)
+
+    @property
+    def done_before(self) -> int:
+        """Offsets of the range finished by an earlier run (0 when not resumed)."""
+        return max(0, min(self.start, self.end) - self.range_start)
+
+
+def plan_partition(
+    partition: int,
+    *,
+    start_offset: int,
+    end_offset: int,
+    log_start: int,
+    log_end: int,
+    committed: int | None,
+) -> PartitionRange:
+    """The range of one partition from its resolved bounds (pure).
+
+    ``start_offset``/``end_offset`` are the resolved ``--from``/``--to`` offsets; both are
+    clamped to ``[log_start, log_end]`` and an end below the start makes the range empty. A
+    ``committed`` offset in ``[start, end]`` (this group's earlier run of the same range) moves
+    the start to it; outside that interval it belongs to another range and is ignored.
+
+    Raises:
+        ValueError: a negative offset, or ``log_end < log_start``.
+    """
+    if min(start_offset, end_offset, log_start, log_end) < 0:
+        raise ValueError(
+            f"partition {partition}: offsets must be >= 0 (start={start_offset}, "
+            f"end={end_offset}, log_start={log_start}, log_end={log_end})"
+        )
+    if log_end < log_start:
+        raise ValueError(f"partition {partition}: log_end={log_end} < log_start={log_start}")
+    range_start = min(max(start_offset, log_start), log_end)
+    end = max(min(end_offset, log_end), range_start)
+    start = range_start
+    resumed: int | None = None
+    if committed is not None and range_start <= committed <= end:
+        start = resumed = committed
+    return PartitionRange(
+        partition=partition,
+        range_start=range_start,
+        start=start,
+        end=end,
+        resumed_from=resumed,
+        log_start=log_start,
+        log_end=log_end,
+    )
+
+
+# ---- I/O -----------------------------------------------------------------------------------------
+
+
+class RangeSource:
+    """Reads ``topic`` over a fixed range per partition, committing under ``group_id``.
+
+    Call :meth:`start`, then :meth:`resolve` once, then :meth:`poll` until :attr:`finished`
+    covers every partition of :attr:`plan`; :meth:`commit` progress as records finish.
+
+    Args:
+        bootstrap: Kafka bootstrap servers.
+        security: TLS/SASL settings, passed to aiokafka unchanged.
+        topic: the source topic.
+        group_id: the consumer group the job commits under (it never joins it: partitions
+            are assigned manually, so two jobs with one group would overwrite each other's
+            commits).
+        max_partition_fetch_bytes: aiokafka's per-partition fetch size.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        security: KafkaSecurity,
+        topic: str,
+        group_id: str,
+        max_partition_fetch_bytes: int = 1 << 20,
+    ) -> None:
+        self.topic = topic
+        self.group_id = group_id
+        self._bootstrap = bootstrap
+        self._security = security
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            client_id="kbatch-backfill",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=max_partition_fetch_bytes,
+            **security_kwargs(security),
+        )
+        self._plan: dict[int, PartitionRange] = {}
+        self._active: set[int] = set()
+        self._started = False
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]:
+        """The per-partition ranges fixed by :meth:`resolve` (empty before)."""
+        return self._plan
+
+    @property
+    def finished(self) -> frozenset[int]:
+        """Partitions whose read position reached their end (nothing more will be polled)."""
+        return frozenset(p for p in self._plan if p not in self._active)
+
+    async def start(self) -> None:
+        """Connect.
+
+        Raises:
+            RangeSourceError: the broker cannot be reached.
+        """
+        try:
+            await self._consumer.start()
+        except KafkaError as err:
+            raise RangeSourceError(f"cannot connect to Kafka: {err}") from err
+        self._started = True
+
+    async def stop(self) -> None:
+        """Close the consumer (idempotent; commits nothing)."""
+        if self._started:
+            self._started = False
+            await self._consumer.stop()
+
+    async def resolve(
+        self, from_bound: RangeBound, to_bound: RangeBound
+    ) -> dict[int, PartitionRange]:
+        """Fix each partition's range now, assign the non-empty ones and seek to their starts.
+
+        Raises:
+            RangeSourceError: the topic does not exist, or the broker failed to answer.
+            RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
+        """
+        try:
+            partitions = await self._partitions()
+            tps = [KafkaTP(self.topic, p) for p in partitions]
+            log_start = await self._consumer.beginning_offsets(tps)
+            log_end = await self._consumer.end_offsets(tps)
+            starts = await self._offsets(from_bound, "from", partitions, log_start, log_end)
+            ends = await self._offsets(to_bound, "to", partitions, log_start, log_end)
+            committed = {
+                p: await self._consumer.committed(KafkaTP(self.topic, p)) for p in partitions
+            }
+        except KafkaError as err:
+            raise RangeSourceError(f"resolving the range of {self.topic}: {err}") from err
+        plan = {
+            p: plan_partition(
+                p,
+                start_offset=starts[p],
+                end_offset=ends[p],
+                log_start=log_start[KafkaTP(self.topic, p)],
+                log_end=log_end[KafkaTP(self.topic, p)],
+                committed=committed[p],
+            )
+            for p in partitions
+        }
+        for r in plan.values():
+            if committed[r.partition] is not None and r.resumed_from is None:
+                log.info(
+                    "partition %d: committed offset %s of group %s is outside [%d, %d]: ignored",
+                    r.partition,
+                    committed[r.partition],
+                    self.group_id,
+                    r.range_start,
+                    r.end,
+                )
+        self._plan = plan
+        self._active = {p for p, r in plan.items() if r.remaining > 0}
+        assigned = [KafkaTP(self.topic, p) for p in sorted(self._active)]
+        self._consumer.assign(assigned)
+        for tp in assigned:
+            self._consumer.seek(tp, plan[tp.partition].start)
+        return plan
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        """One fetch of at most ``max_records`` records inside the ranges, in offset order per
+        partition. A partition whose position reaches its end is paused and leaves
+        :attr:`finished`'s complement; records at or past an end are dropped.
+
+        Raises:
+            RangeSourceError: a non-retriable fetch error (aiokafka retries the others).
+        """
+        if not self._active:
+            return []
+        tps = [KafkaTP(self.topic, p) for p in sorted(self._active)]
+        try:
+            batches = await self._consumer.getmany(
+                *tps, timeout_ms=timeout_ms, max_records=max_records
+            )
+        except KafkaError as err:
+            raise RangeSourceError(f"fetching {self.topic}: {err}") from err
+        out: list[InRecord] = []
+        for tp, records in batches.items():
+            end = self._plan[tp.partition].end
+            out.extend(
+                InRecord(
+                    topic=r.topic,
+                    partition=r.partition,
+                    offset=r.offset,
+                    key=r.key,
+                    value=r.value,
+                    headers=tuple(r.headers),
+                    timestamp_ms=r.timestamp,
+                )
+                for r in records
+                if r.offset < end
+            )
+        for tp in tps:
+            # Known after the seek, so this does no I/O; it moves past transaction markers too.
+            if await self._consumer.position(tp) >= self._plan[tp.partition].end:
+                self._active.discard(tp.partition)
+                self._consumer.pause(tp)
+        return out
+
+    async def commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit ``offsets`` (partition → next offset to read) for the job's group.
+
+        Raises:
+            RangeSourceError: the broker refused or could not be reached.
+        """
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit({KafkaTP(self.topic, p): off for p, off in offsets.items()})
+        except KafkaError as err:
+            raise RangeSourceError(f"commit of {dict(offsets)} failed: {err}") from err
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _partitions(self) -> list[int]:
+        # A short-lived client: the consumer's cluster view only covers topics it already uses.
+        client = AIOKafkaClient(
+            bootstrap_servers=self._bootstrap,
+            client_id="kbatch-backfill-metadata",
+            **security_kwargs(self._security),
+        )
+        try:
+            await client.bootstrap()
+            cluster = await client.fetch_all_metadata()
+        finally:
+            await client.close()
+        found = cluster.partitions_for_topic(self.topic)
+        if not found:
+            raise RangeSourceError(f"topic {self.topic!r} does not exist (or has no partitions)")
+        return sorted(found)
+
+    async def _offsets(
+        self,
+        bound: RangeBound,
+        side: Side,
+        partitions: Iterable[int],
+        log_start: Mapping[KafkaTP, int],
+        log_end: Mapping[KafkaTP, int],
+    ) -> dict[int, int]:
+        parts = list(partitions)
+        default = log_start if side == "from" else log_end
+        if isinstance(bound, Earliest):
+            return {p: log_start[KafkaTP(self.topic, p)] for p in parts}
+        if isinstance(bound, Latest):
+            return {p: log_end[KafkaTP(self.topic, p)] for p in parts}
+        if isinstance(bound, AtOffsets):
+            unknown = sorted(set(bound.offsets) - set(parts))
+            if unknown:
+                raise RangeSpecError(
+                    f"--{side}: topic {self.topic!r} has no partition(s) {unknown} "
+                    f"(it has {len(parts)})"
+                )
+            return {p: bound.offsets.get(p, default[KafkaTP(self.topic, p)]) for p in parts}
+        found = await self._consumer.offsets_for_times(
+            {KafkaTP(self.topic, p): bound.timestamp_ms for p in parts}
+        )
+        out: dict[int, int] = {}
+        for p in parts:
+            tp = KafkaTP(self.topic, p)
+            hit = found.get(tp)
+            out[p] = log_end[tp] if hit is None else int(hit.offset)
+        return out

@@ -1,0 +1,317 @@
+"""The backfill loop against in-memory fakes of the source, the sink and the engine: what is
+written, dead-lettered and committed, and when a job counts as complete."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from consumer.backfill.config import BackfillSettings
+from consumer.backfill.job import BackfillJob
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.kafka.records import InRecord
+from consumer.kafka.sink import DeliveryError
+from consumer.replies import ReplyBuilder
+from schemas.codec import Encoding, decode_reply
+from schemas.models import ModelInfo
+from schemas.records import OutRecord
+
+TOPIC = "events"
+
+
+def _record(partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> InRecord:
+    return InRecord(
+        topic=TOPIC, partition=partition, offset=offset, key=key or f"k{offset}".encode(),
+        value=value, headers=(("app", b"1"),), timestamp_ms=0,
+    )  # fmt: skip
+
+
+class FakeSource:
+    """Serves fixed records per partition, ``chunk`` at a time; remembers commits."""
+
+    def __init__(self, records: dict[int, list[InRecord]], ends: dict[int, int], chunk: int = 3):
+        self._queues = {p: list(rs) for p, rs in records.items()}
+        self._plan = {
+            p: plan_partition(
+                p, start_offset=0, end_offset=ends[p], log_start=0, log_end=ends[p], committed=None
+            )
+            for p in records
+        }
+        self._done = {p for p, r in self._plan.items() if r.remaining == 0}
+        self._chunk = chunk
+        self.commits: list[dict[int, int]] = []
+        self.stop_after_polls: int | None = None
+        self.stop: asyncio.Event | None = None
+        self._polls = 0
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]:
+        return self._plan
+
+    @property
+    def finished(self) -> frozenset[int]:
+        return frozenset(self._done)
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        self._polls += 1
+        if self.stop is not None and self.stop_after_polls == self._polls:
+            self.stop.set()
+        out: list[InRecord] = []
+        for p, queue in self._queues.items():
+            take = queue[: min(self._chunk, max_records - len(out))]
+            del queue[: len(take)]
+            out.extend(take)
+            if not queue:
+                self._done.add(p)
+        await asyncio.sleep(0)
+        return out
+
+    async def commit(self, offsets: Mapping[int, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def last_committed(self) -> dict[int, int]:
+        merged: dict[int, int] = {}
+        for c in self.commits:
+            merged.update(c)
+        return merged
+
+
+class FakeSink:
+    """Acknowledges every send, except topics in ``refuse`` (DeliveryError)."""
+
+    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+        self.sent: list[OutRecord] = []
+        self.refuse = refuse
+
+    async def send(self, record: OutRecord) -> None:
+        await asyncio.sleep(0)
+        if record.topic in self.refuse:
+            raise DeliveryError(f"{record.topic} refused")
+        self.sent.append(record)
+
+    def to(self, topic: str) -> list[OutRecord]:
+        return [r for r in self.sent if r.topic == topic]
+
+
+class FakeEngine:
+    """Answers every item ``ok`` (a 2-d embedding) on the next loop turn."""
+
+    def __init__(self, job: BackfillJob) -> None:
+        self.job = job
+        self.submitted: list[InferenceItem] = []
+        self.in_flight = 0
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+        loop = asyncio.get_running_loop()
+        self.submitted.extend(items)
+        self.in_flight += len(items)
+        for it in items:
+            loop.call_soon(self._answer, it)
+        return [3] * len(items)
+
+    def _answer(self, it: InferenceItem) -> None:
+        self.in_flight -= 1
+        self.job.on_outcome(
+            ItemOutcome(
+                item_id=it.item_id, status="ok", result={"embedding": [0.6, 0.8], "dim": 2},
+                error_code=None, error_message=None, truncated=False, n_tokens=3, queue_ms=0.1,
+                infer_ms=0.2, batch_size=len(self.submitted), padded_len=3,
+            )
+        )  # fmt: skip
+
+    async def flush(self) -> None:
+        return None
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        while self.in_flight:
+            await asyncio.sleep(0)
+        return True
+
+
+def _settings(**kw: Any) -> BackfillSettings:
+    return BackfillSettings(
+        source_topic=TOPIC, output_topic="scores", dlq_topic="dead", commit_interval_ms=10, **kw
+    )
+
+
+def _job(source: FakeSource, sink: FakeSink, **kw: Any) -> tuple[BackfillJob, FakeEngine]:
+    job = BackfillJob(_settings(**kw), source, sink, ReplyBuilder(ModelInfo(name="m"), "dead"))
+    engine = FakeEngine(job)
+    job.bind(engine)
+    return job, engine
+
+
+def _json_event(text: str) -> bytes:
+    return json.dumps({"body": {"text": text}}).encode()
+
+
+async def test_scores_every_record_and_commits_each_end() -> None:
+    records = {
+        0: [_record(0, o, _json_event(f"t{o}")) for o in range(7)],
+        1: [_record(1, o, _json_event(f"u{o}")) for o in range(4)],
+    }
+    source = FakeSource(records, ends={0: 7, 1: 4})
+    sink = FakeSink()
+    job, engine = _job(source, sink, text_field="body.text")
+    summary = await job.run(asyncio.Event())
+
+    assert summary.complete and not summary.stopped
+    assert (summary.records_read, summary.ok, summary.dead_lettered) == (11, 11, 0)
+    assert [it.text for it in engine.submitted if it.group == (TOPIC, 1)] == [
+        f"u{o}" for o in range(4)
+    ]
+    out = sink.to("scores")
+    assert len(out) == 11
+    by_source = {(dict(r.headers)["kbatch.source.partition"], r.key): r for r in out}
+    first = by_source[(b"0", b"k0")]
+    assert dict(first.headers)["kbatch.source.offset"] == b"0"
+    assert dict(first.headers)["content-type"] == b"application/json"  # JSON in, JSON out
+    assert dict(first.headers)["kbatch-status"] == b"ok"
+    assert first.value is not None
+    reply = decode_reply(first.value, Encoding.JSON)
+    assert reply.status == "ok" and reply.model.name == "m"
+    assert source.last_committed() == {0: 7, 1: 4}
+    assert [p.reached_end for p in summary.partitions] == [True, True]
+
+
+async def test_raw_text_values_are_scored_whole_and_written_as_msgpack() -> None:
+    source = FakeSource({0: [_record(0, 0, b"plain text")]}, ends={0: 1})
+    sink = FakeSink()
+    job, engine = _job(source, sink)
+    summary = await job.run(asyncio.Event())
+    assert summary.complete
+    assert engine.submitted[0].text == "plain text"
+    (out,) = sink.to("scores")
+    assert dict(out.headers)["content-type"] == b"application/msgpack"
+    assert out.value is not None
+    assert decode_reply(out.value, Encoding.MSGPACK).status == "ok"
+
+
+async def test_bad_records_are_dead_lettered_and_the_job_goes_on() -> None:
+    values = [_json_event("a"), b"{not json", _json_event("c"), None, b'{"body": 1}']
+    source = FakeSource({0: [_record(0, o, v) for o, v in enumerate(values)]}, ends={0: 5})
+    sink = FakeSink()
+    job, _ = _job(source, sink, text_field="body.text")
+    summary = await job.run(asyncio.Event())
+
+    assert summary.complete
+    assert (summary.ok, summary.dead_lettered) == (2, 3)
+    dead = sink.to("dead")
+    assert [d.key for d in dead] == [b"k1", b"k3", b"k4"]
+    first = dead[0]
+    assert first.value == b"{not json"  # the original value, unchanged
+    headers = first.headers
+    assert headers[0] == ("app", b"1")  # the original headers first
+    names = dict(headers)
+    assert names["kbatch.error.code"] == b"invalid_request"
+    assert b"not valid JSON" in (names["kbatch.error.message"] or b"")
+    assert (names["kbatch.source.topic"], names["kbatch.source.offset"]) == (b"events", b"1")
+    assert dead[1].value is None  # a null value stays null
+    assert source.last_committed() == {0: 5}
+
+
+async def test_an_output_the_broker_refuses_is_dead_lettered() -> None:
+    source = FakeSource({0: [_record(0, 0, b"x")]}, ends={0: 1})
+    sink = FakeSink(refuse=frozenset({"scores"}))
+    job, _ = _job(source, sink)
+    summary = await job.run(asyncio.Event())
+    assert summary.complete and summary.dead_lettered == 1 and summary.ok == 0
+    (dead,) = sink.to("dead")
+    assert b"could not be delivered" in (dict(dead.headers)["kbatch.error.message"] or b"")
+
+
+async def test_an_undeliverable_dead_letter_keeps_the_partition_unfinished() -> None:
+    values = [b"ok", b"", b"ok too"]  # offset 1: empty text -> dead letter -> refused
+    source = FakeSource({0: [_record(0, o, v) for o, v in enumerate(values)]}, ends={0: 3})
+    sink = FakeSink(refuse=frozenset({"dead"}))
+    job, _ = _job(source, sink)
+    summary = await job.run(asyncio.Event())
+    assert not summary.complete and not summary.stopped
+    assert (summary.ok, summary.undelivered) == (2, 1)
+    assert not summary.partitions[0].reached_end
+    assert source.last_committed() == {0: 1}  # never past the unfinished offset 1
+
+
+async def test_a_stop_finishes_what_was_read_and_is_not_complete() -> None:
+    records = {0: [_record(0, o, b"t") for o in range(30)]}
+    source = FakeSource(records, ends={0: 30}, chunk=5)
+    stop = asyncio.Event()
+    source.stop, source.stop_after_polls = stop, 2
+    sink = FakeSink()
+    job, _ = _job(source, sink)
+    summary = await job.run(stop)
+    assert summary.stopped and not summary.complete
+    assert summary.records_read == 10 and summary.ok == 10  # both polls' records finished
+    assert source.last_committed() == {0: 10}
+
+
+async def test_in_flight_records_are_bounded() -> None:
+    records = {0: [_record(0, o, b"t") for o in range(50)]}
+    source = FakeSource(records, ends={0: 50}, chunk=50)
+    sink = FakeSink()
+    job, engine = _job(source, sink, max_in_flight_records=8)
+    seen: list[int] = []
+    original = engine.submit
+
+    async def submit(items: Sequence[InferenceItem]) -> list[int]:
+        seen.append(len(items))
+        return await original(items)
+
+    engine.submit = submit  # type: ignore[method-assign]
+    summary = await job.run(asyncio.Event())
+    assert summary.complete and summary.ok == 50
+    assert max(seen) <= 8
+
+
+async def test_an_empty_range_is_complete_at_once() -> None:
+    source = FakeSource({0: [], 1: []}, ends={0: 0, 1: 0})
+    sink = FakeSink()
+    job = BackfillJob(_settings(), source, sink, ReplyBuilder(ModelInfo(name="m"), "dead"))
+    summary = await job.run(asyncio.Event())  # no engine bound: none is needed
+    assert summary.complete and summary.records_read == 0
+    assert sink.sent == [] and source.commits == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"range_from": "yesterday"}, "range_from"),
+        ({"range_to": "2024-05-01T00:00:00"}, "no time zone"),
+        ({"output_topic": TOPIC}, "is the source topic"),
+        ({"text_field": "a..b"}, "non-empty names"),
+    ],
+)
+def test_settings_reject(kw: dict[str, Any], message: str) -> None:
+    base: dict[str, Any] = {"source_topic": TOPIC, "output_topic": "scores", **kw}
+    with pytest.raises(ValueError, match=message):
+        BackfillSettings(**base)
+
+
+def test_default_group_id_is_stable_and_follows_the_job() -> None:
+    a = BackfillSettings(source_topic=TOPIC, output_topic="scores")
+    assert (
+        a.effective_group_id
+        == BackfillSettings(source_topic=TOPIC, output_topic="scores").effective_group_id
+    )
+    assert a.effective_group_id.startswith("kbatch-backfill.events.scores.")
+    other = BackfillSettings(source_topic=TOPIC, output_topic="scores", range_from="0:5")
+    assert other.effective_group_id != a.effective_group_id
+    assert (
+        BackfillSettings(
+            source_topic=TOPIC, output_topic="scores", group_id="mine"
+        ).effective_group_id
+        == "mine"
+    )
+    assert a.dead_letter_topic == "events.dlq"
+
+
+def test_batch_policy_has_waits_off_and_the_bench_budgets() -> None:
+    s = BackfillSettings(source_topic=TOPIC, output_topic="scores")
+    cpu, cuda = s.batch_policy(cuda=False), s.batch_policy(cuda=True)
+    assert cpu.max_wait_ms == 0.0 and not cpu.adaptive_wait
+    assert (cpu.max_batch_tokens, cuda.max_batch_tokens) == (2048, 16384)
