@@ -49,6 +49,9 @@ class KafkaSink:
             acks="all",
             enable_idempotence=True,
             linger_ms=2,
+            # aiokafka's 16 KiB default holds ~8 replies: with idempotence (one request in
+            # flight per partition) that caps a partition's replies per round trip.
+            max_batch_size=256 * 1024,
             request_timeout_ms=settings.send_timeout_ms,
             **security_kwargs(settings),
         )
