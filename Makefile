@@ -19,9 +19,11 @@ setup: $(VENV)/.installed
 broker: setup
 	$(KBATCH) broker start
 
+PY_DIRS := consumer producer_tools schemas tests
+
 lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check $(PY_DIRS)
+	$(VENV)/bin/ruff format --check $(PY_DIRS)
 
 typecheck: setup
 	$(VENV)/bin/mypy
