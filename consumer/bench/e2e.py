@@ -1,0 +1,529 @@
+"""``kbatch bench e2e``: the same model and the same N texts through five consumers.
+
+Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
+
+- ``naive`` — an aiokafka consumer that scores one record at a time and commits after each
+  poll (:mod:`consumer.bench.e2e_workers`, its own process): the "before" picture;
+- ``kbatch`` — a real ``kbatch serve`` process with the model;
+- ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
+  ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
+- ``passthrough`` — ``kbatch serve --model noop``: the real pipeline and tokenizer, a no-op
+  model (:data:`consumer.app.NOOP_MODEL`);
+- ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
+  (:mod:`consumer.bench.e2e_workers`, its own process).
+
+Every process that runs a model uses ``threads`` torch intra-op threads (default 2).
+
+**Throughput** (``seq_per_s``), per Kafka variant, on fresh topics (one partition each) and a
+fresh consumer group:
+
+1. the N requests are produced to the request topic inside one open Kafka transaction, and
+   every send is acknowledged — before the consumer process even starts;
+2. the consumer process starts and becomes ready (owns its partition; model loaded and warmed
+   up); it reads with ``isolation_level=read_committed``, so it sees none of them yet;
+3. ``t0`` = the monotonic time at which the benchmark asks the broker to commit that
+   transaction: all N requests become readable at once, to a consumer that is already polling
+   (this is its first poll that can return them);
+4. ``t_end`` = the monotonic time at which the benchmark's reply reader has received a reply
+   for the N-th distinct request key (a record is readable only once the broker has appended,
+   i.e. acknowledged, it);
+5. ``drain_s = t_end - t0`` and ``seq_per_s = N / drain_s``; ``first_reply_ms`` is the time
+   from ``t0`` to the first reply.
+
+For ``engine`` the N texts are submitted at once, a poll chunk (256) at a time, and
+``drain_s`` runs to the last answer (``kbatch bench engine``'s backlog phase).
+
+**Latency** (``p50_ms``, ``p99_ms``): an open-loop Poisson run at ``latency_rate_per_s`` =
+``load_fraction`` (0.7) × the variant's own ``seq_per_s`` (capped at
+``max_latency_rate_per_s``: the load generator shares the machine's cores and must not become
+what is measured), ``latency_s`` seconds after ``latency_warmup_s`` of warm-up. For the Kafka
+variants this is :func:`producer_tools.load.run_load` against the same process and topics:
+latency = reply received − the request's *scheduled* send time. For ``engine``: answer −
+arrival in the engine (``kbatch bench engine``'s paced phase), so no Kafka hop is included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumer.bench.e2e_report import (
+    VARIANTS,
+    latency_rate,
+    prefill_records,
+    ratios,
+    seq_per_s,
+)
+from consumer.kafka.admin import create_topics, delete_topics
+
+__all__ = ["E2EBenchOptions", "E2EError", "run_e2e_bench"]
+
+ENGINE_CHUNK = 256
+"""Items per ``Engine.submit`` in the engine variant's backlog (``kbatch bench engine``'s)."""
+
+
+class E2EError(RuntimeError):
+    """A variant could not be measured (a process died, a drain timed out)."""
+
+
+@dataclass(frozen=True)
+class E2EBenchOptions:
+    """Options of ``kbatch bench e2e`` (see the CLI for each one's help).
+
+    ``model_dir`` is the model every variant runs (``passthrough`` uses the packaged MiniLM's
+    tokenizer whatever it is); ``texts`` the N request texts, in order.
+    """
+
+    model_dir: Path
+    texts: Sequence[str]
+    bootstrap: str = "127.0.0.1:9092"
+    latency_s: float = 10.0
+    latency_warmup_s: float = 2.0
+    load_fraction: float = 0.7
+    max_latency_rate_per_s: float | None = 600.0
+    threads: int = 2
+    max_wait_ms: float = 10.0
+    variants: tuple[str, ...] = VARIANTS
+    seed: int = 0
+    log_dir: Path | None = None
+    ready_timeout_s: float = 240.0
+    drain_timeout_s: float = 900.0
+    request_timeout_s: float = 30.0
+
+
+Say = Callable[[str], None]
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+
+class _Process:
+    """One consumer process (``kbatch serve`` or an e2e worker) with its log file."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, ready: Callable[[], bool]):
+        self.name = name
+        self.args = args
+        self.log_path = log_path
+        self._ready = ready
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise E2EError(
+                f"{self.name} exited with {self.proc.returncode}; log {self.log_path}:\n"
+                + self.log_tail()
+            )
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            if await asyncio.to_thread(self._ready):
+                return
+            if time.monotonic() > deadline:
+                raise E2EError(f"{self.name} not ready after {timeout_s:g} s: {self.log_tail()}")
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """SIGTERM, up to 30 s to exit, then SIGKILL. Idempotent."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            await asyncio.to_thread(self.proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait, 10)
+
+    def log_tail(self, n: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class _Topics:
+    request: str
+    reply: str
+    dlq: str
+    group: str
+
+
+def _serve_process(
+    name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path
+) -> tuple[_Process, str]:
+    port = _free_port()
+    args = [
+        sys.executable, "-c", "from consumer.cli import main; main()", "serve",
+        "--bootstrap", opts.bootstrap,
+        "--request-topic", topics.request,
+        "--reply-topic", topics.reply,
+        "--dlq-topic", topics.dlq,
+        "--group-id", topics.group,
+        "--model", model,
+        "--task", "embed",
+        "--torch-threads", str(opts.threads),
+        "--max-wait-ms", str(opts.max_wait_ms),
+        "--metrics-port", str(port),
+    ]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
+    return proc, f"{base}/metrics"
+
+
+def _worker_process(name: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path) -> _Process:
+    ready_file = log_dir / f"{name}.ready"
+    ready_file.unlink(missing_ok=True)
+    args = [
+        sys.executable, "-m", "consumer.bench.e2e_workers", name,
+        "--bootstrap", opts.bootstrap,
+        "--request-topic", topics.request,
+        "--reply-topic", topics.reply,
+        "--dlq-topic", topics.dlq,
+        "--group-id", topics.group,
+        "--ready-file", str(ready_file),
+        "--model", str(opts.model_dir),
+        "--threads", str(opts.threads),
+    ]  # fmt: skip
+    return _Process(name, args, log_dir / f"{name}.log", ready_file.exists)
+
+
+# ---- the drain ------------------------------------------------------------------------------
+
+
+class _HeldBacklog:
+    """N request records produced inside one transaction that stays open until
+    :meth:`release`: produced (and acknowledged) before the clock starts, invisible to
+    ``read_committed`` consumers until then."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            transactional_id=f"kbatch-bench-e2e-{uuid.uuid4().hex[:10]}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            transaction_timeout_ms=600_000,
+        )
+
+    async def fill(self, topic: str, records: Sequence[tuple[bytes, bytes, Any]]) -> None:
+        await self._producer.start()
+        await self._producer.begin_transaction()
+        acks = [
+            await self._producer.send(topic, value, key=key, headers=headers)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*acks)
+
+    async def release(self) -> float:
+        """Commit the transaction; the monotonic time of the commit request (``t0``)."""
+        t0 = time.monotonic()
+        await self._producer.commit_transaction()
+        return t0
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+
+
+class _ReplyCounter:
+    """Reads the reply topic from its beginning; notes when the first and the N-th distinct
+    expected key arrived (monotonic seconds) and the ``kbatch-status`` of each."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: set[bytes]) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        self._topic = topic
+        self._expected = keys
+        self._seen: set[bytes] = set()
+        self.statuses: Counter[str] = Counter()
+        self.first_s: float | None = None
+        self.done_s: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        tps = [TopicPartition(self._topic, 0)]  # the benchmark's topics have one partition
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_beginning(*tps)
+        self._task = asyncio.create_task(self._read(), name="bench-reply-counter")
+
+    async def _read(self) -> None:
+        while len(self._seen) < len(self._expected):
+            batches = await self._consumer.getmany(timeout_ms=100, max_records=10_000)
+            now = time.monotonic()
+            for records in batches.values():
+                for r in records:
+                    if r.key in self._expected and r.key not in self._seen:
+                        self._seen.add(r.key)
+                        status = dict(r.headers).get("kbatch-status", b"?") or b"?"
+                        self.statuses[status.decode(errors="replace")] += 1
+            if self._seen and self.first_s is None:
+                self.first_s = now
+        self.done_s = time.monotonic()
+
+    @property
+    def seen(self) -> int:
+        return len(self._seen)
+
+    async def wait(self, timeout_s: float) -> float:
+        """The monotonic time the N-th reply arrived; raises :class:`E2EError` on timeout."""
+        assert self._task is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        except TimeoutError:
+            raise E2EError(
+                f"only {self.seen}/{len(self._expected)} replies after {timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            raise E2EError(f"reply reader failed: {exc!r}") from exc
+        assert self.done_s is not None
+        return self.done_s
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._consumer.stop()
+
+
+async def _latency_phase(
+    opts: E2EBenchOptions, topics: _Topics, rate_per_s: float, metrics_url: str | None
+) -> dict[str, Any]:
+    from producer_tools.load import LoadOptions, run_load
+
+    run = await run_load(
+        LoadOptions(
+            bootstrap=opts.bootstrap,
+            request_topic=topics.request,
+            reply_topic=topics.reply,
+            texts=list(opts.texts),
+            pattern="poisson",
+            rate_per_s=rate_per_s,
+            duration_s=opts.latency_s,
+            warmup_s=opts.latency_warmup_s,
+            seed=opts.seed,
+            timeout_s=opts.request_timeout_s,
+            metrics_url=metrics_url,
+            probe_timeout_s=opts.request_timeout_s,
+        ),
+        progress=False,
+    )
+    summary: dict[str, Any] = run.report["summary"]
+    return summary
+
+
+async def _kafka_variant(
+    name: str, opts: E2EBenchOptions, log_dir: Path, say: Say
+) -> dict[str, Any]:
+    tag = f"bench.e2e.{name}.{uuid.uuid4().hex[:8]}"
+    topics = _Topics(f"{tag}.requests", f"{tag}.replies", f"{tag}.dlq", f"{tag}.group")
+    texts = list(opts.texts)
+    n = len(texts)
+    await create_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq], partitions=1)
+    metrics_url: str | None = None
+    if name in ("kbatch", "passthrough"):
+        model = "noop" if name == "passthrough" else str(opts.model_dir)
+        proc, metrics_url = _serve_process(name, model, topics, opts, log_dir)
+    else:
+        proc = _worker_process(name, topics, opts, log_dir)
+    records = prefill_records(texts, topics.reply, f"{tag}-drain")
+    backlog = _HeldBacklog(opts.bootstrap)
+    counter = _ReplyCounter(opts.bootstrap, topics.reply, {k for k, _, _ in records})
+    try:
+        say(f"{name}: producing {n} requests (held in an open transaction)")
+        await backlog.fill(topics.request, records)
+        proc.start()
+        await proc.wait_ready(opts.ready_timeout_s)
+        await counter.start()
+        say(f"{name}: ready; releasing the backlog")
+        t0 = await backlog.release()
+        t_end = await counter.wait(opts.drain_timeout_s)
+        drain_s = t_end - t0
+        tput = seq_per_s(n, drain_s)
+        rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
+        say(f"{name}: {tput} seq/s; latency phase at {rate}/s for {opts.latency_s:g} s")
+        summary = await _latency_phase(opts, topics, rate, metrics_url)
+        lat = summary["latency_ms"]
+        return {
+            "seq_per_s": tput,
+            "p50_ms": lat["p50"],
+            "p99_ms": lat["p99"],
+            "drain_s": round(drain_s, 3),
+            "first_reply_ms": round(((counter.first_s or t_end) - t0) * 1000.0, 1),
+            "drain_statuses": dict(counter.statuses),
+            "latency_rate_per_s": rate,
+            "latency_rate_capped": rate < round(opts.load_fraction * tput, 1),
+            "latency_requests": summary["scheduled"],
+            "latency_ok": summary["ok"],
+            "latency_timeouts": summary["timeouts"],
+            "latency_send_lag_ms_p99": summary["send_lag_ms"]["p99"],
+            "latency_batch_size_mean": summary["batch_size_mean"],
+        }
+    finally:
+        await counter.close()
+        await backlog.close()
+        await proc.stop()
+        await delete_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq])
+
+
+# ---- the engine alone -----------------------------------------------------------------------
+
+
+async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
+    """``kbatch bench engine``'s ``bucketed`` strategy: backlog of the N texts, then Poisson
+    arrivals at ``load_fraction`` × its backlog throughput (capped like the others)."""
+    from consumer.bench.engine_bench import EngineBenchOptions, _configs, _Strategy
+    from consumer.model.runner import configure_threads, describe_runner, load_runner
+    from consumer.model.tokenize import HFTokenizer
+
+    texts = list(opts.texts)
+    configure_threads(opts.threads)
+    runner = load_runner(opts.model_dir)
+    tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
+    cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")
+    eopts = EngineBenchOptions(
+        model_dir=opts.model_dir, texts=texts, n=len(texts), max_wait_ms=opts.max_wait_ms
+    )
+    config = _configs(eopts, runner.max_length, cuda)["bucketed"]
+    strategy = _Strategy(runner, tokenizer, config, "all" if cuda else "largest")
+    await strategy.engine.start()
+    try:
+        say("engine: backlog")
+        await strategy.backlog(texts, ENGINE_CHUNK)
+        tput = seq_per_s(strategy.backlog_items, strategy.backlog_s)
+        rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
+        say(f"engine: {tput} seq/s; paced phase at {rate}/s for {opts.latency_s:g} s")
+        rng = random.Random(opts.seed + 1)
+        paced: list[tuple[float, str]] = []
+        t = rng.expovariate(rate)
+        while t < opts.latency_s:
+            paced.append((t, texts[rng.randrange(len(texts))]))
+            t += rng.expovariate(rate)
+        row = await strategy.paced(paced)
+    finally:
+        await strategy.engine.stop()
+    return {
+        "seq_per_s": tput,
+        "p50_ms": row["p50_ms"],
+        "p99_ms": row["p99_ms"],
+        "drain_s": round(strategy.backlog_s, 3),
+        "first_reply_ms": None,
+        "latency_rate_per_s": rate,
+        "latency_rate_capped": rate < round(opts.load_fraction * tput, 1),
+        "latency_requests": len(paced),
+        "padding_efficiency": row["padding_efficiency"],
+        "backlog_mean_batch_size": row["backlog_mean_batch_size"],
+        "latency_batch_size_mean": row["paced_mean_batch_size"],
+    }
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def _token_stats(model_dir: Path, texts: Sequence[str]) -> dict[str, int]:
+    from consumer.model.tokenize import HFTokenizer
+
+    lengths = sorted(len(ids) for ids in HFTokenizer(model_dir).encode(list(texts)))
+    return {
+        "median_tokens": lengths[len(lengths) // 2],
+        "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
+    }
+
+
+async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> dict[str, Any]:
+    """Measure every variant in ``opts.variants`` (in :data:`VARIANTS` order); the JSON-able
+    report: one object per variant (``seq_per_s``, ``p50_ms``, ``p99_ms`` and details), the
+    three ratios (None when a side was not run) and ``setup``.
+
+    Raises:
+        ValueError: an unknown variant, or no texts.
+        E2EError: a variant's process died or its drain did not finish in time.
+    """
+    unknown = set(opts.variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; known: {VARIANTS}")
+    if not opts.texts:
+        raise ValueError("no texts")
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if opts.log_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="kbatch-bench-e2e-")
+        log_dir = Path(tmp.name)
+    else:
+        log_dir = opts.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    started = time.monotonic()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    try:
+        for name in VARIANTS:
+            if name not in opts.variants:
+                continue
+            if name == "engine":
+                report[name] = await _engine_variant(opts, say)
+            else:
+                report[name] = await _kafka_variant(name, opts, log_dir, say)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    report.update(ratios(report))
+    report["setup"] = {
+        "model": str(opts.model_dir),
+        "texts": len(opts.texts),
+        **_token_stats(opts.model_dir, opts.texts),
+        "torch_threads": opts.threads,
+        "max_wait_ms": opts.max_wait_ms,
+        "load_fraction": opts.load_fraction,
+        "max_latency_rate_per_s": opts.max_latency_rate_per_s,
+        "latency_s": opts.latency_s,
+        "latency_warmup_s": opts.latency_warmup_s,
+        "partitions": 1,
+        "bootstrap": opts.bootstrap,
+        "wall_s": round(time.monotonic() - started, 1),
+        "loadavg_1_5_15_start": load_start,
+        "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
+        "log_dir": str(opts.log_dir) if opts.log_dir else None,
+    }
+    return report

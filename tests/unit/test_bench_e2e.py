@@ -1,0 +1,108 @@
+"""Pure helpers of ``kbatch bench e2e`` and the ``noop`` model alias."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from consumer.app import NOOP_MODEL, resolve_model
+from consumer.bench.e2e_report import (
+    latency_rate,
+    plot_e2e,
+    prefill_records,
+    ratios,
+    seq_per_s,
+)
+from consumer.bench.e2e_workers import raw_reply_value
+from consumer.config import ServeSettings
+from schemas import headers as H
+from schemas.codec import Encoding, decode_reply
+from schemas.records import parse_request_record
+
+
+@pytest.mark.parametrize(
+    ("n", "drain_s", "expected"),
+    [(1500, 10.0, 150.0), (60, 0.4, 150.0), (3, 0.7, 4.3)],
+)
+def test_seq_per_s(n: int, drain_s: float, expected: float) -> None:
+    assert seq_per_s(n, drain_s) == expected
+
+
+@pytest.mark.parametrize(("n", "drain_s"), [(0, 1.0), (10, 0.0), (10, -1.0), (10, math.inf)])
+def test_seq_per_s_refuses_unmeasured_drains(n: int, drain_s: float) -> None:
+    with pytest.raises(ValueError, match="drain_s"):
+        seq_per_s(n, drain_s)
+
+
+@pytest.mark.parametrize(
+    ("tput", "fraction", "cap", "expected"),
+    [
+        (200.0, 0.7, None, 140.0),  # 70 % of the measured throughput
+        (10_000.0, 0.7, 600.0, 600.0),  # capped: the load generator shares the cores
+        (0.2, 0.7, None, 0.5),  # never below 0.5/s
+        (100.0, 1.0, 100.0, 100.0),
+    ],
+)
+def test_latency_rate(tput: float, fraction: float, cap: float | None, expected: float) -> None:
+    assert latency_rate(tput, fraction, cap) == expected
+
+
+@pytest.mark.parametrize(("fraction", "cap"), [(0.0, None), (1.5, None), (0.7, 0.0)])
+def test_latency_rate_rejects_bad_arguments(fraction: float, cap: float | None) -> None:
+    with pytest.raises(ValueError):
+        latency_rate(100.0, fraction, cap)
+
+
+def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
+    report = {
+        "naive": {"seq_per_s": 80.0},
+        "kbatch": {"seq_per_s": 240.0},
+        "engine": {"seq_per_s": 250.0},
+        "passthrough": {"seq_per_s": 900.0},
+    }
+    assert ratios(report) == {
+        "ratio_kbatch_vs_naive": 3.0,
+        "ratio_kbatch_vs_engine": 0.96,
+        "ratio_passthrough_vs_raw": None,
+    }
+
+
+def test_prefill_records_are_valid_requests_with_unique_keys_and_correlation_ids() -> None:
+    records = prefill_records(["hello", "a longer text"], "bench.replies", "run1")
+    assert [k for k, _, _ in records] == [b"run1-0", b"run1-1"]
+    cids = set()
+    for (key, value, headers), text in zip(records, ["hello", "a longer text"], strict=True):
+        parsed = parse_request_record(key, value, tuple(headers))
+        assert parsed.request.text == text
+        assert parsed.address.topic == "bench.replies"
+        assert parsed.encoding is Encoding.MSGPACK
+        assert parsed.address.correlation_id is not None
+        cids.add(parsed.address.correlation_id)
+        assert dict(headers)[H.CONTENT_TYPE] == b"application/msgpack"
+    assert len(cids) == 2
+
+
+def test_raw_loop_reply_is_a_valid_ok_reply() -> None:
+    reply = decode_reply(raw_reply_value(), Encoding.MSGPACK)
+    assert reply.status == "ok"
+    assert reply.timing is not None
+
+
+def test_noop_alias_resolves_to_the_packaged_tokenizer_and_reports_noop() -> None:
+    path, info = resolve_model(ServeSettings(model=NOOP_MODEL))
+    assert (path / "tokenizer.json").is_file()
+    assert info.name == "noop"
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    row = {"seq_per_s": 100.0, "p50_ms": 12.0, "p99_ms": 40.0}
+    report = {
+        "naive": row,
+        "kbatch": {**row, "seq_per_s": 300.0},
+        "engine": {**row, "p50_ms": None},
+        "setup": {"load_fraction": 0.7},
+    }
+    path = plot_e2e(report, tmp_path / "img")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
