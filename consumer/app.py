@@ -18,6 +18,8 @@ from pathlib import Path
 from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.config import PACKAGED_MODEL, ServeSettings
+from consumer.kafka.admin import KafkaUnavailableError, ensure_topics
+from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
@@ -88,6 +90,24 @@ async def serve(settings: ServeSettings) -> int:
     log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
     for warning in settings.warnings():
         log.warning("config: %s", warning)
+
+    try:
+        if settings.create_topics:
+            created = await ensure_topics(
+                settings.bootstrap,
+                {
+                    settings.request_topic: settings.topic_partitions,
+                    settings.reply_topic: settings.topic_partitions,
+                    settings.dlq_topic: 1,
+                },
+                settings.topic_replication_factor,
+                security_kwargs(settings),
+            )
+            if created:
+                log.info("created topics %s", created)
+    except KafkaUnavailableError as err:
+        log.error("%s", err)
+        return 1
 
     from consumer.model.runner import configure_threads, default_device, load_runner
     from consumer.model.tokenize import HFTokenizer
@@ -160,8 +180,15 @@ async def serve(settings: ServeSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     await engine.start()
-    await sink.start()
-    await source.start()
+    try:
+        await sink.start()
+        await source.start()
+    except KafkaUnavailableError as err:
+        log.error("%s", err)
+        await asyncio.gather(sink.stop(), engine.stop(), return_exceptions=True)
+        if health is not None:
+            health.stop()
+        return 1
     log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
     try:
         await pipeline.run(stop, beat=health.beat if health else lambda: None)

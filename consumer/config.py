@@ -57,6 +57,13 @@ class ServeSettings(KafkaSecurity):
     reply_topic: str = Field("kbatch.replies", description="Reply topic when a request names none.")
     dlq_topic: str = Field("kbatch.requests.dlq", description="Dead-letter topic.")
     group_id: str = Field("kbatch", description="Consumer group id; replicas share it.")
+    create_topics: bool = Field(
+        True, description="Create the request, reply and dead-letter topics when missing."
+    )
+    topic_partitions: int = Field(
+        6, ge=1, description="Partitions of a created request/reply topic (the DLQ gets 1)."
+    )
+    topic_replication_factor: int = Field(1, ge=1, description="Replicas of a created topic.")
     group_instance_id: str | None = Field(
         None,
         description="Static membership id (KIP-345): a restart within the session timeout "

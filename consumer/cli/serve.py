@@ -14,12 +14,29 @@ from consumer.cli.options import settings_options
 from consumer.config import ServeSettings, load_settings
 
 
+def describe_validation_error(err: ValidationError) -> str:
+    """One line per problem, named by its flag: ``--max-wait-ms: Input should be … (got -1.0)``."""
+    lines = []
+    for problem in err.errors():
+        field = ".".join(str(p) for p in problem["loc"])
+        name = f"--{field.replace('_', '-')}" if field else "settings"
+        lines.append(f"{name}: {problem['msg']} (got {problem.get('input')!r})")
+    return "\n".join(lines)
+
+
 def _serve(config: Path | None, **flags: Any) -> None:
     try:
         settings = load_settings(ServeSettings, config, **flags)
-    except (ValidationError, FileNotFoundError) as err:
+    except ValidationError as err:
+        raise click.UsageError(describe_validation_error(err)) from err
+    except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
-    from consumer.app import serve
+    from consumer.app import resolve_model, serve
+
+    try:
+        resolve_model(settings)  # fail before anything starts
+    except FileNotFoundError as err:
+        raise click.UsageError(str(err)) from err
 
     sys.exit(asyncio.run(serve(settings)))
 

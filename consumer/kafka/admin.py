@@ -10,10 +10,15 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+
+class KafkaUnavailableError(RuntimeError):
+    """No broker answered at start-up (wrong ``--bootstrap``, broker down, TLS/SASL mismatch)."""
 
 
 async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
@@ -60,6 +65,42 @@ async def create_topics(
         ]
         with contextlib.suppress(TopicAlreadyExistsError):
             await admin.create_topics(topics)
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(
+    bootstrap: str,
+    partitions_by_topic: dict[str, int],
+    replication_factor: int = 1,
+    security: dict[str, Any] | None = None,
+) -> list[str]:
+    """Create the topics that do not exist yet; returns the names created. Existing topics are
+    left as they are (their partition count is never changed).
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+        KafkaError: the broker refused (e.g. no permission to create topics).
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
+    try:
+        await admin.start()
+    except KafkaError as err:
+        await admin.close()
+        raise KafkaUnavailableError(f"no Kafka broker answered at {bootstrap}: {err}") from err
+    try:
+        existing = set(await admin.list_topics())
+        missing = [name for name in partitions_by_topic if name not in existing]
+        if missing:
+            new = [
+                NewTopic(
+                    n, num_partitions=partitions_by_topic[n], replication_factor=replication_factor
+                )
+                for n in missing
+            ]
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(new)
+        return missing
     finally:
         await admin.close()
 

@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.config import ServeSettings
+from consumer.kafka.admin import KafkaUnavailableError
 from consumer.kafka.client_config import security_kwargs
 from schemas.records import OutRecord
 
@@ -57,8 +58,16 @@ class KafkaSink:
         )
 
     async def start(self) -> None:
-        """Connect the producer."""
-        await self._producer.start()
+        """Connect the producer.
+
+        Raises:
+            KafkaUnavailableError: no broker answered.
+        """
+        try:
+            await self._producer.start()
+        except KafkaError as err:
+            await self._producer.stop()
+            raise KafkaUnavailableError(f"the reply producer cannot connect: {err}") from err
 
     async def stop(self) -> None:
         """Flush what is buffered and close; sends still retrying give up (idempotent)."""

@@ -16,6 +16,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from consumer.config import ServeSettings
+from consumer.kafka.admin import KafkaUnavailableError
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.records import InRecord, TopicPartition
 
@@ -76,12 +77,24 @@ class KafkaSource:
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             max_poll_interval_ms=settings.max_poll_interval_ms,
             rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            # A topic created after start is seen within 30 s (aiokafka's default: 5 min).
+            metadata_max_age_ms=30_000,
             **security_kwargs(settings),
         )
 
     async def start(self) -> None:
-        """Connect and subscribe; partitions arrive through the rebalance handler."""
-        await self._consumer.start()
+        """Connect and subscribe; partitions arrive through the rebalance handler.
+
+        Raises:
+            KafkaUnavailableError: no broker answered at ``settings.bootstrap``.
+        """
+        try:
+            await self._consumer.start()
+        except KafkaError as err:
+            await self._consumer.stop()
+            raise KafkaUnavailableError(
+                f"no Kafka broker answered at {self._settings.bootstrap}: {err}"
+            ) from err
         self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler))
 
     async def stop(self) -> None:

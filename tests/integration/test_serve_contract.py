@@ -264,3 +264,26 @@ async def test_reply_partition_that_does_not_exist_is_dead_lettered(
     assert b"reply could not be delivered" in dead.headers["kbatch.error.message"]
     (after,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
     assert after.key == b"after" and after.reply.status == "ok"
+
+
+async def test_missing_topics_are_created_at_start(
+    tmp_path: Path, kafka_bootstrap: str, tiny_embed_dir: Path
+) -> None:
+    name = unique_group("auto")  # nothing exists under this name yet
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=f"{name}.req",
+        reply_topic=f"{name}.rep",
+        dlq_topic=f"{name}.dlq",
+        group_id=name,
+        model=str(tiny_embed_dir),
+        extra=["--topic-partitions", "2"],
+    )
+    try:
+        server.wait_ready()  # ready means partitions of the created request topic are assigned
+        await produce(kafka_bootstrap, f"{name}.req", [request("auto-1", "hello")])
+        (rec,) = await read_topic(kafka_bootstrap, f"{name}.rep", n_records(1), 60)
+    finally:
+        server.stop()
+    assert rec.key == b"auto-1" and rec.reply.status == "ok"

@@ -157,3 +157,15 @@ def test_keda_scales_the_deployment_on_the_groups_lag() -> None:
     assert trigger["metadata"]["consumerGroup"] == flags["--group-id"]
     assert trigger["metadata"]["topic"] == flags["--request-topic"]
     assert trigger["metadata"]["bootstrapServers"] == flags["--bootstrap"]
+
+
+def test_bad_flag_values_are_reported_by_flag_name() -> None:
+    from click.testing import CliRunner
+
+    from consumer.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--max-wait-ms", "-1", "--max-batch-size", "0"])
+    assert result.exit_code == 2
+    assert "--max-wait-ms: Input should be greater than or equal to 0 (got -1.0)" in result.output
+    assert "--max-batch-size:" in result.output
+    assert "errors.pydantic.dev" not in result.output
