@@ -29,7 +29,8 @@ PACKAGED_MODEL = "minilm"
 
 
 class KafkaSecurity(BaseSettings):
-    """Kafka client security settings, passed through to aiokafka unchanged."""
+    """Kafka client security settings, passed through to aiokafka unchanged; the base of every
+    kbatch settings model (sources, redaction)."""
 
     model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="ignore")
 
@@ -42,6 +43,23 @@ class KafkaSecurity(BaseSettings):
     ssl_cafile: Path | None = Field(default=None, description="CA bundle for TLS (PEM).")
     ssl_certfile: Path | None = Field(default=None, description="Client certificate (PEM).")
     ssl_keyfile: Path | None = Field(default=None, description="Client private key (PEM).")
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings for the start-up log, secrets hidden."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
+        # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
 class ServeSettings(KafkaSecurity):
@@ -185,23 +203,6 @@ class ServeSettings(KafkaSecurity):
         if self.max_wait_ms > 0 and self.max_wait_ms < 1:
             out.append(f"max_wait_ms={self.max_wait_ms} is below 1 ms: was a value in µs meant?")
         return out
-
-    def redacted(self) -> dict[str, Any]:
-        """The effective settings for the start-up log, secrets hidden."""
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
-        # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
 S = TypeVar("S", bound=KafkaSecurity)

@@ -15,14 +15,11 @@ does not parse, or a combination that cannot work (the message names the values)
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
@@ -239,19 +236,3 @@ class BackfillSettings(KafkaSecurity):
             preferred_batch_sizes=tuple(self.preferred_batch_sizes or ()),
             adaptive_wait=False,
         )
-
-    def redacted(self) -> dict[str, Any]:
-        """The effective settings for the start-up log, secrets hidden."""
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
