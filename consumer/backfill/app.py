@@ -39,14 +39,12 @@ EXIT_STOPPED = 3
 
 
 def _serve_view(settings: BackfillSettings) -> ServeSettings:
-    """The fields ``resolve_model`` and ``KafkaSink`` read, as the ``ServeSettings`` they take
+    """The fields ``KafkaSink`` reads, as the ``ServeSettings`` it takes
     (built without validation or the environment: every value here is already validated)."""
     return ServeSettings.model_construct(
         bootstrap=settings.bootstrap,
         reply_topic=settings.output_topic,
         send_timeout_ms=settings.send_timeout_ms,
-        model=settings.model,
-        model_revision=settings.model_revision,
         security_protocol=settings.security_protocol,
         sasl_mechanism=settings.sasl_mechanism,
         sasl_plain_username=settings.sasl_plain_username,
@@ -112,27 +110,14 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             log.info("nothing to read in the range")
             summary = await _empty_job(settings, source, sink, stop)
         else:
-            from consumer.app import resolve_model
-            from consumer.model.runner import configure_threads, describe_runner, load_runner
-            from consumer.model.tokenize import HFTokenizer
+            from consumer.app import load_model
 
-            configure_threads(settings.torch_threads)
             stats = EngineStats(keep=1)
-            model_dir, model_info = resolve_model(view)
-            runner = load_runner(
-                model_dir,
-                task=settings.task,
-                device=None if settings.device == "auto" else settings.device,
-                autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
-                max_length=settings.max_length,
-                stats=stats,
-                name=model_info.name,
-                revision=model_info.revision,
+            model = load_model(
+                settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
-            tokenizer = HFTokenizer(
-                model_dir, max_length=runner.max_length, truncate_by_default=settings.truncate
-            )
-            cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")
+            runner, tokenizer, model_info = model.runner, model.tokenizer, model.info
+            cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
             if policy.max_batch_tokens < runner.max_length:
                 policy = policy.model_copy(update={"max_batch_tokens": runner.max_length})

@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 
 from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
-from consumer.config import PACKAGED_MODEL, KafkaSecurity
+from consumer.config import ModelSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
@@ -35,7 +35,7 @@ CUDA_MAX_BATCH_TOKENS = 16_384
 """Default padded-token budget on CUDA (the engine's warm-up lowers it if it does not fit)."""
 
 
-class BackfillSettings(KafkaSecurity):
+class BackfillSettings(ModelSettings):
     """Everything ``kbatch backfill`` can be told."""
 
     model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
@@ -73,22 +73,6 @@ class BackfillSettings(KafkaSecurity):
         "derived from the topics, the range, the text field, the model and the task.",
     )
 
-    # ---- model ---------------------------------------------------------------------------
-    model: str = Field(
-        PACKAGED_MODEL,
-        description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
-    )
-    model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = "embed"
-    device: str = Field(
-        "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Autocast dtype on CUDA; the CPU always runs float32."
-    )
-    torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch (default: cores)."
-    )
     max_length: int | None = Field(
         None, ge=2, description="Token cap; default: the model's maximum."
     )
