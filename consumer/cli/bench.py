@@ -14,6 +14,20 @@ import click
 from consumer.bench.e2e_report import VARIANTS
 from consumer.cli.options import CommaList
 
+model_option = click.option(
+    "--model",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
+)
+texts_option = click.option(
+    "--texts",
+    "texts_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="JSONL/text file of texts (default: the VADER corpus).",
+)
+
 
 @click.group("bench", help="Benchmarks (JSON output with --json).")
 def bench_group() -> None:
@@ -21,19 +35,8 @@ def bench_group() -> None:
 
 
 @bench_group.command("engine")
-@click.option(
-    "--model",
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    default=None,
-    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
-)
-@click.option(
-    "--texts",
-    "texts_file",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="JSONL/text file of texts (default: the VADER corpus).",
-)
+@model_option
+@texts_option
 @click.option(
     "--n",
     type=click.IntRange(min=1),
@@ -175,19 +178,8 @@ def _print_engine_table(report: dict[str, Any]) -> None:
 
 
 @bench_group.command("e2e")
-@click.option(
-    "--model",
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    default=None,
-    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
-)
-@click.option(
-    "--texts",
-    "texts_file",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="JSONL/text file of texts (default: the VADER corpus).",
-)
+@model_option
+@texts_option
 @click.option(
     "--n",
     type=click.IntRange(min=1),
