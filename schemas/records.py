@@ -25,7 +25,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from schemas import headers as h
 from schemas.codec import (
@@ -33,7 +33,7 @@ from schemas.codec import (
     DEFAULT_MAX_TEXT_BYTES,
     Encoding,
     decode_request,
-    encode_reply,
+    encode_reply_wire,
 )
 from schemas.errors import DecodeError, EncodeError, ErrorCode, RecordDecodeError
 from schemas.models import ErrorInfo, ModelInfo, Reply, Request
@@ -47,6 +47,7 @@ __all__ = [
     "build_error_reply",
     "build_reply_record",
     "parse_request_record",
+    "reply_record",
 ]
 
 MAX_KEY_BYTES: Final = 256
@@ -108,9 +109,19 @@ def _last_values(headers: Headers) -> dict[str, bytes]:
     return found
 
 
+_KNOWN_TOPICS: dict[bytes, str] = {}
+"""``kafka_replyTopic`` values already checked (most clients use a handful of reply topics)."""
+
+_MAX_KNOWN_TOPICS: Final = 1024
+"""At most this many are remembered."""
+
+
 def _reply_topic(raw: bytes | None) -> str | None:
     if raw is None:
         return None
+    known = _KNOWN_TOPICS.get(raw)
+    if known is not None:
+        return known
     try:
         topic = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -123,6 +134,8 @@ def _reply_topic(raw: bytes | None) -> str | None:
             f"the {h.REPLY_TOPIC} header {topic[:100]!r} is not a legal topic name "
             "(1-249 of A-Z a-z 0-9 . _ -)",
         )
+    if len(_KNOWN_TOPICS) < _MAX_KNOWN_TOPICS:
+        _KNOWN_TOPICS[bytes(raw)] = topic
     return topic
 
 
@@ -243,16 +256,33 @@ def build_reply_record(
     Raises:
         EncodeError: when ``reply.meta`` cannot be carried by ``encoding``.
     """
+    return reply_record(reply.to_wire(), key=key, address=address, encoding=encoding)
+
+
+_CONTENT_TYPES: Final = {e: (h.CONTENT_TYPE, e.value.encode("ascii")) for e in Encoding}
+_STATUSES: Final = {s: (h.STATUS, s.encode("ascii")) for s in ("ok", "error", "expired")}
+
+
+def reply_record(
+    wire: dict[str, Any], *, key: bytes | None, address: ReplyAddress, encoding: Encoding
+) -> OutRecord:
+    """:func:`build_reply_record` for a reply in wire form (``Reply.to_wire()`` or
+    ``schemas.models.reply_wire``), not validated again: the serving path's builder.
+
+    Raises:
+        EncodeError: when ``wire["meta"]`` cannot be carried by ``encoding``.
+    """
     headers: list[tuple[str, bytes | None]] = []
     if address.correlation_id is not None:
         headers.append((h.CORRELATION_ID, address.correlation_id))
-    headers.append((h.CONTENT_TYPE, encoding.value.encode("ascii")))
-    headers.append((h.STATUS, reply.status.encode("ascii")))
+    headers.append(_CONTENT_TYPES[encoding])
+    status: str = wire["status"]
+    headers.append(_STATUSES.get(status) or (h.STATUS, status.encode("ascii")))
     return OutRecord(
         topic=address.topic,
         partition=address.partition,
         key=key,
-        value=encode_reply(reply, encoding),
+        value=encode_reply_wire(wire, encoding),
         headers=headers,
     )
 

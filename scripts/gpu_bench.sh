@@ -38,6 +38,7 @@ timeout "$TIMEOUT_S" "$KBATCH" bench engine \
   --device cuda --autocast bf16 \
   --n "$N" --rate "$RATE" --seconds "$SECONDS_PACED" \
   --max-batch-tokens "$MAX_BATCH_TOKENS" --max-batch-size "$MAX_BATCH_SIZE" \
+  --batch-overhead-tokens "${BATCH_OVERHEAD_TOKENS:-2048}" \
   --json > "$OUT"
 
 "$PY" - "$OUT" <<'PY'

@@ -367,10 +367,20 @@ class Engine:
             outcomes = [_failed(t.item, msg, t) for t in batch.items]
         finally:
             self._in_pipeline -= 1
-            self._running_items -= n_formed
             self._wake.set()
-        for o in outcomes:
-            self._emit(o)
+            if not outcomes:  # all expired (emitted already), or cancelled
+                self._running_items -= n_formed
+        if not outcomes:
+            await self._notify()
+            return
+        try:
+            # Let the dispatcher launch the next batch (whose model call then starts first)
+            # before the outcomes go out; the items count as running until they have.
+            await asyncio.sleep(0)
+            for o in outcomes:
+                self._emit(o)
+        finally:
+            self._running_items -= n_formed
         await self._notify()
 
     async def _watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:

@@ -7,8 +7,9 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 - ``kbatch`` — a real ``kbatch serve`` process with the model;
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
   ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
-- ``passthrough`` — ``kbatch serve --model noop``: the real pipeline and tokenizer, a no-op
-  model (:data:`consumer.app.NOOP_MODEL`);
+- ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
+  tokenizer and its network — replaced by no-ops (:data:`consumer.app.NOOP_MODEL`): what is
+  left is kbatch's own cost per record (decode, dedup, buckets, replies, commits);
 - ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
   (:mod:`consumer.bench.e2e_workers`, its own process).
 

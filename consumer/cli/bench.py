@@ -47,7 +47,7 @@ def bench_group() -> None:
 @click.option(
     "--seconds",
     type=click.FloatRange(min=0.1),
-    default=5.0,
+    default=10.0,
     show_default=True,
     help="Length of the paced (latency) phase.",
 )
@@ -55,7 +55,15 @@ def bench_group() -> None:
     "--rate",
     type=click.FloatRange(min=0.1),
     default=None,
-    help="Paced arrivals per second (default: half the bucketed backlog rate).",
+    help="Paced arrivals per second (default: --rate-fraction × the bucketed backlog rate).",
+)
+@click.option(
+    "--rate-fraction",
+    type=click.FloatRange(min=0.01, max=2.0),
+    default=0.25,
+    show_default=True,
+    help="Paced rate as a fraction of the bucketed backlog throughput (0.5 shows the knee "
+    "on a CPU: small batches cost more per item than the backlog's full ones).",
 )
 @click.option(
     "--max-wait-ms",
@@ -101,6 +109,20 @@ def bench_group() -> None:
     show_default=True,
     help="Backlog slices, interleaved across the strategies (3 on a shared, noisy machine).",
 )
+@click.option(
+    "--batch-overhead-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Bucketed: a batch's fixed cost in padded tokens; neighbouring buckets merge "
+    "while that saves work (default: the batching default; 0 = never merge).",
+)
+@click.option(
+    "--strategies",
+    type=CommaList(str),
+    default="single,fixed,bucketed",
+    show_default=True,
+    help="Comma-separated subset of single,fixed,bucketed (bucketed is always run).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def engine(
@@ -109,6 +131,7 @@ def engine(
     n: int,
     seconds: float,
     rate: float | None,
+    rate_fraction: float,
     max_wait_ms: float,
     max_batch_tokens: int | None,
     max_batch_size: int,
@@ -117,6 +140,8 @@ def engine(
     autocast: str | None,
     threads: int | None,
     rounds: int,
+    batch_overhead_tokens: int | None,
+    strategies: list[str],
     seed: int,
     as_json: bool,
 ) -> None:
@@ -139,6 +164,7 @@ def engine(
         n=n,
         seconds=seconds,
         rate_per_s=rate,
+        rate_fraction=rate_fraction,
         max_wait_ms=max_wait_ms,
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
@@ -147,9 +173,14 @@ def engine(
         autocast=autocast,
         threads=threads,
         rounds=rounds,
+        batch_overhead_tokens=batch_overhead_tokens,
+        strategies=tuple(dict.fromkeys(("bucketed", *strategies))),
         seed=seed,
     )
-    report = asyncio.run(run_engine_bench(opts))
+    try:
+        report = asyncio.run(run_engine_bench(opts))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--strategies") from exc
     if as_json:
         click.echo(json.dumps(report))
         return
@@ -157,8 +188,9 @@ def engine(
 
 
 def _print_engine_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from producer_tools.report import report_console
 
     table = Table(title="kbatch bench engine")
     cols = ("seq_per_s", "tokens_per_s", "padding_efficiency", "p50_ms", "p99_ms")
@@ -169,7 +201,7 @@ def _print_engine_table(report: dict[str, Any]) -> None:
         row = report.get(name)
         if isinstance(row, dict):
             table.add_row(name, *(str(row[c]) for c in cols))
-    console = Console()
+    console = report_console()
     console.print(table)
     for key, value in report.items():
         if key not in ("single", "fixed", "bucketed", "setup"):
@@ -324,6 +356,6 @@ def e2e(
     if as_json:
         click.echo(json.dumps(report))
         return
-    from rich.console import Console
+    from producer_tools.report import report_console
 
-    print_e2e_table(report, Console())
+    print_e2e_table(report, report_console())

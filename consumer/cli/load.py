@@ -156,12 +156,11 @@ def load_command(
     Send times are fixed before the run (a slow server shows as latency, not as a lower send
     rate); latency is measured from each request's scheduled send time to its reply.
     """
-    from rich.console import Console
 
     from producer_tools import corpus as corpus_mod
     from producer_tools.client import ClientError
     from producer_tools.load import LoadError, LoadOptions, run_load, write_plots
-    from producer_tools.report import print_report
+    from producer_tools.report import print_report, report_console
     from schemas.codec import Encoding
 
     try:
@@ -195,4 +194,4 @@ def load_command(
     if as_json:
         click.echo(json.dumps(run.report))
     else:
-        print_report(run.report, Console())
+        print_report(run.report, report_console())

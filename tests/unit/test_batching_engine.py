@@ -257,3 +257,23 @@ async def test_a_raising_callback_does_not_stop_the_engine() -> None:
     assert await engine.drain(timeout_s=30)
     await engine.stop()
     assert sorted(seen) == [0, 1, 2]
+
+
+async def test_the_next_batch_starts_before_a_batchs_outcomes_go_out() -> None:
+    # On a CPU (one model slot) the model should not wait while outcomes are turned into
+    # replies: when the first batch's outcomes are emitted, the second is already launched.
+    h = Harness(FakeBackend(max_length=64), max_batch_size=2)
+    in_pipeline_at_emit: list[int] = []
+    record = h.on_outcome
+
+    def on_outcome(o: ItemOutcome) -> None:
+        in_pipeline_at_emit.append(h.engine._in_pipeline)
+        record(o)
+
+    h.engine._on_outcome = on_outcome
+    await h.engine.start()
+    await h.engine.submit(items(["a b", "c d", "e f", "g h"]))
+    assert await h.engine.drain(timeout_s=30)
+    assert len(h.outcomes) == 4  # drain returns only once every outcome is out
+    assert in_pipeline_at_emit[:2] == [1, 1]  # batch 2 running while batch 1 is answered
+    await h.engine.stop()

@@ -161,7 +161,7 @@ def test_preferred_sizes_on_a_deadline_flush(
 
 
 def test_expired_items_are_returned_and_never_batched() -> None:
-    b = BucketBatcher(cfg(), max_length=64)
+    b = BucketBatcher(cfg(batch_overhead_tokens=0), max_length=64)
     b.add(tok(1, 5, deadline_ms=5.0), now=0.0)
     b.add(tok(2, 5), now=0.0)
     b.add(tok(3, 20, deadline_ms=50.0), now=0.0)
@@ -209,6 +209,75 @@ def test_buckets_do_not_mix_lengths_and_oldest_deadline_goes_first() -> None:
     one.add(tok(1, 40), now=0.0)
     one.add(tok(2, 5), now=0.0)
     assert sorted(x.padded_len for x in one.pop_ready(10 * MS).batches) == [5, 40]
+
+
+def test_deadline_flush_merges_neighbours_when_the_padding_costs_less_than_a_batch() -> None:
+    # 2 × 7 tokens (bucket ≤ 8) and 2 × 10 tokens (bucket ≤ 16): one batch padded to 10
+    # computes 40 tokens, two batches 14 + 20 + one batch overhead (32) = 66.
+    b = BucketBatcher(cfg(batch_overhead_tokens=32), max_length=64)
+    for i, (n, at) in enumerate([(7, 0.0), (10, 1.0), (7, 2.0), (10, 3.0)]):
+        b.add(tok(i, n, at_ms=at), now=at * MS)
+    ready = b.pop_ready(10 * MS)
+    assert ids(ready.batches) == [[0, 1, 2, 3]]
+    assert ready.batches[0].padded_len == 10
+    assert b.queued_items == 0 and b.next_deadline() is None
+
+
+def test_no_merge_when_the_padding_costs_more_than_a_batch() -> None:
+    # 8 + 60 tokens: merged = 2 × 60 = 120 > 8 + 60 + 32 = 100 → two batches.
+    b = BucketBatcher(cfg(batch_overhead_tokens=32), max_length=64)
+    b.add(tok(1, 8), now=0.0)
+    b.add(tok(2, 60), now=0.0)
+    assert ids(b.pop_ready(10 * MS).batches) == [[1], [2]]
+
+
+def test_batch_overhead_zero_never_mixes_buckets() -> None:
+    b = BucketBatcher(cfg(batch_overhead_tokens=0), max_length=64)
+    b.add(tok(1, 7), now=0.0)
+    b.add(tok(2, 9), now=0.0)
+    assert ids(b.pop_ready(10 * MS).batches) == [[1], [2]]
+
+
+def test_merge_respects_size_and_token_budget_and_takes_fifo_heads() -> None:
+    # Bucket ≤ 8 holds 3 items, bucket ≤ 16 holds 4; max_batch_size 5 → the merged batch
+    # takes the seed bucket's 3 and the neighbour's 2 oldest; the other 2 stay queued with
+    # their own deadline (the oldest remaining arrival + max wait).
+    b = BucketBatcher(cfg(batch_overhead_tokens=64, max_batch_size=5), max_length=64)
+    for i in range(3):
+        b.add(tok(i, 8, at_ms=float(i)), now=i * MS)
+    for i in range(3, 7):
+        b.add(tok(i, 12, at_ms=float(i)), now=i * MS)
+    ready = b.pop_ready(10 * MS, max_batches=1)
+    assert ids(ready.batches) == [[0, 1, 2, 3, 4]]
+    assert b.queued_items == 2
+    assert b.next_deadline() == pytest.approx(15 * MS)
+    budget = BucketBatcher(cfg(batch_overhead_tokens=1000, max_batch_tokens=64), max_length=64)
+    for i in range(4):
+        budget.add(tok(i, 8), now=0.0)
+    budget.add(tok(9, 30), now=0.0)
+    for batch in budget.pop_ready(10 * MS).batches:
+        assert batch.padded_tokens <= 64
+
+
+def test_merge_never_takes_from_a_full_bucket() -> None:
+    b = BucketBatcher(cfg(batch_overhead_tokens=1000, max_batch_size=2), max_length=64)
+    b.add(tok(1, 7, at_ms=0.0), now=0.0)
+    b.add(tok(2, 10, at_ms=1.0), now=1 * MS)
+    b.add(tok(3, 10, at_ms=1.0), now=1 * MS)
+    b.add(tok(4, 10, at_ms=1.0), now=1 * MS)  # bucket ≤ 16 is full (and due) twice over
+    ready = b.pop_ready(1 * MS)
+    assert ids(ready.batches) == [[2, 3]]  # the full bucket leaves; 1 and 4 are not full
+    ready = b.pop_ready(10 * MS)
+    assert ids(ready.batches) == [[1, 4]]  # now both are under-filled: one merged batch
+
+
+def test_merge_then_preferred_size_keeps_the_oldest() -> None:
+    b = BucketBatcher(cfg(batch_overhead_tokens=64, preferred_batch_sizes=(1, 2, 4)), max_length=64)
+    for i, n in enumerate([7, 7, 10, 10, 10]):
+        b.add(tok(i, n, at_ms=float(i)), now=i * MS)
+    first = b.pop_ready(10 * MS, max_batches=1)
+    assert ids(first.batches) == [[0, 1, 2, 3]]
+    assert ids(b.pop_ready(20 * MS).batches) == [[4]]
 
 
 def test_adaptive_wait_does_not_wait_under_sparse_traffic() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from consumer.app import NOOP_MODEL, resolve_model
+from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
 from consumer.bench.e2e_report import (
     latency_rate,
     plot_e2e,
@@ -17,6 +18,7 @@ from consumer.bench.e2e_report import (
 )
 from consumer.bench.e2e_workers import raw_reply_value
 from consumer.config import ServeSettings
+from consumer.model.tokenize import WordCountTokenizer
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
 from schemas.records import parse_request_record
@@ -90,10 +92,25 @@ def test_raw_loop_reply_is_a_valid_ok_reply() -> None:
     assert reply.timing is not None
 
 
-def test_noop_alias_resolves_to_the_packaged_tokenizer_and_reports_noop() -> None:
+def test_noop_alias_resolves_to_the_packaged_model_dir_and_reports_noop() -> None:
     path, info = resolve_model(ServeSettings(model=NOOP_MODEL))
-    assert (path / "tokenizer.json").is_file()
+    assert (path / "config.json").is_file()  # its max length comes from there
     assert info.name == "noop"
+
+
+def test_word_count_tokenizer_lengths_and_over_length_policy() -> None:
+    tok = WordCountTokenizer(8)
+    short, cut, rejected = tok.tokenize(
+        [
+            InferenceItem(0, "one two three"),
+            InferenceItem(1, " ".join(["w"] * 20)),
+            InferenceItem(2, " ".join(["w"] * 20), truncate=False),
+        ]
+    )
+    assert isinstance(short, TokenizedItem) and short.n_tokens == 5 and not short.truncated
+    assert isinstance(cut, TokenizedItem) and cut.n_tokens == 8 and cut.truncated
+    assert len(cut.input_ids) == 8
+    assert isinstance(rejected, Rejected) and rejected.error_code == "input_too_long"
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

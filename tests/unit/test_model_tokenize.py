@@ -80,3 +80,12 @@ def test_server_policy_can_reject_by_default(tiny_embed_dir: Path) -> None:
     strict = HFTokenizer(tiny_embed_dir, truncate_by_default=False)
     assert isinstance(one(strict, "word " * 100), Rejected)
     assert isinstance(one(strict, "word " * 100, truncate=True), TokenizedItem)
+
+
+def test_ids_match_the_tokenizers_full_encode_batch(tok: HFTokenizer) -> None:
+    # The stage encodes without character offsets where it can; the ids must not change.
+    texts = ["Hello, World!", "", "héllo wörld 你好 🙂", "word " * 100]
+    got = tok.tokenize([InferenceItem(i, t) for i, t in enumerate(texts)])
+    expected = [e.ids for e in tok._cut.encode_batch(texts)]
+    assert [r.input_ids for r in got if isinstance(r, TokenizedItem)] == expected
+    assert tok.encode(texts) == expected

@@ -7,6 +7,7 @@ resolves in any order, so out-of-order completion and commit safety can be drive
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import msgpack
@@ -19,6 +20,7 @@ from consumer.metrics import Metrics
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
+from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
 from schemas.records import OutRecord
 
@@ -55,12 +57,20 @@ class FakeSink:
     def __init__(self) -> None:
         self.sent: list[OutRecord] = []
         self.acks: list[asyncio.Future[None]] = []
+        self.calls = 0  # send_many calls
 
     async def send(self, record: OutRecord) -> None:
         self.sent.append(record)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.acks.append(ack)
         await ack
+
+    async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        self.calls += 1
+        self.sent.extend(records)
+        acks = [asyncio.get_running_loop().create_future() for _ in records]
+        self.acks.extend(acks)
+        return list(acks)
 
 
 class FakeEngine:
@@ -210,3 +220,37 @@ async def test_revoke_drops_queued_work_and_ignores_late_completions(
     await settle()
     assert sink.sent == []
     assert source.commits == []
+
+
+async def test_a_batchs_outcomes_go_out_in_one_send(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(3)])
+    for item in engine.items:  # one batch: its outcomes arrive in one loop iteration
+        pipeline.on_outcome(ok(item))
+    assert sink.sent == []  # built and sent after the engine's turn, not inside the callback
+    await settle()
+    assert sink.calls == 1 and len(sink.sent) == 3
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 3}
+
+
+async def test_a_result_the_contract_cannot_carry_is_answered_inference_failed(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(0, b"nan")])
+    nan = {"embedding": [float("nan"), 0.0], "dim": 2}
+    pipeline.on_outcome(dataclasses.replace(ok(engine.items[0]), result=nan))
+    await settle()
+    (reply,) = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert reply.status == "error" and reply.error is not None
+    assert reply.error.code is ErrorCode.INFERENCE_FAILED
+    sink.acks[0].set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 1}  # answered, so the offset moves on

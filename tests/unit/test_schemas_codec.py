@@ -39,6 +39,7 @@ from schemas.models import (
     Reply,
     Request,
     Timing,
+    reply_wire,
     result_from_map,
 )
 
@@ -710,3 +711,69 @@ def test_result_from_map_builds_the_typed_result() -> None:
     assert isinstance(classify, ClassifyResult) and classify.label == "a"
     with pytest.raises(ValidationError):
         result_from_map({"dim": 2})
+
+
+# --- the serving path's shortcuts -------------------------------------------------------------
+
+
+def test_a_remembered_content_type_decodes_as_before() -> None:
+    for _ in range(2):  # the second read comes from the cache
+        assert Encoding.from_content_type(b"application/json; charset=utf-8") is JSON
+        assert Encoding.from_content_type(bytearray(b"application/json")) is JSON
+        with pytest.raises(DecodeError):
+            Encoding.from_content_type(b"text/plain")
+
+
+def test_a_failed_encode_leaves_the_shared_packer_clean() -> None:
+    good = encode_reply(ok_embed([0.5, 0.25]), MSGPACK)
+    with pytest.raises(EncodeError):
+        encode_reply(error_reply(meta={"x": object()}), MSGPACK)  # type: ignore[dict-item]
+    with pytest.raises(EncodeError):
+        encode_reply(ok_embed([1e39]), MSGPACK)
+    assert encode_reply(ok_embed([0.5, 0.25]), MSGPACK) == good
+
+
+def _ok_wire(**changes: Any) -> dict[str, Any] | None:
+    args: dict[str, Any] = {
+        "model": MODEL.model_dump(),
+        "result": {"embedding": [0.5, 0.25], "dim": 2},
+        "timing": (1.5, 3.25, 8, 32),
+    }
+    args.update(changes)
+    return reply_wire("ok", **args)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"result": {"embedding": [math.nan, 0.0], "dim": 2}},
+        {"result": {"embedding": [math.inf, 0.0], "dim": 2}},
+        {"result": {"embedding": [0.5], "dim": 2}},
+        {"result": {"embedding": [], "dim": 0}},
+        {"result": {"label": "a", "score": math.nan, "scores": {"a": 0.5}}},
+        {"result": {"label": "c", "score": 0.5, "scores": {"a": 0.5}}},
+        {"result": {"label": "a", "score": 0.5, "scores": {"a": True}}},
+        {"result": None},
+        {"timing": None},
+        {"timing": (-1.0, 1.0, 1, 1)},
+        {"timing": (1.0, 1.0, 0, 1)},
+        {"truncated": 1},
+    ],
+)
+def test_reply_wire_leaves_what_it_cannot_vouch_for_to_the_model(changes: dict[str, Any]) -> None:
+    assert _ok_wire(**changes) is None
+
+
+def test_reply_wire_gives_to_wire_for_ints_where_floats_are_expected() -> None:
+    wire = _ok_wire(
+        result={"label": "a", "score": 1, "scores": {"a": 1, "b": 0}}, timing=(1, 2, 1, 0)
+    )
+    reply = Reply(
+        status="ok",
+        result=ClassifyResult(label="a", score=1, scores={"a": 1, "b": 0}),
+        model=MODEL,
+        timing=Timing(queue_ms=1, infer_ms=2, batch_size=1, padded_len=0),
+    )
+    assert wire == reply.to_wire()
+    assert reply_wire("expired", model={}, error=(ErrorCode.INPUT_TOO_LONG, "x")) is None
+    assert reply_wire("error", model={}, error=("no_such_code", "x")) is None  # type: ignore[arg-type]

@@ -21,7 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import headers as h
-from schemas.codec import Encoding, decode_reply, decode_request, encode_reply, encode_request
+from schemas.codec import (
+    Encoding,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_reply_wire,
+    encode_request,
+)
 from schemas.errors import DecodeError, ErrorCode, RecordDecodeError
 from schemas.models import (
     ClassifyResult,
@@ -31,6 +38,7 @@ from schemas.models import (
     Reply,
     Request,
     Timing,
+    reply_wire,
 )
 from schemas.records import (
     build_dead_letter,
@@ -152,6 +160,51 @@ def test_msgpack_embedding_rounds_to_nearest_float32(embedding: list[float]) -> 
     assert isinstance(back, EmbedResult)
     expected = [struct.unpack(">f", struct.pack(">f", x))[0] for x in embedding]
     assert back.embedding == expected
+
+
+def test_reply_wire_takes_finite_values_whose_sum_overflows() -> None:
+    # Found by the property below: the fast path's "finite sum ⇒ all finite" shortcut must
+    # not turn two large finite floats (sum = inf) into a refusal.
+    big = [8.988465674311579e307, 8.98846567431158e307]
+    wire = reply_wire(
+        "ok",
+        model={"name": "m", "revision": None},
+        result={"embedding": big, "dim": 2},
+        timing=(0.0, 0.0, 1, 1),
+    )
+    assert wire is not None and wire["result"] == {"embedding": big, "dim": 2}
+
+
+@fuzz(400)
+@given(reply=replies(finite), encoding=encodings)
+def test_the_serving_paths_reply_wire_is_the_models(reply: Reply, encoding: Encoding) -> None:
+    # reply_wire skips pydantic on the serving path: same dict, same bytes as Reply.to_wire().
+    result = None if reply.result is None else reply.result.model_dump()
+    error = None if reply.error is None else (reply.error.code, reply.error.message)
+    timing = None
+    if reply.timing is not None:
+        t = reply.timing
+        timing = (t.queue_ms, t.infer_ms, t.batch_size, t.padded_len)
+    wire = reply_wire(
+        reply.status,
+        model=reply.model.model_dump(),
+        result=result,
+        error=error,
+        truncated=reply.truncated,
+        dedup=reply.dedup,
+        meta=reply.meta,
+        timing=timing,
+    )
+    assert wire == reply.to_wire()
+    assert list(wire) == list(reply.to_wire())  # wire order too
+    typed = reply.result
+    if (
+        encoding is MSGPACK
+        and isinstance(typed, EmbedResult)
+        and max(map(abs, typed.embedding)) > 3.4028234663852886e38
+    ):
+        return  # not encodable in msgpack either way
+    assert encode_reply_wire(wire, encoding) == encode_reply(reply, encoding)
 
 
 # --- decoders only ever raise DecodeError -----------------------------------------------------
