@@ -55,15 +55,16 @@ def bench_group() -> None:
     "--rate",
     type=click.FloatRange(min=0.1),
     default=None,
-    help="Paced arrivals per second (default: --rate-fraction × the bucketed backlog rate).",
+    help="Paced arrivals per second (default: --rate-fraction × the single strategy's "
+    "backlog throughput).",
 )
 @click.option(
     "--rate-fraction",
-    type=click.FloatRange(min=0.01, max=2.0),
-    default=0.25,
+    type=click.FloatRange(min=0.01, max=4.0),
+    default=0.5,
     show_default=True,
-    help="Paced rate as a fraction of the bucketed backlog throughput (0.5 shows the knee "
-    "on a CPU: small batches cost more per item than the backlog's full ones).",
+    help="Paced rate as a fraction of the single strategy's backlog throughput (without "
+    "single: half this fraction of the bucketed one).",
 )
 @click.option(
     "--max-wait-ms",
