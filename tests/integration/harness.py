@@ -191,8 +191,8 @@ class Req:
     """One request record to produce."""
 
     key: bytes | None
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
+    value: bytes | None  # None: a tombstone
+    headers: tuple[tuple[str, bytes | None], ...] = ()
     partition: int | None = None
 
 

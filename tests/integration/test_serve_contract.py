@@ -142,12 +142,15 @@ async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
             msgpack.packb({"text": "x"}),
             (("kafka_replyPartition", b"\x00\x01\x02"),),
         ),
+        Req(b"tombstone", None),  # a null value (a compacted topic's delete marker)
     ]
     good = [request(f"good-{i}", f"fine text {i}") for i in range(4)]
+    # Null header values are legal in Kafka: a null correlation id is no correlation id.
+    good[3] = Req(good[3].key, good[3].value, (("kafka_correlationId", None), ("x-null", None)))
     await produce(
         kafka_bootstrap, topics.requests, [*poison[:3], *good[:2], *poison[3:], *good[2:]]
     )
-    dead = await read_topic(kafka_bootstrap, topics.dlq, n_records(6), 60, decode=False)
+    dead = await read_topic(kafka_bootstrap, topics.dlq, n_records(7), 60, decode=False)
     assert {d.key for d in dead} == {
         None,
         b"bad-bytes",
@@ -155,6 +158,7 @@ async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
         b"bad-version",
         b"empty-text",
         b"bad-partition",
+        b"tombstone",
     }
     by_key = {d.key: d for d in dead}
     assert by_key[b"bad-version"].headers["kbatch.error.code"] == b"unsupported_version"
@@ -164,10 +168,21 @@ async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
     assert by_key[b"bad-bytes"].headers["kbatch.source.topic"] == topics.requests.encode()
     assert by_key[b"bad-bytes"].headers["kbatch.source.offset"].isdigit()
 
-    replies = await read_topic(kafka_bootstrap, topics.replies, n_records(9), 60)
+    replies = await read_topic(kafka_bootstrap, topics.replies, n_records(10), 60)
     statuses = {r.key: r.reply.status for r in replies}
     assert all(statuses[f"good-{i}".encode()] == "ok" for i in range(4))
-    for key in (b"bad-bytes", b"bad-ct", b"bad-version", b"empty-text", b"bad-partition"):
+    assert (
+        by_key[b"tombstone"].raw == b""
+        and by_key[b"tombstone"].headers["kbatch.error.code"] == b"invalid_request"
+    )
+    for key in (
+        b"bad-bytes",
+        b"bad-ct",
+        b"bad-version",
+        b"empty-text",
+        b"bad-partition",
+        b"tombstone",
+    ):
         assert statuses[key] == "error", key
     assert None not in statuses
     error_codes = {r.key: r.reply.error.code for r in replies if r.reply.error is not None}
