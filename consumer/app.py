@@ -33,6 +33,11 @@ from schemas.models import ModelInfo
 
 log = logging.getLogger("kbatch")
 
+EXIT_DRAIN_DEADLINE = 3
+"""``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
+with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
+0 is a clean drain, 1 a start-up failure."""
+
 NOOP_MODEL = "noop"
 """A benchmarking aid (``kbatch bench e2e``'s ``passthrough`` variant), not a model: a
 word-count stand-in tokenizer (:class:`consumer.model.tokenize.WordCountTokenizer`) and a no-op
@@ -253,8 +258,11 @@ async def serve(settings: ServeSettings) -> int:
         drained = await _shutdown(settings, pipeline, engine, source, sink)
         if health is not None:
             health.stop()
-    log.info("stopped (%s)", "drained" if drained else "drain deadline passed")
-    return 0
+    if drained:
+        log.info("stopped (drained)")
+        return 0
+    log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
+    return EXIT_DRAIN_DEADLINE
 
 
 async def _shutdown(

@@ -63,6 +63,13 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.dead_letters_failed = Counter(
+            "kbatch_dead_letters_failed_total",
+            "Bad records whose dead letter the broker refused even cut down (logged with "
+            "their offset; the record was still completed so its partition moves on).",
+            ["code"],
+            registry=r,
+        )
         self.dedup_hits = Counter(
             "kbatch_dedup_hits_total",
             "Requests answered from another copy of the same key.",

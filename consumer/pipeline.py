@@ -42,9 +42,13 @@ from consumer.kafka.source import CommitError
 from consumer.metrics import Metrics
 from consumer.replies import ReplyBuilder
 from schemas.errors import ErrorCode, RecordDecodeError
-from schemas.records import OutRecord, ParsedRequest, parse_request_record
+from schemas.records import OutRecord, ParsedRequest, cut_dead_letter, parse_request_record
 
 log = logging.getLogger(__name__)
+
+DEAD_LETTER_CUT_BYTES = 64 * 1024
+"""Value bytes kept when a dead letter is too large to produce whole (see
+:func:`schemas.records.cut_dead_letter`)."""
 
 
 class SourceLike(Protocol):
@@ -358,14 +362,28 @@ class Pipeline:
     async def _deliver_dead_letter(
         self, pending: Pending, dlq: OutRecord, reply: OutRecord | None, code: ErrorCode
     ) -> None:
+        r = pending.record
         try:
-            await self._sink.send(dlq)
+            try:
+                await self._sink.send(dlq)
+            except DeliveryError as err:
+                # E.g. a 2 MiB value the broker took compressed but whose copy is over the
+                # producer's request size: send its first bytes instead (the full record stays
+                # in the source topic at this offset).
+                log.warning(
+                    "dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err
+                )
+                await self._sink.send(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
         except SinkClosedError:
-            return
+            return  # shutting down: not completed, answered after the restart
         except DeliveryError:
-            log.exception("dead letter for %s@%d refused", pending.record.tp, pending.record.offset)
-            return  # never completed: the record is re-read after a restart
-        self._metrics.dead_letters.labels(code.value).inc()
+            # Not even the cut copy: completing anyway is the lesser evil — blocking the
+            # partition forever would hold up every later request (CONTRACT.md: a bad record
+            # never holds up its partition). The log names the offset to re-read it from.
+            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
+            self._metrics.dead_letters_failed.labels(code.value).inc()
+        else:
+            self._metrics.dead_letters.labels(code.value).inc()
         if reply is not None:
             try:
                 await self._sink.send(reply)

@@ -29,15 +29,19 @@ from rich.console import Console
 from consumer.broker.local import LocalBroker
 from consumer.kafka.admin import create_topics, delete_topics
 from producer_tools.client import RequestReplyClient
-from producer_tools.corpus import load_vader
+from producer_tools.corpus import Text, load_vader
 from producer_tools.load import LoadOptions, run_load, write_plots
 from producer_tools.report import print_report, report_console
 
-SAMPLE_TEXTS = (
-    "VADER is smart, handsome, and funny!",
-    "The movie was not bad at all, honestly one of the better ones this year.",
-    "Kafka partitions pause when the consumer falls behind.",
-)
+
+def sample_texts(texts: list[Text], n: int = 3) -> list[str]:
+    """The first text of each of the first ``n`` VADER sources (a tweet, a movie review, a
+    news snippet…), for the demo's sample replies."""
+    first: dict[str, str] = {}
+    for t in texts:
+        if t.text.strip():
+            first.setdefault(t.source, t.text)
+    return list(first.values())[:n]
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,14 @@ def _start_server(
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
 
 
-async def _samples(bootstrap: str, topics: dict[str, str]) -> list[dict[str, Any]]:
+async def _samples(
+    bootstrap: str, topics: dict[str, str], texts: list[str]
+) -> list[dict[str, Any]]:
     out = []
     async with RequestReplyClient(
         bootstrap=bootstrap, request_topic=topics["requests"], reply_topic=topics["replies"]
     ) as client:
-        for i, text in enumerate(SAMPLE_TEXTS):
+        for i, text in enumerate(texts):
             env = await client.request(text, key=f"demo-sample-{i}", timeout_s=60)
             reply = env.reply.model_dump(mode="json")
             embedding = (reply.get("result") or {}).get("embedding") or []
@@ -131,7 +137,8 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
                 return 1
             time.sleep(0.5)
         console.print(f"ready: metrics on http://127.0.0.1:{metrics_port}/metrics\n")
-        texts = [t.text for t in load_vader() if t.text.strip()]
+        corpus = load_vader()
+        texts = [t.text for t in corpus if t.text.strip()]
         common: dict[str, Any] = {
             "bootstrap": bootstrap,
             "request_topic": topics["requests"],
@@ -167,12 +174,15 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
                 for path in write_plots(run, opts.plots_dir, f"demo_{name}"):
                     console.print(f"plot: {path}")
         console.rule("sample replies")
-        for sample in asyncio.run(_samples(bootstrap, topics)):
+        for sample in asyncio.run(_samples(bootstrap, topics, sample_texts(corpus))):
             console.print_json(json.dumps(sample))
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
             code = server.wait(timeout=90)
             console.print(f"kbatch serve drained and exited with {code}")
+            failures += int(code != 0)
         asyncio.run(delete_topics(bootstrap, list(topics.values())))
+    if failures == 0:
+        log_path.unlink(missing_ok=True)  # kept only when something went wrong
     return 0 if failures == 0 else 1

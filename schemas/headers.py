@@ -33,6 +33,9 @@ ERROR_MESSAGE: Final = "kbatch.error.message"
 SOURCE_TOPIC: Final = "kbatch.source.topic"
 SOURCE_PARTITION: Final = "kbatch.source.partition"
 SOURCE_OFFSET: Final = "kbatch.source.offset"
+ORIGINAL_VALUE_BYTES: Final = "kbatch.dlq.original-value-bytes"
+"""Only on a dead letter whose value had to be cut to fit the dead-letter topic: the original
+value's length in bytes (decimal); the value is then its first bytes."""
 
 REPLY_PARTITION_BYTES: Final = 4
 """Exact length of a ``kafka_replyPartition`` value (a Java int, big-endian)."""
@@ -42,6 +45,7 @@ __all__ = [
     "CORRELATION_ID",
     "ERROR_CODE",
     "ERROR_MESSAGE",
+    "ORIGINAL_VALUE_BYTES",
     "REPLY_PARTITION",
     "REPLY_PARTITION_BYTES",
     "REPLY_TOPIC",

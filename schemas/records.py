@@ -311,6 +311,25 @@ def build_error_reply(error: RecordDecodeError, *, model: ModelInfo) -> OutRecor
         )
 
 
+def cut_dead_letter(dead_letter: OutRecord, max_value_bytes: int) -> OutRecord:
+    """``dead_letter`` with its value cut to its first ``max_value_bytes`` bytes and an
+    ``kbatch.dlq.original-value-bytes`` header (the original length) — for a record the broker
+    accepted compressed but whose copy is too large to produce. Key and headers unchanged.
+
+    Raises ``ValueError`` for a negative ``max_value_bytes``.
+    """
+    if max_value_bytes < 0:
+        raise ValueError(f"max_value_bytes must be >= 0, got {max_value_bytes}")
+    value = dead_letter.value or b""
+    return OutRecord(
+        topic=dead_letter.topic,
+        partition=dead_letter.partition,
+        key=dead_letter.key,
+        value=value[:max_value_bytes],
+        headers=[*dead_letter.headers, (h.ORIGINAL_VALUE_BYTES, str(len(value)).encode())],
+    )
+
+
 def build_dead_letter(
     key: bytes | None,
     value: bytes | None,

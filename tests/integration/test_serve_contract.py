@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +14,15 @@ import pytest
 
 from schemas.codec import Encoding
 from tests.conftest import TopicFactory, unique_group
-from tests.integration.harness import Req, ServeProcess, produce, read_topic, request
+from tests.integration.harness import (
+    Req,
+    ServeProcess,
+    committed_offsets,
+    poll_until,
+    produce,
+    read_topic,
+    request,
+)
 
 
 @dataclass
@@ -324,3 +333,39 @@ async def test_compressed_requests_are_answered(
     got = await read_topic(kafka_bootstrap, topics.replies, n_records(20), 60)
     assert sorted(r.key or b"" for r in got) == sorted(r.key or b"" for r in reqs)
     assert {r.headers["kbatch-status"] for r in got} == {b"ok"}
+
+
+async def test_a_compressed_request_too_large_to_copy_is_cut_on_the_dlq_and_never_blocks(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    # Found by a black-box run: the broker takes a 2 MiB request gzip-compressed, but its
+    # dead letter was over the producer's 1 MiB request size; it was never completed, so the
+    # partition never committed past it and every restart replayed what followed.
+    from aiokafka import AIOKafkaProducer
+
+    big = msgpack.packb({"text": "a" * (2 << 20)})
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, compression_type="gzip", max_request_size=8 << 20
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            topics.requests, big, key=b"big", partition=0, headers=[("kafka_correlationId", b"c")]
+        )
+        good = request("after-big", "the next request on the same partition")
+        await producer.send_and_wait(topics.requests, good.value, key=good.key, partition=0)
+    finally:
+        await producer.stop()
+    (dead,) = await read_topic(kafka_bootstrap, topics.dlq, n_records(1), 60, decode=False)
+    assert dead.key == b"big"
+    assert dead.headers["kbatch.dlq.original-value-bytes"] == str(len(big)).encode()
+    assert dead.raw == big[: 64 * 1024]
+    replies = await read_topic(kafka_bootstrap, topics.replies, n_records(2), 60)
+    status = {r.key: r.reply.status for r in replies}
+    assert status == {b"big": "error", b"after-big": "ok"}
+
+    def committed_past_both() -> bool:
+        offsets = asyncio.run(committed_offsets(kafka_bootstrap, topics.group, topics.requests, 2))
+        return offsets[0] == 2
+
+    await asyncio.to_thread(poll_until, committed_past_both, 30, "commit past offset 1", 0.5)

@@ -16,9 +16,11 @@ import pytest
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline
+from consumer.pipeline import DEAD_LETTER_CUT_BYTES, Pipeline
 from consumer.replies import ReplyBuilder
+from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
@@ -188,6 +190,39 @@ async def test_a_bad_record_is_dead_lettered_and_answered_without_blocking(
     await settle()
     await pipeline.commit()
     assert source.commits[-1] == {TP: 2}
+
+
+@pytest.mark.parametrize("cut_also_refused", [False, True])
+async def test_a_dead_letter_too_large_to_produce_is_cut_and_never_blocks(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine], cut_also_refused: bool
+) -> None:
+    # Found by a black-box run: a 2 MiB request the broker took gzip-compressed; its dead
+    # letter was over the producer's request size, was never completed, and held up the
+    # partition's commits (and was refused again after every restart).
+    pipeline, source, sink, _ = parts
+    big = msgpack.packb({"text": "a" * (2 << 20)})
+    await pipeline.take([record(0, b"big", big)])
+    await settle()
+    sink.acks[0].set_exception(DeliveryError("MessageSizeTooLargeError"))
+    await settle()
+    cut = sink.sent[1]
+    assert cut.topic == "kbatch.requests.dlq" and cut.key == b"big"
+    assert cut.value == big[:DEAD_LETTER_CUT_BYTES]
+    assert dict(cut.headers)[H.ORIGINAL_VALUE_BYTES] == str(len(big)).encode()
+    assert dict(cut.headers)[H.ERROR_CODE] == b"invalid_request"
+    if cut_also_refused:
+        sink.acks[1].set_exception(DeliveryError("refused again"))
+    else:
+        sink.acks[1].set_result(None)
+    await settle()
+    reply = sink.sent[2]  # the client still gets its error reply
+    assert reply.key == b"big" and decode_reply(reply.value or b"", Encoding.MSGPACK).status == (
+        "error"
+    )
+    sink.acks[2].set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 1}  # completed: the partition moves on
 
 
 async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
