@@ -277,6 +277,8 @@ class _Runner:
                 yield lambda: None
                 return
             total = len(self.schedule)
+            n_warm = total - int(self.schedule.measured.sum())
+            warm_note = f" ({n_warm} warm-up)" if n_warm else ""
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -293,7 +295,8 @@ class _Runner:
                     bar.update(
                         task_id,
                         completed=self.done,
-                        status=f"sent {self.sent}/{total} in flight {self.sent - self.done} "
+                        status=f"sent {self.sent}/{total}{warm_note} in flight "
+                        f"{self.sent - self.done} "
                         f"ok {ok} timeouts {lost}",
                     )
 
