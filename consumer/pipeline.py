@@ -362,28 +362,14 @@ class Pipeline:
     async def _deliver_dead_letter(
         self, pending: Pending, dlq: OutRecord, reply: OutRecord | None, code: ErrorCode
     ) -> None:
-        r = pending.record
         try:
-            try:
-                await self._sink.send(dlq)
-            except DeliveryError as err:
-                # E.g. a 2 MiB value the broker took compressed but whose copy is over the
-                # producer's request size: send its first bytes instead (the full record stays
-                # in the source topic at this offset).
-                log.warning(
-                    "dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err
-                )
-                await self._sink.send(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
+            sent = await self._send_dead_letter(pending.record, dlq)
         except SinkClosedError:
             return  # shutting down: not completed, answered after the restart
-        except DeliveryError:
-            # Not even the cut copy: completing anyway is the lesser evil — blocking the
-            # partition forever would hold up every later request (CONTRACT.md: a bad record
-            # never holds up its partition). The log names the offset to re-read it from.
-            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
-            self._metrics.dead_letters_failed.labels(code.value).inc()
-        else:
+        if sent:
             self._metrics.dead_letters.labels(code.value).inc()
+        else:
+            self._metrics.dead_letters_failed.labels(code.value).inc()
         if reply is not None:
             try:
                 await self._sink.send(reply)
@@ -396,6 +382,31 @@ class Pipeline:
                     err,
                 )
         self._complete(pending)
+
+    async def _send_dead_letter(self, r: InRecord, dlq: OutRecord) -> bool:
+        """Send ``dlq``; False when the broker refused it even cut down.
+
+        A dead letter can be refused whole — e.g. a 2 MiB value the broker took compressed
+        whose copy is over the producer's request size — so it is then sent cut (its first
+        ``DEAD_LETTER_CUT_BYTES``; the full record stays in the source topic at this offset).
+        If that is refused too, the caller completes the record anyway: blocking the partition
+        forever would hold up every later request (CONTRACT.md: a bad record never holds up
+        its partition); the log names the offset to re-read it from.
+
+        Raises:
+            SinkClosedError: the sink closed first.
+        """
+        try:
+            await self._sink.send(dlq)
+            return True
+        except DeliveryError as err:
+            log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
+        try:
+            await self._sink.send(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
+            return True
+        except DeliveryError:
+            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
+            return False
 
     def _complete(self, pending: Pending) -> None:
         r = pending.record

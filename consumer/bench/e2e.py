@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -416,7 +415,12 @@ async def _kafka_variant(
 async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
     """``kbatch bench engine``'s ``bucketed`` strategy: backlog of the N texts, then Poisson
     arrivals at ``load_fraction`` × its backlog throughput (capped like the others)."""
-    from consumer.bench.engine_bench import EngineBenchOptions, _configs, _Strategy
+    from consumer.bench.engine_bench import (
+        EngineBenchOptions,
+        _configs,
+        _Strategy,
+        poisson_arrivals,
+    )
     from consumer.model.runner import configure_threads, describe_runner, load_runner
     from consumer.model.tokenize import HFTokenizer
 
@@ -437,12 +441,7 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         tput = seq_per_s(strategy.backlog_items, strategy.backlog_s)
         rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
         say(f"engine: {tput} seq/s; paced phase at {rate}/s for {opts.latency_s:g} s")
-        rng = random.Random(opts.seed + 1)
-        paced: list[tuple[float, str]] = []
-        t = rng.expovariate(rate)
-        while t < opts.latency_s:
-            paced.append((t, texts[rng.randrange(len(texts))]))
-            t += rng.expovariate(rate)
+        paced = poisson_arrivals(texts, rate, opts.latency_s, opts.seed + 1)
         row = await strategy.paced(paced)
     finally:
         await strategy.engine.stop()

@@ -88,6 +88,20 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return s[k]
 
 
+def poisson_arrivals(
+    texts: Sequence[str], rate_per_s: float, seconds: float, seed: int
+) -> list[tuple[float, str]]:
+    """Seeded Poisson arrivals for a paced phase: ``(offset_s, text)`` pairs, offsets from the
+    phase start in ``[0, seconds)``, texts drawn uniformly from ``texts``."""
+    rng = random.Random(seed)
+    paced: list[tuple[float, str]] = []
+    t = rng.expovariate(rate_per_s)
+    while t < seconds:
+        paced.append((t, texts[rng.randrange(len(texts))]))
+        t += rng.expovariate(rate_per_s)
+    return paced
+
+
 def _configs(opts: EngineBenchOptions, max_length: int, cuda: bool) -> dict[str, BatchPolicyConfig]:
     budget = opts.max_batch_tokens or (16384 if cuda else 2048)
     one_queue = (max_length,)
@@ -111,7 +125,7 @@ def _configs(opts: EngineBenchOptions, max_length: int, cuda: bool) -> dict[str,
             max_batch_tokens=max(budget, max_length),
             max_wait_ms=opts.max_wait_ms,
             batch_overhead_tokens=(
-                BatchPolicyConfig().batch_overhead_tokens
+                BatchPolicyConfig.model_fields["batch_overhead_tokens"].default
                 if opts.batch_overhead_tokens is None
                 else opts.batch_overhead_tokens
             ),
@@ -270,12 +284,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         else:
             base, fraction = strategies["bucketed"], opts.rate_fraction / 2
         rate = opts.rate_per_s or max(1.0, fraction * base.backlog_items / base.backlog_s)
-        rng = random.Random(opts.seed + 1)
-        paced: list[tuple[float, str]] = []
-        t = rng.expovariate(rate)
-        while t < opts.seconds:
-            paced.append((t, texts[rng.randrange(len(texts))]))
-            t += rng.expovariate(rate)
+        paced = poisson_arrivals(texts, rate, opts.seconds, opts.seed + 1)
         for n in order:
             report[n] = await strategies[n].paced(paced)
     finally:

@@ -381,19 +381,7 @@ class RangeSource:
         out: list[InRecord] = []
         for tp, records in batches.items():
             end = self._plan[tp.partition].end
-            out.extend(
-                InRecord(
-                    topic=r.topic,
-                    partition=r.partition,
-                    offset=r.offset,
-                    key=r.key,
-                    value=r.value,
-                    headers=tuple(r.headers),
-                    timestamp_ms=r.timestamp,
-                )
-                for r in records
-                if r.offset < end
-            )
+            out.extend(InRecord.from_consumer_record(r) for r in records if r.offset < end)
         for tp in tps:
             # Known after the seek, so this does no I/O; it moves past transaction markers too.
             if await self._consumer.position(tp) >= self._plan[tp.partition].end:

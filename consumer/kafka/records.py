@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 TopicPartition = tuple[str, int]
 """A partition as ``(topic, partition)``: hashable, printable, free of aiokafka."""
@@ -28,3 +29,17 @@ class InRecord:
     def tp(self) -> TopicPartition:
         """The record's partition."""
         return (self.topic, self.partition)
+
+    @classmethod
+    def from_consumer_record(cls, r: Any) -> InRecord:
+        """The plain copy of an aiokafka ``ConsumerRecord`` (``r``: its ``topic``,
+        ``partition``, ``offset``, ``key``, ``value``, ``headers``, ``timestamp``)."""
+        return cls(
+            topic=r.topic,
+            partition=r.partition,
+            offset=r.offset,
+            key=r.key,
+            value=r.value,
+            headers=tuple(r.headers),
+            timestamp_ms=r.timestamp,
+        )

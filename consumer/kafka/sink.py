@@ -136,19 +136,9 @@ class KafkaSink:
         for record in records:
             ack: asyncio.Future[None] = loop.create_future()
             acks.append(ack)
-            topic = record.topic or self._default_topic
             try:
-                future = await self._producer.send(
-                    topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=record.headers,
-                )
-            except (AssertionError, ValueError, TypeError) as err:
-                message = f"cannot send to {topic}[{record.partition}]: {err}"
-                self._settle(ack, record, DeliveryError(message))
-            except Exception as err:
+                future = await self._enqueue(record)
+            except Exception as err:  # DeliveryError, or what the producer raised
                 self._settle(ack, record, err)
             else:
                 waiting.count += 1
@@ -221,16 +211,25 @@ class KafkaSink:
                 await self._send_once(record)
 
     async def _send_once(self, record: OutRecord) -> None:
-        topic = record.topic or self._default_topic
         async with asyncio.timeout(self._attempt_timeout_s):
-            try:
-                future = await self._producer.send(
-                    topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=list(record.headers),
-                )
-            except (AssertionError, ValueError, TypeError) as err:
-                raise DeliveryError(f"cannot send to {topic}[{record.partition}]: {err}") from err
-            await future
+            await (await self._enqueue(record))
+
+    async def _enqueue(self, record: OutRecord) -> asyncio.Future[Any]:
+        """Queue ``record`` in the producer; the future of the broker's acknowledgement.
+
+        Raises:
+            DeliveryError: aiokafka refuses the record itself (a partition the topic does not
+                have, a value over ``max_request_size``).
+        """
+        topic = record.topic or self._default_topic
+        try:
+            future: asyncio.Future[Any] = await self._producer.send(
+                topic,
+                value=record.value,
+                key=record.key,
+                partition=record.partition,
+                headers=record.headers,
+            )
+        except (AssertionError, ValueError, TypeError) as err:
+            raise DeliveryError(f"cannot send to {topic}[{record.partition}]: {err}") from err
+        return future

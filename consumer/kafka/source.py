@@ -104,19 +104,7 @@ class KafkaSource:
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         """One ``getmany`` chunk, flattened in partition order; empty when paused or idle."""
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        return [
-            InRecord(
-                topic=r.topic,
-                partition=r.partition,
-                offset=r.offset,
-                key=r.key,
-                value=r.value,
-                headers=tuple(r.headers),
-                timestamp_ms=r.timestamp,
-            )
-            for records in batches.values()
-            for r in records
-        ]
+        return [InRecord.from_consumer_record(r) for records in batches.values() for r in records]
 
     def assignment(self) -> frozenset[TopicPartition]:
         """The partitions this member owns now."""

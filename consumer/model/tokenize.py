@@ -65,6 +65,19 @@ def _encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list[Any]:
     return list(fast(texts) if fast is not None else tokenizer.encode_batch(texts))
 
 
+def _too_long(item: InferenceItem, n_tokens: int, why: str, max_length: int) -> Rejected:
+    """The ``input_too_long`` answer for an over-length item that may not be truncated."""
+    return Rejected(
+        item,
+        n_tokens=n_tokens,
+        error_code=ErrorCode.INPUT_TOO_LONG,
+        error_message=(
+            f"input has {why}; the model's maximum is {max_length} tokens "
+            "and the request set truncate=false"
+        ),
+    )
+
+
 class HFTokenizer:
     """The model's fast tokenizer, with the over-length policy and a character pre-limit.
 
@@ -139,15 +152,7 @@ class HFTokenizer:
                     if cut_chars[i] and n <= self.max_length
                     else f"{n} tokens"
                 )
-                results[i] = Rejected(
-                    it,
-                    n_tokens=max(n, self.max_length + 1),
-                    error_code=ErrorCode.INPUT_TOO_LONG,
-                    error_message=(
-                        f"input has {why}; the model's maximum is {self.max_length} tokens "
-                        "and the request set truncate=false"
-                    ),
-                )
+                results[i] = _too_long(it, max(n, self.max_length + 1), why, self.max_length)
         if to_cut:
             cut = _encode_batch(self._cut, [texts[i] for i in to_cut])
             for i, enc in zip(to_cut, cut, strict=True):
@@ -186,13 +191,5 @@ class WordCountTokenizer:
             elif self.truncate_by_default if it.truncate is None else it.truncate:
                 out.append(TokenizedItem(it, [0] * cap, cap, truncated=True))
             else:
-                out.append(
-                    Rejected(
-                        it,
-                        n_tokens=n,
-                        error_code=ErrorCode.INPUT_TOO_LONG,
-                        error_message=f"input has {n} tokens; the model's maximum is {cap} "
-                        "tokens and the request set truncate=false",
-                    )
-                )
+                out.append(_too_long(it, n, f"{n} tokens", cap))
         return out
