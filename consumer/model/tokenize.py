@@ -147,11 +147,12 @@ class HFTokenizer:
             if allowed:
                 to_cut.append(i)
             else:
-                why = (
-                    f"more than {self.max_chars} characters"
-                    if cut_chars[i] and n <= self.max_length
-                    else f"{n} tokens"
-                )
+                if not cut_chars[i]:
+                    why = f"{n} tokens"
+                elif n <= self.max_length:
+                    why = f"more than {self.max_chars} characters"
+                else:  # n counts only the first max_chars characters
+                    why = f"more than {self.max_chars} characters (at least {n} tokens)"
                 results[i] = _too_long(it, max(n, self.max_length + 1), why, self.max_length)
         if to_cut:
             cut = _encode_batch(self._cut, [texts[i] for i in to_cut])

@@ -34,14 +34,19 @@ class Served:
 
 
 def _start_server(
-    tmp_path: Path, bootstrap: str, requests: str, replies: str, model: Path
+    tmp_path: Path,
+    bootstrap: str,
+    requests: str,
+    replies: str,
+    model: Path,
+    dlq: str | None = None,
 ) -> ServeProcess:
     return ServeProcess.start(
         tmp_path,
         bootstrap=bootstrap,
         request_topic=requests,
         reply_topic=replies,
-        dlq_topic=f"{requests}.dlq",
+        dlq_topic=dlq or f"{requests}.dlq",
         group_id=unique_group("client"),
         model=str(model),
         extra=["--max-wait-ms", "5"],
@@ -193,7 +198,7 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
     tmp_path: Path, new_topic: TopicFactory, kafka_bootstrap: str, tiny_embed_dir: Path
 ) -> None:
     requests, replies = await new_topic("retry-req"), await new_topic("retry-rep")
-    await new_topic("retry-dlq")
+    dlq = await new_topic("retry-dlq")  # created (and deleted) here, not by the server
     async with RequestReplyClient(
         bootstrap=kafka_bootstrap, request_topic=requests, reply_topic=replies
     ) as client:
@@ -202,7 +207,7 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
         )
         # No server yet: the first send goes unanswered and the retry follows.
         await _poll(lambda: client.sent >= 2, 10, "the retry to be sent")
-        server = _start_server(tmp_path, kafka_bootstrap, requests, replies, tiny_embed_dir)
+        server = _start_server(tmp_path, kafka_bootstrap, requests, replies, tiny_embed_dir, dlq)
         try:
             env = await call
             records = await read_topic(kafka_bootstrap, replies, lambda rs: len(rs) >= 2, 60)

@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from consumer.kafka.admin import delete_topics
 from schemas.codec import Encoding
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
@@ -310,6 +311,7 @@ async def test_missing_topics_are_created_at_start(
         (rec,) = await read_topic(kafka_bootstrap, f"{name}.rep", n_records(1), 60)
     finally:
         server.stop()
+        await delete_topics(kafka_bootstrap, [f"{name}.{t}" for t in ("req", "rep", "dlq")])
     assert rec.key == b"auto-1" and rec.reply.status == "ok"
 
 
