@@ -7,7 +7,7 @@
 # --autocast bf16 and the GPU token budget, then prints tokens/s, the achieved model TFLOP/s
 # (padded tokens/s x 2 x non-embedding parameters, the usual 2-FLOPs-per-parameter-per-token
 # estimate, attention not counted) and that as a fraction of the device's dense bf16 peak
-# (consumer/model/runner.py's table). The paced phase runs at a fixed RATE that even the
+# (consumer/model/torch_backend.py's table). The paced phase runs at a fixed RATE that even the
 # one-at-a-time strategy sustains on a GPU (its default, half the bucketed rate, would queue
 # minutes of work for `single`). Environment overrides: KBATCH (the CLI), N (texts, default
 # 10000), RATE (paced arrivals/s, default 300), SECONDS_PACED (default 5), MAX_BATCH_TOKENS

@@ -63,7 +63,7 @@ class Engine:
     """Batches submitted items by token length and runs them on one model.
 
     Args:
-        runner: computes batches (``consumer.model.backend.ModelRunner``).
+        runner: computes batches (``consumer.model.batch_runner.ModelRunner``).
         tokenizer: tokenizes chunks (``consumer.model.tokenize.HFTokenizer``).
         policy_config: batch formation settings; :meth:`start` may lower
             ``max_batch_tokens`` (see :attr:`policy_config`).

@@ -1,6 +1,6 @@
 """The two seams of the engine: a tokenizer and a batch runner (implemented in ``consumer.model``).
 
-Kept here, torch-free, so the engine and its tests need no model: ``consumer.model.backend``
+Kept here, torch-free, so the engine and its tests need no model: ``consumer.model.batch_runner``
 has a fake backend, and any object with these members will do.
 """
 

@@ -8,7 +8,7 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
   ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
-  tokenizer and its network — replaced by no-ops (:data:`consumer.app.NOOP_MODEL`): what is
+  tokenizer and its network — replaced by no-ops (:data:`consumer.model.loader.NOOP_MODEL`): what is
   left is kbatch's own cost per record (decode, dedup, buckets, replies, commits);
 - ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
   (:mod:`consumer.bench.e2e_workers`, its own process).
@@ -421,8 +421,9 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         _Strategy,
         poisson_arrivals,
     )
-    from consumer.model.runner import configure_threads, describe_runner, load_runner
+    from consumer.model.loader import load_runner
     from consumer.model.tokenize import HFTokenizer
+    from consumer.model.torch_backend import configure_threads, describe_runner
 
     texts = list(opts.texts)
     configure_threads(opts.threads)

@@ -82,8 +82,9 @@ def _raw_scorer() -> Scorer:
 def _naive_scorer(model_dir: Path, threads: int, dlq_topic: str) -> Scorer:
     """Load the model and return a scorer that computes each record alone (batch of one)."""
     from consumer.batching.types import Batch, InferenceItem, ItemOutcome, Rejected
-    from consumer.model.runner import configure_threads, load_runner
+    from consumer.model.loader import load_runner
     from consumer.model.tokenize import HFTokenizer
+    from consumer.model.torch_backend import configure_threads
     from consumer.replies import ReplyBuilder
     from schemas.errors import RecordDecodeError
     from schemas.records import parse_request_record

@@ -47,9 +47,10 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, WarmupMode
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
-from consumer.model.backend import ModelRunner
-from consumer.model.runner import configure_threads, describe_runner, load_runner
+from consumer.model.batch_runner import ModelRunner
+from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
+from consumer.model.torch_backend import configure_threads, describe_runner
 
 __all__ = ["EngineBenchOptions", "run_engine_bench"]
 

@@ -31,7 +31,8 @@ def _serve(config: Path | None, **flags: Any) -> None:
         raise click.UsageError(describe_validation_error(err)) from err
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
-    from consumer.app import resolve_model, serve
+    from consumer.app import serve
+    from consumer.model.loader import resolve_model
 
     try:
         resolve_model(settings)  # fail before anything starts

@@ -10,6 +10,10 @@
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
 changes an answer. On CUDA: optional bf16/fp16 autocast, pinned host buffers, non-blocking
 copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
+An out-of-memory error leaves :meth:`TorchBackend.forward` and :meth:`TorchBackend.warmup` as
+:class:`consumer.model.errors.DeviceOutOfMemoryError`.
+
+Loading a model directory into a runner: :func:`consumer.model.loader.load_runner`.
 """
 
 from __future__ import annotations
@@ -25,13 +29,11 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
-from transformers.utils import logging as hf_logging
 
-from consumer.batching.stats import StatsSink
 from consumer.batching.types import TokenizedItem
-from consumer.model.backend import ModelRunner, Task
-from consumer.model.tokenize import read_max_length
+from consumer.model.batch_runner import ModelRunner
+from consumer.model.errors import is_out_of_memory, map_device_errors
+from consumer.model.protocol import AutocastName, Task
 
 __all__ = [
     "Pooling",
@@ -39,14 +41,12 @@ __all__ = [
     "configure_threads",
     "default_device",
     "describe_runner",
-    "load_runner",
     "read_pooling",
 ]
 
 log = logging.getLogger(__name__)
 
 PoolingMode = Literal["mean", "cls", "max", "mean_sqrt_len"]
-AutocastName = Literal["bf16", "fp16"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ class TorchBackend:
     Args:
         model: an eval-mode ``PreTrainedModel`` already on ``device``.
         task: ``embed`` (``model`` returns ``last_hidden_state``) or ``classify`` (``logits``).
-        max_length: maximum tokens per item (see :func:`read_max_length`).
+        max_length: maximum tokens per item (see :func:`consumer.model.tokenize.read_max_length`).
         pad_token_id: the tokenizer's padding id.
         device: a torch device string (``cpu``, ``cuda``, ``cuda:1``).
         pooling: for ``embed``.
@@ -196,7 +196,7 @@ class TorchBackend:
         """Compute a batch from :meth:`prepare`; one contract ``result`` map per row."""
         if not isinstance(prepared, _Prepared):
             raise TypeError("forward() takes the result of prepare()")
-        with torch.inference_mode(), self._autocast():
+        with map_device_errors(), torch.inference_mode(), self._autocast():
             if self.task == "embed":
                 out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
                 emb = self._pool(out.last_hidden_state, prepared.mask)
@@ -223,13 +223,15 @@ class TorchBackend:
         synchronises so an out-of-memory error shows here."""
         ids = np.full((batch_size, seq_len), 1000, dtype=np.int64)
         mask = np.ones((batch_size, seq_len), dtype=np.int64)
-        self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        with map_device_errors():
+            self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
 
     def is_oom(self, exc: BaseException) -> bool:
-        """``torch.OutOfMemoryError``, ``MemoryError`` or a message saying out of memory."""
-        return isinstance(exc, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(exc)
+        """``torch.OutOfMemoryError``, ``MemoryError`` (:class:`DeviceOutOfMemoryError`
+        included) or a message saying out of memory."""
+        return isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(exc)
 
     def recover(self, exc: BaseException) -> None:
         """Release cached CUDA blocks after an out-of-memory error."""
@@ -265,64 +267,6 @@ class TorchBackend:
         if self.pooling.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled
-
-
-def _detect_task(model_dir: Path) -> Task:
-    config = AutoConfig.from_pretrained(str(model_dir))
-    archs = getattr(config, "architectures", None) or []
-    return "classify" if any("ForSequenceClassification" in a for a in archs) else "embed"
-
-
-def load_runner(
-    model_dir: str | Path,
-    *,
-    task: Task | None = None,
-    device: str | None = None,
-    autocast: AutocastName | None = None,
-    pad_token_id: int | None = None,
-    max_length: int | None = None,
-    stats: StatsSink | None = None,
-    name: str | None = None,
-    revision: str | None = None,
-) -> ModelRunner:
-    """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
-
-    Args:
-        model_dir: local directory with ``config.json`` and weights (and, for embed, optional
-            sentence-transformers ``modules.json``/``1_Pooling``).
-        task: ``embed`` or ``classify``; default from ``config.architectures``
-            (``*ForSequenceClassification`` → classify).
-        device: default :func:`default_device`.
-        autocast: ``bf16``/``fp16`` on CUDA.
-        pad_token_id: default ``config.pad_token_id`` (else 0).
-        max_length: default :func:`consumer.model.tokenize.read_max_length`.
-        stats: counters sink for the runner.
-        name / revision: default the directory name / ``None``.
-
-    Raises:
-        OSError / ValueError: from transformers when the directory is not a model.
-    """
-    path = Path(model_dir)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    task = task or _detect_task(path)
-    dev = device or default_device()
-    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
-    model = cls.from_pretrained(str(path))
-    model.eval().to(dev)
-    cfg = model.config
-    pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
-    backend = TorchBackend(
-        model,
-        task,
-        max_length=max_length or read_max_length(path),
-        pad_token_id=int(pad),
-        device=dev,
-        pooling=read_pooling(path) if task == "embed" else None,
-        autocast=autocast,
-        name=name or path.name,
-        revision=revision,
-    )
-    return ModelRunner(backend, stats=stats)
 
 
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s) of common accelerators, from vendor datasheets.

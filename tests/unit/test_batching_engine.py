@@ -14,7 +14,8 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, EngineClosedError
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, TokenizedItem
-from consumer.model.backend import FakeBackend, ModelRunner
+from consumer.model.batch_runner import ModelRunner
+from consumer.model.protocol import FakeBackend
 from schemas.errors import ErrorCode
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from consumer.app import NOOP_MODEL, resolve_model
 from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
 from consumer.bench.e2e_report import (
     latency_rate,
@@ -18,6 +17,7 @@ from consumer.bench.e2e_report import (
 )
 from consumer.bench.e2e_workers import raw_reply_value
 from consumer.config import ServeSettings
+from consumer.model.loader import NOOP_MODEL, resolve_model
 from consumer.model.tokenize import WordCountTokenizer
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply

@@ -13,9 +13,10 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
-from consumer.model.backend import ModelRunner
-from consumer.model.runner import Pooling, TorchBackend, load_runner, read_pooling
+from consumer.model.batch_runner import ModelRunner
+from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer, read_max_length
+from consumer.model.torch_backend import Pooling, TorchBackend, read_pooling
 from tests.fixtures.tiny_models import CLASSIFY_LABELS, minilm_dir
 
 TEXTS = [

