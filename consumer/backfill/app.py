@@ -23,9 +23,11 @@ from consumer.backfill.job import BackfillJob, BackfillSummary
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
-from consumer.config import ServeSettings
+from consumer.config import project
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.range_source import RangeSource, RangeSourceError, RangeSpecError
 from consumer.kafka.sink import KafkaSink
+from consumer.model.loader import load_model
 from consumer.replies import ReplyBuilder
 from schemas.models import ModelInfo
 
@@ -36,23 +38,6 @@ log = logging.getLogger("kbatch.backfill")
 EXIT_COMPLETE = 0
 EXIT_INCOMPLETE = 1
 EXIT_STOPPED = 3
-
-
-def _serve_view(settings: BackfillSettings) -> ServeSettings:
-    """The fields ``KafkaSink`` reads, as the ``ServeSettings`` it takes
-    (built without validation or the environment: every value here is already validated)."""
-    return ServeSettings.model_construct(
-        bootstrap=settings.bootstrap,
-        reply_topic=settings.output_topic,
-        send_timeout_ms=settings.send_timeout_ms,
-        security_protocol=settings.security_protocol,
-        sasl_mechanism=settings.sasl_mechanism,
-        sasl_plain_username=settings.sasl_plain_username,
-        sasl_plain_password=settings.sasl_plain_password,
-        ssl_cafile=settings.ssl_cafile,
-        ssl_certfile=settings.ssl_certfile,
-        ssl_keyfile=settings.ssl_keyfile,
-    )
 
 
 def _progress(settings: BackfillSettings) -> ProgressSink:
@@ -75,9 +60,9 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
 
     group_id = settings.effective_group_id
+    client = project(KafkaClientSettings, settings)
     source = RangeSource(
-        bootstrap=settings.bootstrap,
-        security=settings,
+        client=client,
         topic=settings.source_topic,
         group_id=group_id,
     )
@@ -102,16 +87,13 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    view = _serve_view(settings)
-    sink = KafkaSink(view)
+    sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.output_topic)
     engine: Engine | None = None
     try:
         if sum(r.remaining for r in plan.values()) == 0:
             log.info("nothing to read in the range")
             summary = await _empty_job(settings, source, sink, stop)
         else:
-            from consumer.app import load_model
-
             stats = EngineStats(keep=1)
             model = load_model(
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate

@@ -5,8 +5,8 @@ environment variable and a key of the optional YAML file; precedence flag > envi
 file > default. ``range_from``/``range_to`` are the flags ``--from``/``--to``.
 
 Batching defaults differ from serve's on purpose: a backfill's backlog is full, so waits are
-off (``max_wait_ms=0``) and the token budget is the engine bench's (2048 padded tokens on a CPU,
-16384 on CUDA), where throughput stops improving.
+off (``max_wait_ms=0``, no adaptive wait) and the token budget is the engine bench's (2048
+padded tokens on a CPU, 16384 on CUDA), where throughput stops improving.
 
 Errors raised: :class:`pydantic.ValidationError` for a value out of range, a range bound that
 does not parse, or a combination that cannot work (the message names the values).
@@ -15,42 +15,53 @@ does not parse, or a combination that cannot work (the message names the values)
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import (
-    SettingsConfigDict,
-)
 
-from consumer.batching.config import DEFAULT_BUCKET_EDGES, BatchPolicyConfig
-from consumer.config import ModelSettings
+from consumer.batching.config import BatchPolicyConfig
+from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, SettingsBase, project
+from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
-CPU_MAX_BATCH_TOKENS = 2048
-"""Default padded-token budget on a CPU (``kbatch bench engine``'s, measured on 2 cores)."""
+CPU_MAX_BATCH_TOKENS: int = BatchPolicyConfig.model_fields["max_batch_tokens"].default
+"""Default padded-token budget on a CPU (``kbatch bench engine``'s, measured on 2 cores): the
+batch policy's own default, 2048."""
 
 CUDA_MAX_BATCH_TOKENS = 16_384
 """Default padded-token budget on CUDA (the engine's warm-up lowers it if it does not fit)."""
 
 
-class BackfillSettings(ModelSettings):
-    """Everything ``kbatch backfill`` can be told."""
+class BackfillSettings(  # fields in --help: the last base's first, the class's own last
+    RunSettings,
+    BatchPolicyConfig,
+    SinkSettings,
+    PollSettings,
+    KafkaClientSettings,
+    ModelSettings,
+    SettingsBase,
+):
+    """Everything ``kbatch backfill`` can be told.
 
-    model_config = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
+    Groups (each defined once, see :mod:`consumer.config`): the model, the Kafka client, one
+    fetch, the sink, the batch policy and the run settings; the fields below are backfill's
+    own. Defaults that differ from serve's: :attr:`default_overrides`, and the token budget
+    (:meth:`batch_policy`).
+    """
+
+    model_config = COMMAND_CONFIG
+    default_overrides: ClassVar[Mapping[str, Any]] = {
+        "max_wait_ms": 0.0,  # the backlog is full: never wait
+        "adaptive_wait": False,
+        "poll_timeout_ms": 200,
+    }
 
     # ---- what to read and where to write -------------------------------------------------
-    bootstrap: str = Field(
-        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
-    )
     source_topic: str = Field(min_length=1, description="Topic whose history is scored.")
     output_topic: str = Field(min_length=1, description="Topic the scored records go to.")
-    dlq_topic: str | None = Field(
-        None,
-        description="Dead-letter topic for records without usable text; "
-        "default: <source-topic>.dlq.",
-    )
     range_from: str = Field(
         "earliest", description="Start: earliest | ISO-8601 time | P:OFFSET,… (inclusive)."
     )
@@ -67,49 +78,8 @@ class BackfillSettings(ModelSettings):
         description="Encoding of the values when --text-field is given; auto: the "
         'content-type header, else JSON when the value starts with {, [ or ", else msgpack.',
     )
-    group_id: str | None = Field(
-        None,
-        description="Consumer group the job commits under (resume = same group); default: "
-        "derived from the topics, the range, the text field, the model and the task.",
-    )
 
-    max_length: int | None = Field(
-        None, ge=2, description="Token cap; default: the model's maximum."
-    )
-    truncate: bool = Field(
-        True, description="Cut texts longer than the model's maximum (else: error reply)."
-    )
-    max_text_bytes: int = Field(
-        512 * 1024,
-        ge=1,
-        le=16 * 1024 * 1024,
-        description="Longer texts (UTF-8 bytes) are dead-lettered, as the contract's limit.",
-    )
-
-    # ---- batching (see consumer.batching.config) -------------------------------------------
-    max_batch_size: int = Field(64, ge=1, le=4096, description="Most records in one batch.")
-    max_batch_tokens: int | None = Field(
-        None,
-        ge=1,
-        description=f"Token budget of one batch (padded_len × size); default: "
-        f"{CPU_MAX_BATCH_TOKENS} on CPU, {CUDA_MAX_BATCH_TOKENS} on CUDA.",
-    )
-    max_wait_ms: float = Field(
-        0.0, ge=0, le=60_000, description="Bucket wait; 0: the backlog is full, never wait."
-    )
-    bucket_edges: list[int] | None = Field(
-        None, description="Token-length bucket upper edges, e.g. 16,32,64; default: built in."
-    )
-    preferred_batch_sizes: list[int] | None = Field(
-        None, description="Sizes a deadline flush rounds down to."
-    )
-    batch_timeout_s: float = Field(
-        60.0, gt=0, description="A batch running longer is logged as wedged."
-    )
-
-    # ---- reading, delivery, shutdown -------------------------------------------------------
-    poll_max_records: int = Field(500, ge=1, description="max_records of one fetch.")
-    poll_timeout_ms: int = Field(200, ge=0, description="Longest wait of one fetch.")
+    # ---- reading and delivery --------------------------------------------------------------
     max_in_flight_records: int = Field(
         4096,
         ge=1,
@@ -124,13 +94,6 @@ class BackfillSettings(ModelSettings):
         "other (measured with 16 KiB producer batches: 1500 at once cost 4.5 s of CPU, 16 at "
         "once 0.36 s).",
     )
-    commit_interval_ms: int = Field(
-        1_000, ge=10, description="How often finished offsets are committed."
-    )
-    send_timeout_ms: int = Field(30_000, ge=100, description="Deadline of one send attempt.")
-    drain_timeout_s: float = Field(
-        30.0, gt=0, description="SIGTERM/SIGINT: time to finish what is in flight and commit."
-    )
 
     # ---- operations ----------------------------------------------------------------------
     progress: bool | None = Field(
@@ -138,7 +101,6 @@ class BackfillSettings(ModelSettings):
         description="Show the progress bar; default: when stderr is a terminal "
         "(otherwise a log line every 10 s).",
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("range_from")
     @classmethod
@@ -160,9 +122,7 @@ class BackfillSettings(ModelSettings):
         return value
 
     @model_validator(mode="after")
-    def _feasible(self) -> BackfillSettings:
-        if self.bucket_edges is not None and self.bucket_edges != sorted(set(self.bucket_edges)):
-            raise ValueError(f"bucket_edges={self.bucket_edges} must be strictly increasing")
+    def _check_topics(self) -> BackfillSettings:
         if self.source_topic == self.output_topic:
             raise ValueError(
                 f"output_topic={self.output_topic!r} is the source topic: the job would "
@@ -210,13 +170,9 @@ class BackfillSettings(ModelSettings):
         return f"kbatch-backfill.{self.source_topic}.{self.output_topic}.{digest}"
 
     def batch_policy(self, *, cuda: bool) -> BatchPolicyConfig:
-        """The engine's batch-formation settings (``cuda`` picks the default token budget)."""
-        default_budget = CUDA_MAX_BATCH_TOKENS if cuda else CPU_MAX_BATCH_TOKENS
-        return BatchPolicyConfig(
-            max_batch_size=self.max_batch_size,
-            max_batch_tokens=self.max_batch_tokens or default_budget,
-            max_wait_ms=self.max_wait_ms,
-            bucket_edges=tuple(self.bucket_edges or DEFAULT_BUCKET_EDGES),
-            preferred_batch_sizes=tuple(self.preferred_batch_sizes or ()),
-            adaptive_wait=False,
-        )
+        """The engine's batch-formation settings; on CUDA (``cuda``) the token budget is
+        :data:`CUDA_MAX_BATCH_TOKENS` unless ``max_batch_tokens`` was given."""
+        policy = project(BatchPolicyConfig, self)
+        if cuda and "max_batch_tokens" not in self.model_fields_set:
+            return policy.model_copy(update={"max_batch_tokens": CUDA_MAX_BATCH_TOKENS})
+        return policy

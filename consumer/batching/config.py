@@ -42,8 +42,9 @@ class BatchPolicyConfig(BaseModel):
         default=2048,
         ge=1,
         le=1 << 22,
-        description="Padded tokens per batch (padded_len × n), at most. Must hold one item "
-        "of the model's maximum length (checked by the batcher).",
+        description="Padded tokens per batch (padded_len × n), at most (CPU: 2048; GPU: "
+        "~16384; backfill: 16384 on CUDA unless given). Must hold one item of the model's "
+        "maximum length (checked by the batcher).",
     )
     max_wait_ms: float = Field(
         default=10.0,
@@ -83,7 +84,7 @@ class BatchPolicyConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> Self:
+    def _check_batch_policy(self) -> Self:
         edges = self.bucket_edges
         if any(e < 1 for e in edges) or any(b <= a for a, b in itertools.pairwise(edges)):
             raise ValueError(f"bucket_edges must be positive and strictly increasing: {edges}")

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import BaseModel, SecretStr
+from pydantic import SecretStr
+
+from consumer.config import SettingsBase
 
 
 class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
@@ -48,8 +50,8 @@ def _click_type(annotation: Any) -> Any:
     origin = typing.get_origin(ann)
     if origin is typing.Literal:
         return click.Choice([str(a) for a in typing.get_args(ann)])
-    if origin is list:
-        (item,) = typing.get_args(ann)
+    if origin is list or origin is tuple:
+        item = typing.get_args(ann)[0]
         return CommaList(item)
     return {
         int: click.INT,
@@ -59,17 +61,25 @@ def _click_type(annotation: Any) -> Any:
     }.get(ann, click.STRING)
 
 
+def _shown(default: Any) -> str:
+    if default is None or default == ():
+        return ""
+    if isinstance(default, tuple | list):
+        default = ",".join(map(str, default))
+    return f" [default: {default}]"
+
+
 def settings_options(
-    model: type[BaseModel], exclude: frozenset[str] = frozenset()
+    model: type[SettingsBase], exclude: frozenset[str] = frozenset()
 ) -> list[click.Option]:
-    """One click option per model field (``exclude`` names are skipped)."""
+    """One click option per model field (``exclude`` names are skipped); the help shows the
+    command's default (:meth:`consumer.config.SettingsBase.default_of`)."""
     options: list[click.Option] = []
     for name, field in model.model_fields.items():
         if name in exclude:
             continue
         flag = "--" + name.replace("_", "-")
-        default = field.default
-        shown = "" if default is None else f" [default: {default}]"
+        shown = _shown(model.default_of(name))
         help_text = (field.description or "") + shown + f" (env KBATCH_{name.upper()})"
         if _unwrap_optional(field.annotation) is bool:
             options.append(

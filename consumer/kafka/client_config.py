@@ -1,4 +1,5 @@
-"""aiokafka keyword arguments from kbatch settings: security passes through unchanged."""
+"""aiokafka keyword arguments from :class:`consumer.kafka.config.KafkaClientSettings`:
+security passes through unchanged."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from typing import Any
 
 from aiokafka.helpers import create_ssl_context
 
-from consumer.config import KafkaSecurity
+from consumer.kafka.config import KafkaClientSettings
 
 
-def security_kwargs(settings: KafkaSecurity) -> dict[str, Any]:
+def security_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
     """``security_protocol``, SASL and TLS settings as aiokafka client kwargs."""
     kwargs: dict[str, Any] = {"security_protocol": settings.security_protocol}
     if settings.sasl_mechanism is not None:
@@ -25,3 +26,8 @@ def security_kwargs(settings: KafkaSecurity) -> dict[str, Any]:
             keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         )
     return kwargs
+
+
+def client_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
+    """``bootstrap_servers`` and :func:`security_kwargs`: what every aiokafka client takes."""
+    return {"bootstrap_servers": settings.bootstrap, **security_kwargs(settings)}

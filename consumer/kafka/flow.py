@@ -20,37 +20,47 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from consumer.kafka.offsets import TopicPartition
 
 
-@dataclass(frozen=True)
-class FlowConfig:
-    """Buffer limits (high watermarks). Counts are records and tokens (incl. special tokens).
+class FlowConfig(BaseModel):
+    """The flow limits (high watermarks): records and tokens (special tokens included) buffered
+    per partition and in total. ``kbatch serve`` exposes every field as a flag.
+
+    Takes its fields by keyword or in declaration order (``FlowConfig(10, 100, 25, 250)``).
 
     Raises:
-        ValueError: a limit is below 1, or ``resume_fraction`` is outside ``[0, 1)``.
+        pydantic.ValidationError (a ``ValueError``): a limit is below 1, or
+            ``resume_fraction`` is outside ``[0, 1)``.
     """
 
-    max_partition_records: int = 2_000
-    max_partition_tokens: int = 200_000
-    max_total_records: int = 10_000
-    max_total_tokens: int = 1_000_000
-    resume_fraction: float = 0.5
-    """Low watermark / high watermark; 0 resumes only when the buffer is empty."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        for name in (
-            "max_partition_records",
-            "max_partition_tokens",
-            "max_total_records",
-            "max_total_tokens",
-        ):
-            value = getattr(self, name)
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 0.0 <= self.resume_fraction < 1.0:
-            raise ValueError(f"resume_fraction must be in [0, 1), got {self.resume_fraction}")
+    max_partition_records: int = Field(
+        2_000, ge=1, description="Pause a partition at or above this many buffered records."
+    )
+    max_partition_tokens: int = Field(
+        200_000, ge=1, description="Pause a partition at or above this many buffered tokens."
+    )
+    max_total_records: int = Field(
+        10_000, ge=1, description="Pause every partition at or above this many in total."
+    )
+    max_total_tokens: int = Field(
+        1_000_000, ge=1, description="Pause every partition at or above this many tokens in total."
+    )
+    resume_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="Resume below this share of a limit (0: only when the buffer is empty).",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(**dict(zip(FlowConfig.model_fields, args, strict=False)), **kwargs)
 
 
 @dataclass(frozen=True)

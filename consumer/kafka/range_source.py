@@ -50,8 +50,8 @@ from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from consumer.config import KafkaSecurity
-from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.records import InRecord
 
 __all__ = [
@@ -247,8 +247,7 @@ class RangeSource:
     covers every partition of :attr:`plan`; :meth:`commit` progress as records finish.
 
     Args:
-        bootstrap: Kafka bootstrap servers.
-        security: TLS/SASL settings, passed to aiokafka unchanged.
+        client: the brokers and their TLS/SASL settings, passed to aiokafka unchanged.
         topic: the source topic.
         group_id: the consumer group the job commits under (it never joins it: partitions
             are assigned manually, so two jobs with one group would overwrite each other's
@@ -259,25 +258,22 @@ class RangeSource:
     def __init__(
         self,
         *,
-        bootstrap: str,
-        security: KafkaSecurity,
+        client: KafkaClientSettings,
         topic: str,
         group_id: str,
         max_partition_fetch_bytes: int = 1 << 20,
     ) -> None:
         self.topic = topic
         self.group_id = group_id
-        self._bootstrap = bootstrap
-        self._security = security
+        self._client = client
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
             group_id=group_id,
             client_id="kbatch-backfill",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_partition_fetch_bytes=max_partition_fetch_bytes,
-            **security_kwargs(security),
+            **client_kwargs(client),
         )
         self._plan: dict[int, PartitionRange] = {}
         self._active: set[int] = set()
@@ -407,9 +403,8 @@ class RangeSource:
     async def _partitions(self) -> list[int]:
         # A short-lived client: the consumer's cluster view only covers topics it already uses.
         client = AIOKafkaClient(
-            bootstrap_servers=self._bootstrap,
+            **client_kwargs(self._client),
             client_id="kbatch-backfill-metadata",
-            **security_kwargs(self._security),
         )
         try:
             await client.bootstrap()

@@ -23,9 +23,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
-from consumer.config import ServeSettings
 from consumer.kafka.admin import KafkaUnavailableError
-from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.partitioner import partition_by_key
 from schemas.records import OutRecord
 
@@ -57,16 +57,24 @@ class _Waiting:
 
 
 class KafkaSink:
-    """Sends :class:`schemas.records.OutRecord` values; ``topic=None`` means the reply topic."""
+    """Sends :class:`schemas.records.OutRecord` values; ``topic=None`` means ``default_topic``
+    (serve: the reply topic; backfill: the output topic).
 
-    def __init__(self, settings: ServeSettings) -> None:
-        self._default_topic = settings.reply_topic
+    Args:
+        client: the brokers and security.
+        settings: the delivery deadline.
+        default_topic: where a record without a topic goes.
+    """
+
+    def __init__(
+        self, client: KafkaClientSettings, settings: SinkSettings, *, default_topic: str
+    ) -> None:
+        self._default_topic = default_topic
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
         self._handed_over: set[asyncio.Future[None]] = set()  # acks that _send_into owns
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap,
             client_id="kbatch-sink",
             acks="all",
             enable_idempotence=True,
@@ -76,7 +84,7 @@ class KafkaSink:
             max_batch_size=256 * 1024,
             partitioner=partition_by_key,  # aiokafka's rule, without its pure-Python cost
             request_timeout_ms=settings.send_timeout_ms,
-            **security_kwargs(settings),
+            **client_kwargs(client),
         )
 
     async def start(self) -> None:

@@ -15,9 +15,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from consumer.config import ServeSettings
 from consumer.kafka.admin import KafkaUnavailableError
-from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.records import InRecord, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -50,50 +50,56 @@ class KafkaSource:
     """The consumer side of ``kbatch serve``.
 
     Args:
-        settings: topology, group and timeouts.
+        client: the brokers and security.
+        group: the group member's settings and timeouts.
         handler: called on revoke/assign (see :class:`RebalanceHandler`).
-        topics: topics to subscribe to (default: ``settings.request_topic``).
+        group_id: the consumer group.
+        topics: topics to subscribe to.
+        max_poll_records: most records one fetch returns.
     """
 
     def __init__(
         self,
-        settings: ServeSettings,
+        client: KafkaClientSettings,
+        group: ConsumerGroupSettings,
         handler: RebalanceHandler,
-        topics: Iterable[str] | None = None,
+        *,
+        group_id: str,
+        topics: Iterable[str],
+        max_poll_records: int,
     ) -> None:
-        self._settings = settings
+        self._bootstrap = client.bootstrap
         self._handler = handler
-        self._topics = tuple(topics or (settings.request_topic,))
+        self._topics = tuple(topics)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap,
-            group_id=settings.group_id,
-            group_instance_id=settings.group_instance_id,
-            client_id=f"kbatch-{settings.group_instance_id or 'consumer'}",
+            group_id=group_id,
+            group_instance_id=group.group_instance_id,
+            client_id=f"kbatch-{group.group_instance_id or 'consumer'}",
             enable_auto_commit=False,
-            auto_offset_reset=settings.auto_offset_reset,
+            auto_offset_reset=group.auto_offset_reset,
             isolation_level="read_committed",
-            max_poll_records=settings.poll_max_records,
-            session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=settings.heartbeat_interval_ms,
-            max_poll_interval_ms=settings.max_poll_interval_ms,
-            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            max_poll_records=max_poll_records,
+            session_timeout_ms=group.session_timeout_ms,
+            heartbeat_interval_ms=group.heartbeat_interval_ms,
+            max_poll_interval_ms=group.max_poll_interval_ms,
+            rebalance_timeout_ms=group.rebalance_timeout_ms,
             # A topic created after start is seen within 30 s (aiokafka's default: 5 min).
             metadata_max_age_ms=30_000,
-            **security_kwargs(settings),
+            **client_kwargs(client),
         )
 
     async def start(self) -> None:
         """Connect and subscribe; partitions arrive through the rebalance handler.
 
         Raises:
-            KafkaUnavailableError: no broker answered at ``settings.bootstrap``.
+            KafkaUnavailableError: no broker answered at ``client.bootstrap``.
         """
         try:
             await self._consumer.start()
         except KafkaError as err:
             await self._consumer.stop()
             raise KafkaUnavailableError(
-                f"no Kafka broker answered at {self._settings.bootstrap}: {err}"
+                f"no Kafka broker answered at {self._bootstrap}: {err}"
             ) from err
         self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler))
 

@@ -13,7 +13,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.config import ServeSettings
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.partitioner import murmur2, partition_by_key
 from consumer.kafka.sink import DeliveryError, KafkaSink, SinkClosedError
 from schemas.records import OutRecord
@@ -42,7 +42,9 @@ def record(key: bytes, topic: str | None = None) -> OutRecord:
 
 @pytest.fixture
 async def sink() -> tuple[KafkaSink, FakeProducer]:
-    s = KafkaSink(ServeSettings(send_timeout_ms=200))
+    s = KafkaSink(
+        KafkaClientSettings(), SinkSettings(send_timeout_ms=200), default_topic="kbatch.replies"
+    )
     producer = FakeProducer()
     s._producer = producer  # type: ignore[assignment]
     return s, producer

@@ -1,0 +1,117 @@
+"""The Kafka layer's settings groups, each defined once: the adapters take these, never a
+command's whole settings.
+
+==========================  ====================================  =================================
+group                       fields                                taken by
+==========================  ====================================  =================================
+:class:`KafkaClientSettings`  bootstrap, security (SASL, TLS)     every client: source, sink,
+                                                                  range source, admin calls
+:class:`ConsumerGroupSettings`  static membership, offset reset,  :class:`~consumer.kafka.source.
+                              the group protocol's timeouts       KafkaSource` (``kbatch serve``)
+:class:`PollSettings`       records and wait of one fetch          the pipeline, backfill's job
+:class:`SinkSettings`       deadline of one send attempt          :class:`~consumer.kafka.sink.
+                                                                  KafkaSink`
+==========================  ====================================  =================================
+
+The commands' settings (``consumer.config.ServeSettings``, ``consumer.backfill.config.
+BackfillSettings``) inherit the groups they expose, so every field is a flag
+(``--session-timeout-ms``), a ``KBATCH_*`` variable and a YAML key under the same name; the
+wiring hands each adapter its group (``consumer.config.project``). Pure pydantic: no aiokafka
+here (:mod:`consumer.kafka.client_config` turns a group into aiokafka keyword arguments).
+
+Errors raised: :class:`pydantic.ValidationError` for a value out of bounds or a combination
+that cannot work (the message names both values).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+__all__ = ["ConsumerGroupSettings", "KafkaClientSettings", "PollSettings", "SinkSettings"]
+
+_GROUP = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaClientSettings(BaseModel):
+    """Where the brokers are and how to reach them; security passes to aiokafka unchanged."""
+
+    model_config = _GROUP
+
+    bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security.protocol."
+    )
+    sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | None
+    ) = Field(None, description="Kafka sasl.mechanism (SASL_* protocols).")
+    sasl_plain_username: str | None = Field(None, description="SASL user (PLAIN, SCRAM).")
+    sasl_plain_password: SecretStr | None = Field(
+        None, description="SASL password (PLAIN, SCRAM); never logged."
+    )
+    ssl_cafile: Path | None = Field(default=None, description="CA bundle for TLS (PEM).")
+    ssl_certfile: Path | None = Field(default=None, description="Client certificate (PEM).")
+    ssl_keyfile: Path | None = Field(default=None, description="Client private key (PEM).")
+
+
+class ConsumerGroupSettings(BaseModel):
+    """How a consumer-group member behaves (KIP-62 heartbeats, KIP-345 static membership)."""
+
+    model_config = _GROUP
+
+    group_instance_id: str | None = Field(
+        None,
+        description="Static membership id (KIP-345): a restart within the session timeout "
+        "keeps the assignment.",
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a group without a commit starts: every request is answered."
+    )
+    session_timeout_ms: int = Field(
+        30_000,
+        ge=6_000,
+        le=300_000,
+        description="A member silent this long leaves the group (the broker's "
+        "group.min/max.session.timeout.ms bound it: 6 s to 5 min by default).",
+    )
+    heartbeat_interval_ms: int = Field(
+        3_000, ge=100, description="Heartbeat period; at most a third of the session timeout."
+    )
+    max_poll_interval_ms: int = Field(
+        300_000, ge=10_000, description="Longest gap between polls before the member is dropped."
+    )
+    rebalance_timeout_ms: int = Field(
+        60_000, ge=1_000, description="Time a revoked partition's running batches get to finish."
+    )
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> Self:
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms={self.heartbeat_interval_ms} must be at most a third of "
+                f"session_timeout_ms={self.session_timeout_ms}"
+            )
+        return self
+
+
+class PollSettings(BaseModel):
+    """One fetch: how many records and how long to wait for them."""
+
+    model_config = _GROUP
+
+    poll_max_records: int = Field(
+        500, ge=1, description="max_records of one fetch (one getmany() chunk)."
+    )
+    poll_timeout_ms: int = Field(50, ge=0, description="Longest wait of one fetch.")
+
+
+class SinkSettings(BaseModel):
+    """The reply producer's delivery deadline (retries follow until the sink closes)."""
+
+    model_config = _GROUP
+
+    send_timeout_ms: int = Field(30_000, ge=100, description="Deadline of one send attempt.")
