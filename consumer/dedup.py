@@ -29,10 +29,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from consumer.kafka.records import TopicPartition
+
 W = TypeVar("W")
 R = TypeVar("R")
-
-TopicPartition = tuple[str, int]
 
 
 class DedupKind(enum.Enum):

@@ -42,6 +42,7 @@ from consumer.kafka.source import CommitError
 from consumer.metrics import Metrics
 from consumer.replies import ReplyBuilder
 from schemas.errors import ErrorCode, RecordDecodeError
+from schemas.headers import STATUS, last_value
 from schemas.records import OutRecord, ParsedRequest, cut_dead_letter, parse_request_record
 
 log = logging.getLogger(__name__)
@@ -514,8 +515,5 @@ class Pipeline:
 
 
 def _status_of(record: OutRecord) -> str:
-    """The ``kbatch-status`` header of a reply record (the last one)."""
-    for name, value in reversed(record.headers):
-        if name == "kbatch-status":
-            return (value or b"").decode()
-    return ""
+    """The ``kbatch-status`` header of a reply record; "" when it has none."""
+    return (last_value(record.headers, STATUS) or b"").decode()

@@ -465,12 +465,12 @@ class RequestReplyClient:
 
     def _dispatch(self, record: ConsumerRecord[bytes, bytes], received_s: float) -> None:
         headers = tuple((k, v) for k, v in record.headers)
-        correlation_id = _last_header(headers, H.CORRELATION_ID)
+        correlation_id = H.last_value(headers, H.CORRELATION_ID)
         call = self._calls.get(correlation_id) if correlation_id is not None else None
         if call is None or correlation_id is None or call.future.done():
             self.stray_replies += 1
             return
-        status = _last_header(headers, H.STATUS)
+        status = H.last_value(headers, H.STATUS)
         meta = ReplyRecordMeta(
             topic=record.topic,
             partition=record.partition,
@@ -482,7 +482,7 @@ class RequestReplyClient:
             status=status.decode("ascii", errors="replace") if status is not None else None,
         )
         try:
-            enc = Encoding.from_content_type(_last_header(headers, H.CONTENT_TYPE))
+            enc = Encoding.from_content_type(H.last_value(headers, H.CONTENT_TYPE))
             reply = decode_reply(record.value or b"", enc)
         except DecodeError as exc:
             call.future.set_exception(
@@ -507,14 +507,6 @@ def _key_bytes(key: str | bytes | None) -> bytes:
     if not raw or len(raw) > 256:
         raise ValueError(f"a key must be 1 to 256 bytes (CONTRACT.md), got {len(raw)}")
     return raw
-
-
-def _last_header(headers: tuple[tuple[str, bytes | None], ...], name: str) -> bytes | None:
-    """The last value of header ``name`` (Java's ``lastHeader``), None when absent."""
-    for k, v in reversed(headers):
-        if k == name:
-            return v
-    return None
 
 
 # ---- sync wrapper for scripts ----------------------------------------------------------------

@@ -98,17 +98,6 @@ class ParsedRequest:
     encoding: Encoding
 
 
-def _last_values(headers: Headers) -> dict[str, bytes]:
-    """The last value of each header name; a null value counts as no header."""
-    found: dict[str, bytes] = {}
-    for name, value in headers:
-        if value is None:
-            found.pop(name, None)
-        else:
-            found[name] = bytes(value)
-    return found
-
-
 _KNOWN_TOPICS: dict[bytes, str] = {}
 """``kafka_replyTopic`` values already checked (most clients use a handful of reply topics)."""
 
@@ -178,7 +167,7 @@ def parse_request_record(
             address, the encoding, and ``meta`` when the value decoded that far — so an
             ``addressable`` record gets an error reply (CONTRACT.md §Dead letters).
     """
-    found = _last_values(headers)
+    found = h.last_values(headers)
     problems: list[DecodeError] = []
 
     encoding: Encoding | None = None

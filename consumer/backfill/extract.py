@@ -187,10 +187,7 @@ def _encoding(
         return Encoding.JSON
     if value_format == "msgpack":
         return Encoding.MSGPACK
-    content_type: bytes | None = None
-    for name, raw in headers:
-        if name == h.CONTENT_TYPE:
-            content_type = raw  # the last one counts; a null value counts as absent
+    content_type = h.last_value(headers, h.CONTENT_TYPE)
     if content_type is not None:
         try:
             return Encoding.from_content_type(content_type)

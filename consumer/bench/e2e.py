@@ -71,6 +71,7 @@ from consumer.bench.e2e_report import (
     seq_per_s,
 )
 from consumer.kafka.admin import create_topics, delete_topics
+from schemas.headers import STATUS, last_value
 
 __all__ = ["E2EBenchOptions", "E2EError", "run_e2e_bench"]
 
@@ -297,7 +298,7 @@ class _ReplyCounter:
                 for r in records:
                     if r.key in self._expected and r.key not in self._seen:
                         self._seen.add(r.key)
-                        status = dict(r.headers).get("kbatch-status", b"?") or b"?"
+                        status = last_value(r.headers, STATUS) or b"?"
                         self.statuses[status.decode(errors="replace")] += 1
             if self._seen and self.first_s is None:
                 self.first_s = now

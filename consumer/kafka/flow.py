@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumer.kafka.offsets import TopicPartition
+from consumer.kafka.records import TopicPartition
 
 
 class FlowConfig(BaseModel):

@@ -28,8 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-TopicPartition = tuple[str, int]
-"""A partition as ``(topic, partition)``; aiokafka's ``TopicPartition`` is a compatible tuple."""
+from consumer.kafka.records import TopicPartition
 
 
 class _Partition:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TopicPartition = tuple[str, int]
-"""A partition as ``(topic, partition)``: hashable, printable, free of aiokafka."""
+"""A partition as ``(topic, partition)``: hashable, printable, free of aiokafka (whose
+``TopicPartition`` is a compatible named tuple). The one definition; every layer imports it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,7 @@ def test_a_group_rule_is_checked_by_every_command(cls: type[SettingsBase]) -> No
 
 def test_cross_field_errors_print_both_values() -> None:
     with pytest.raises(
-        ValidationError, match="heartbeat_interval_ms=20000 .* session_timeout_ms=30000"
+        ValidationError, match=r"heartbeat_interval_ms=20000 .* session_timeout_ms=30000"
     ):
         ServeSettings(heartbeat_interval_ms=20_000)
 
