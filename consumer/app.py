@@ -17,9 +17,10 @@ import signal
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.config import ServeSettings, project
-from consumer.kafka.admin import KafkaUnavailableError, ensure_topics
+from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats

@@ -34,16 +34,21 @@ from typing import Any, Protocol
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.dedup import DedupCache, DedupKind
+from consumer.kafka.errors import CommitError, DeliveryError, SinkClosedError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.kafka.sink import DeliveryError, SinkClosedError
-from consumer.kafka.source import CommitError
 from consumer.metrics import Metrics
 from consumer.replies import ReplyBuilder
-from schemas.errors import ErrorCode, RecordDecodeError
+from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
-from schemas.records import OutRecord, ParsedRequest, cut_dead_letter, parse_request_record
+from schemas.records import (
+    OutRecord,
+    ParsedRequest,
+    RecordDecodeError,
+    cut_dead_letter,
+    parse_request_record,
+)
 
 log = logging.getLogger(__name__)
 

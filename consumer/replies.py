@@ -17,7 +17,7 @@ from typing import Any
 
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.records import InRecord
-from schemas.errors import ErrorCode, RecordDecodeError
+from schemas.errors import ErrorCode
 from schemas.models import (
     ErrorInfo,
     ModelInfo,
@@ -30,6 +30,7 @@ from schemas.models import (
 from schemas.records import (
     OutRecord,
     ParsedRequest,
+    RecordDecodeError,
     build_dead_letter,
     build_error_reply,
     reply_record,

@@ -7,12 +7,16 @@
      │    │                       .code: ErrorCode, .message: str, .meta: recovered request meta
      │    └── RecordDecodeError   a request record that cannot be served (parse_request_record);
      │                            adds what could be recovered to answer it: .key, .address,
-     │                            .encoding, and .addressable / .reply_encoding
+     │                            .encoding, and .addressable / .reply_encoding. Defined in
+     │                            schemas.records, next to the ReplyAddress it carries
      └── EncodeError              a value the chosen encoding cannot carry (bytes in JSON, NaN)
 
 Third-party errors (msgpack's ``ExtraData``/``StackError``/``ValueError``, ``json``'s
 ``JSONDecodeError``/``RecursionError``, pydantic's ``ValidationError``) are translated into these
 at the codec boundary; nothing else escapes a decode function.
+
+This module imports nothing of ``schemas/``: the codec, the models and the records import it
+(no import circle; ``tests/unit/test_import_cycles.py``).
 
 Messages are written for a person reading a reply or a dead letter: they name the field and the
 rule and never echo the input itself (it may be large or hostile).
@@ -21,11 +25,7 @@ rule and never echo the input itself (it may be large or hostile).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Final
-
-if TYPE_CHECKING:
-    from schemas.codec import Encoding
-    from schemas.records import ReplyAddress
+from typing import Any, ClassVar, Final
 
 __all__ = [
     "DEAD_LETTER_CODES",
@@ -33,7 +33,6 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "ErrorCode",
-    "RecordDecodeError",
 ]
 
 MAX_MESSAGE_CHARS: Final = 1000
@@ -102,67 +101,6 @@ def _rebuild_decode_error(
     cls: type[DecodeError], code: ErrorCode, message: str, meta: dict[str, Any] | None
 ) -> DecodeError:
     return cls(code, message, meta=meta)
-
-
-class RecordDecodeError(DecodeError):
-    """A request record that cannot be served, with what was recovered to answer it anyway.
-
-    Raised by ``schemas.records.parse_request_record``. The caller writes a dead letter
-    (``build_dead_letter``) and, when ``addressable``, an error reply (``build_error_reply``).
-
-    Attributes:
-        key: the record key when non-empty, else None (an empty key counts as no key).
-        address: the reply address as far as the headers could be read; a malformed header
-            leaves its part None (configured reply topic / partition by key).
-        encoding: the request's encoding, or None when ``content-type`` was unknown.
-    """
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        message: str,
-        *,
-        key: bytes | None,
-        address: ReplyAddress,
-        encoding: Encoding | None,
-        meta: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(code, message, meta=meta)
-        self.key: bytes | None = key or None
-        self.address: ReplyAddress = address
-        self.encoding: Encoding | None = encoding
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_record_error,
-            (self.code, self.message, self.key, self.address, self.encoding, self.meta),
-        )
-
-    @property
-    def addressable(self) -> bool:
-        """Whether the client can be answered: a non-empty key or a ``kafka_correlationId``.
-
-        CONTRACT.md §Dead letters.
-        """
-        return self.key is not None or self.address.correlation_id is not None
-
-    @property
-    def reply_encoding(self) -> Encoding:
-        """The encoding of the error reply: the request's, msgpack when it was unknown."""
-        from schemas.codec import Encoding
-
-        return self.encoding if self.encoding is not None else Encoding.MSGPACK
-
-
-def _rebuild_record_error(
-    code: ErrorCode,
-    message: str,
-    key: bytes | None,
-    address: ReplyAddress,
-    encoding: Encoding | None,
-    meta: dict[str, Any] | None,
-) -> RecordDecodeError:
-    return RecordDecodeError(code, message, key=key, address=address, encoding=encoding, meta=meta)
 
 
 class EncodeError(ContractError):

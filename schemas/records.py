@@ -35,13 +35,14 @@ from schemas.codec import (
     decode_request,
     encode_reply_wire,
 )
-from schemas.errors import DecodeError, EncodeError, ErrorCode, RecordDecodeError
+from schemas.errors import DecodeError, EncodeError, ErrorCode
 from schemas.models import ErrorInfo, ModelInfo, Reply, Request
 
 __all__ = [
     "MAX_KEY_BYTES",
     "OutRecord",
     "ParsedRequest",
+    "RecordDecodeError",
     "ReplyAddress",
     "build_dead_letter",
     "build_error_reply",
@@ -85,6 +86,65 @@ class ReplyAddress:
     topic: str | None = None
     partition: int | None = None
     correlation_id: bytes | None = None
+
+
+class RecordDecodeError(DecodeError):
+    """A request record that cannot be served, with what was recovered to answer it anyway.
+
+    Raised by ``schemas.records.parse_request_record``. The caller writes a dead letter
+    (``build_dead_letter``) and, when ``addressable``, an error reply (``build_error_reply``).
+
+    Attributes:
+        key: the record key when non-empty, else None (an empty key counts as no key).
+        address: the reply address as far as the headers could be read; a malformed header
+            leaves its part None (configured reply topic / partition by key).
+        encoding: the request's encoding, or None when ``content-type`` was unknown.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        key: bytes | None,
+        address: ReplyAddress,
+        encoding: Encoding | None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(code, message, meta=meta)
+        self.key: bytes | None = key or None
+        self.address: ReplyAddress = address
+        self.encoding: Encoding | None = encoding
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_record_error,
+            (self.code, self.message, self.key, self.address, self.encoding, self.meta),
+        )
+
+    @property
+    def addressable(self) -> bool:
+        """Whether the client can be answered: a non-empty key or a ``kafka_correlationId``.
+
+        CONTRACT.md §Dead letters.
+        """
+        return self.key is not None or self.address.correlation_id is not None
+
+    @property
+    def reply_encoding(self) -> Encoding:
+        """The encoding of the error reply: the request's, msgpack when it was unknown."""
+        return self.encoding if self.encoding is not None else Encoding.MSGPACK
+
+
+def _rebuild_record_error(
+    code: ErrorCode,
+    message: str,
+    key: bytes | None,
+    address: ReplyAddress,
+    encoding: Encoding | None,
+    meta: dict[str, Any] | None,
+) -> RecordDecodeError:
+    return RecordDecodeError(code, message, key=key, address=address, encoding=encoding, meta=meta)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,15 @@ import signal
 import sys
 
 from consumer.backfill.config import BackfillSettings
-from consumer.backfill.job import BackfillJob, BackfillSummary
+from consumer.backfill.job import BackfillJob
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
+from consumer.backfill.summary import BackfillSummary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.range_source import RangeSource, RangeSourceError, RangeSpecError
+from consumer.kafka.errors import RangeSourceError, RangeSpecError
+from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
 from consumer.model.loader import load_model
 from consumer.replies import ReplyBuilder

@@ -33,18 +33,19 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.extract import ExtractError, extract_text, output_record, parse_text_path
 from consumer.backfill.progress import NullProgress, ProgressSink
+from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.kafka.errors import DeliveryError, RangeSourceError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
-from consumer.kafka.range_source import PartitionRange, RangeSourceError
+from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord
-from consumer.kafka.sink import DeliveryError, SinkClosedError
 from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
@@ -79,47 +80,6 @@ class EngineLike(Protocol):
     async def submit(self, items: Sequence[InferenceItem]) -> list[int]: ...
     async def flush(self) -> None: ...
     async def drain(self, timeout_s: float | None = None) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionSummary:
-    """One partition's part of the job (offsets half-open ``[range_start, end)``)."""
-
-    partition: int
-    range_start: int
-    start: int
-    end: int
-    resumed_from: int | None
-    records_read: int
-    reached_end: bool
-
-
-@dataclass(frozen=True, slots=True)
-class BackfillSummary:
-    """What a job did; ``complete`` is true only when every partition reached its end (its
-    end offset committed, nothing unfinished)."""
-
-    source_topic: str
-    output_topic: str
-    dlq_topic: str
-    group_id: str
-    complete: bool
-    stopped: bool
-    records_read: int
-    ok: int
-    error_replies: int
-    dead_lettered: int
-    undelivered: int
-    elapsed_s: float
-    records_per_s: float
-    batches: int
-    mean_batch_size: float
-    padding_efficiency: float
-    partitions: tuple[PartitionSummary, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (``--json``)."""
-        return asdict(self)
 
 
 @dataclass(slots=True, eq=False)

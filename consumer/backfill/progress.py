@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -28,8 +28,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from consumer.backfill.job import BackfillSummary
+from consumer.backfill.summary import BackfillSummary
 
 __all__ = ["LogProgress", "NullProgress", "ProgressSink", "RichProgress", "render_summary"]
 

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.errors import EngineClosedError
 from consumer.batching.policy import BucketBatcher
 from consumer.batching.protocols import BatchRunner, TokenizerLike
 from consumer.batching.stats import NullStats, StatsSink
@@ -53,10 +54,6 @@ log = logging.getLogger(__name__)
 
 WarmupMode = Literal["all", "largest", "none"]
 _T = TypeVar("_T")
-
-
-class EngineClosedError(RuntimeError):
-    """``submit`` on an engine that is not started, or is stopping."""
 
 
 class Engine:

@@ -86,8 +86,7 @@ def _naive_scorer(model_dir: Path, threads: int, dlq_topic: str) -> Scorer:
     from consumer.model.tokenize import HFTokenizer
     from consumer.model.torch_backend import configure_threads
     from consumer.replies import ReplyBuilder
-    from schemas.errors import RecordDecodeError
-    from schemas.records import parse_request_record
+    from schemas.records import RecordDecodeError, parse_request_record
 
     configure_threads(threads)
     runner = load_runner(model_dir)

@@ -27,7 +27,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
     except (ValidationError, FileNotFoundError) as err:
         raise click.UsageError(str(err)) from err
     from consumer.backfill.app import run_backfill
-    from consumer.kafka.range_source import RangeSourceError, RangeSpecError
+    from consumer.kafka.errors import RangeSourceError, RangeSpecError
 
     try:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))

@@ -16,9 +16,7 @@ from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-
-class KafkaUnavailableError(RuntimeError):
-    """No broker answered at start-up (wrong ``--bootstrap``, broker down, TLS/SASL mismatch)."""
+from consumer.kafka.client_config import start_client
 
 
 async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
@@ -83,11 +81,7 @@ async def ensure_topics(
         KafkaError: the broker refused (e.g. no permission to create topics).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    try:
-        await admin.start()
-    except KafkaError as err:
-        await admin.close()
-        raise KafkaUnavailableError(f"no Kafka broker answered at {bootstrap}: {err}") from err
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
     try:
         existing = set(await admin.list_topics())
         missing = [name for name in partitions_by_topic if name not in existing]

@@ -3,11 +3,13 @@ security passes through unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka.helpers import create_ssl_context
 
 from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.errors import KafkaUnavailableError, map_kafka_errors
 
 
 def security_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
@@ -31,3 +33,19 @@ def security_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
 def client_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
     """``bootstrap_servers`` and :func:`security_kwargs`: what every aiokafka client takes."""
     return {"bootstrap_servers": settings.bootstrap, **security_kwargs(settings)}
+
+
+async def start_client(
+    start: Callable[[], Awaitable[object]], close: Callable[[], Awaitable[object]], context: str
+) -> None:
+    """Start an aiokafka client (``start``); when no broker answers, ``close`` it and raise.
+
+    Raises:
+        KafkaUnavailableError: ``f"{context}: {aiokafka's error}"``.
+    """
+    try:
+        with map_kafka_errors(KafkaUnavailableError, context):
+            await start()
+    except KafkaUnavailableError:
+        await close()
+        raise

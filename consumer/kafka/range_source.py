@@ -48,10 +48,10 @@ from typing import Literal
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaError
 
 from consumer.kafka.client_config import client_kwargs
 from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.errors import RangeSourceError, RangeSpecError, map_kafka_errors
 from consumer.kafka.records import InRecord
 
 __all__ = [
@@ -71,14 +71,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Side = Literal["from", "to"]
-
-
-class RangeSpecError(ValueError):
-    """A ``--from``/``--to`` value that cannot be parsed or does not fit the topic."""
-
-
-class RangeSourceError(RuntimeError):
-    """The broker could not be asked (topic missing, broker down, offsets not available)."""
 
 
 # ---- pure: bounds ------------------------------------------------------------------------------
@@ -295,10 +287,8 @@ class RangeSource:
         Raises:
             RangeSourceError: the broker cannot be reached.
         """
-        try:
+        with map_kafka_errors(RangeSourceError, "cannot connect to Kafka"):
             await self._consumer.start()
-        except KafkaError as err:
-            raise RangeSourceError(f"cannot connect to Kafka: {err}") from err
         self._started = True
 
     async def stop(self) -> None:
@@ -316,7 +306,7 @@ class RangeSource:
             RangeSourceError: the topic does not exist, or the broker failed to answer.
             RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
         """
-        try:
+        with map_kafka_errors(RangeSourceError, f"resolving the range of {self.topic}"):
             partitions = await self._partitions()
             tps = [KafkaTP(self.topic, p) for p in partitions]
             log_start = await self._consumer.beginning_offsets(tps)
@@ -326,8 +316,6 @@ class RangeSource:
             committed = {
                 p: await self._consumer.committed(KafkaTP(self.topic, p)) for p in partitions
             }
-        except KafkaError as err:
-            raise RangeSourceError(f"resolving the range of {self.topic}: {err}") from err
         plan = {
             p: plan_partition(
                 p,
@@ -368,12 +356,10 @@ class RangeSource:
         if not self._active:
             return []
         tps = [KafkaTP(self.topic, p) for p in sorted(self._active)]
-        try:
+        with map_kafka_errors(RangeSourceError, f"fetching {self.topic}"):
             batches = await self._consumer.getmany(
                 *tps, timeout_ms=timeout_ms, max_records=max_records
             )
-        except KafkaError as err:
-            raise RangeSourceError(f"fetching {self.topic}: {err}") from err
         out: list[InRecord] = []
         for tp, records in batches.items():
             end = self._plan[tp.partition].end
@@ -393,10 +379,8 @@ class RangeSource:
         """
         if not offsets:
             return
-        try:
+        with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
             await self._consumer.commit({KafkaTP(self.topic, p): off for p, off in offsets.items()})
-        except KafkaError as err:
-            raise RangeSourceError(f"commit of {dict(offsets)} failed: {err}") from err
 
     # -- internals -------------------------------------------------------------------------------
 

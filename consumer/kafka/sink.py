@@ -23,21 +23,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
-from consumer.kafka.admin import KafkaUnavailableError
-from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import DeliveryError, SinkClosedError
 from consumer.kafka.partitioner import partition_by_key
 from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
-
-
-class DeliveryError(RuntimeError):
-    """A record cannot be delivered whatever the retries (not retriable)."""
-
-
-class SinkClosedError(RuntimeError):
-    """The sink was closed while a send was still being retried."""
 
 
 def _retriable(err: BaseException) -> bool:
@@ -93,11 +85,9 @@ class KafkaSink:
         Raises:
             KafkaUnavailableError: no broker answered.
         """
-        try:
-            await self._producer.start()
-        except KafkaError as err:
-            await self._producer.stop()
-            raise KafkaUnavailableError(f"the reply producer cannot connect: {err}") from err
+        await start_client(
+            self._producer.start, self._producer.stop, "the reply producer cannot connect"
+        )
 
     async def stop(self) -> None:
         """Flush what is buffered and close; sends still retrying give up (idempotent)."""

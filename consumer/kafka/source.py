@@ -13,18 +13,14 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 
-from consumer.kafka.admin import KafkaUnavailableError
-from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
+from consumer.kafka.errors import CommitError, map_kafka_errors
 from consumer.kafka.records import InRecord, TopicPartition
 
 log = logging.getLogger(__name__)
-
-
-class CommitError(RuntimeError):
-    """A commit was refused (typically a rebalance in progress); retriable at the next interval."""
 
 
 class RebalanceHandler(Protocol):
@@ -94,13 +90,11 @@ class KafkaSource:
         Raises:
             KafkaUnavailableError: no broker answered at ``client.bootstrap``.
         """
-        try:
-            await self._consumer.start()
-        except KafkaError as err:
-            await self._consumer.stop()
-            raise KafkaUnavailableError(
-                f"no Kafka broker answered at {self._bootstrap}: {err}"
-            ) from err
+        await start_client(
+            self._consumer.start,
+            self._consumer.stop,
+            f"no Kafka broker answered at {self._bootstrap}",
+        )
         self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler))
 
     async def stop(self) -> None:
@@ -142,10 +136,8 @@ class KafkaSource:
         """
         if not offsets:
             return
-        try:
+        with map_kafka_errors(CommitError, f"commit of {dict(offsets)} failed"):
             await self._consumer.commit({KafkaTP(*tp): off for tp, off in offsets.items()})
-        except (CommitFailedError, IllegalStateError, KafkaError) as err:
-            raise CommitError(f"commit of {dict(offsets)} failed: {err}") from err
 
     async def committed(self, tp: TopicPartition) -> int | None:
         """The group's committed offset of ``tp`` (None when it has none)."""

@@ -29,7 +29,7 @@ from schemas.codec import (
     encode_reply_wire,
     encode_request,
 )
-from schemas.errors import DecodeError, ErrorCode, RecordDecodeError
+from schemas.errors import DecodeError, ErrorCode
 from schemas.models import (
     ClassifyResult,
     EmbedResult,
@@ -41,6 +41,7 @@ from schemas.models import (
     reply_wire,
 )
 from schemas.records import (
+    RecordDecodeError,
     build_dead_letter,
     build_error_reply,
     parse_request_record,

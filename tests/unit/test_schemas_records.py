@@ -12,7 +12,7 @@ import pytest
 
 from schemas import headers as h
 from schemas.codec import Encoding, decode_reply, encode_request
-from schemas.errors import DEAD_LETTER_CODES, ErrorCode, RecordDecodeError
+from schemas.errors import DEAD_LETTER_CODES, ErrorCode
 from schemas.models import (
     EmbedResult,
     ErrorInfo,
@@ -25,6 +25,7 @@ from schemas.records import (
     MAX_KEY_BYTES,
     OutRecord,
     ParsedRequest,
+    RecordDecodeError,
     ReplyAddress,
     build_dead_letter,
     build_error_reply,

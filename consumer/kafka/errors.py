@@ -1,0 +1,93 @@
+"""The errors of the Kafka layer (``consumer.kafka``): one tree, a ``retriable`` flag each.
+
+::
+
+    KafkaLayerError                 base of what consumer.kafka raises (a RuntimeError)
+     ├── KafkaUnavailableError      no broker answered (start-up, admin calls); retriable
+     ├── CommitError                a commit was refused (rebalance in progress, partition
+     │                              moved); retriable at the next commit interval
+     ├── DeliveryError              a record that can never be delivered (bad topic or
+     │                              partition, too large); not retriable: dead-letter it
+     ├── SinkClosedError            the sink closed before the record was acknowledged;
+     │                              not retriable here (the record is re-read after a restart)
+     ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
+     │                              available; not retriable within the job
+     └── RangeSpecError             a --from/--to value that cannot be parsed or does not fit
+                                    the topic (also a ValueError); not retriable
+
+``retriable`` means "the same operation may succeed if tried again later", as in
+``schemas.errors`` and ``consumer.model.errors``.
+
+aiokafka's errors are translated at the layer edge by :func:`map_kafka_errors` (httpx's
+``map_httpcore_exceptions``: one place, the most specific own class, chained with ``from``);
+none of them leaves an adapter's public method except the sink's, whose retry loop reads
+aiokafka's own ``retriable`` flag before settling on :class:`DeliveryError` or
+:class:`SinkClosedError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import ClassVar
+
+from aiokafka.errors import KafkaError
+
+__all__ = [
+    "CommitError",
+    "DeliveryError",
+    "KafkaLayerError",
+    "KafkaUnavailableError",
+    "RangeSourceError",
+    "RangeSpecError",
+    "SinkClosedError",
+    "map_kafka_errors",
+]
+
+
+class KafkaLayerError(RuntimeError):
+    """Base of every error the Kafka layer raises."""
+
+    retriable: ClassVar[bool] = False
+
+
+class KafkaUnavailableError(KafkaLayerError):
+    """No broker answered (wrong ``--bootstrap``, broker down, TLS/SASL mismatch)."""
+
+    retriable: ClassVar[bool] = True
+
+
+class CommitError(KafkaLayerError):
+    """A commit was refused (typically a rebalance in progress); retriable at the next interval."""
+
+    retriable: ClassVar[bool] = True
+
+
+class DeliveryError(KafkaLayerError):
+    """A record cannot be delivered whatever the retries (not retriable)."""
+
+
+class SinkClosedError(KafkaLayerError):
+    """The sink was closed while a send was still being retried."""
+
+
+class RangeSourceError(KafkaLayerError):
+    """The broker could not be asked (topic missing, broker down, offsets not available)."""
+
+
+class RangeSpecError(KafkaLayerError, ValueError):
+    """A ``--from``/``--to`` value that cannot be parsed or does not fit the topic."""
+
+
+@contextlib.contextmanager
+def map_kafka_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
+    """Raise ``to(f"{context}: {error}")`` from an aiokafka ``KafkaError`` raised inside; the
+    layer's own errors and everything else pass unchanged.
+
+    Raises:
+        KafkaLayerError: ``to``, for an aiokafka error.
+    """
+    try:
+        yield
+    except KafkaError as err:
+        raise to(f"{context}: {err}") from err
