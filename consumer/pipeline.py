@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome
-from consumer.config import ServeSettings
+from consumer.config import ServeSettings, project
 from consumer.dedup import DedupCache, DedupKind
 from consumer.kafka.errors import CommitError, DeliveryError, SinkClosedError
 from consumer.kafka.flow import FlowConfig, FlowControl
@@ -114,15 +114,7 @@ class Pipeline:
         self._clock = clock
         self._wall_ms = wall_clock_ms
         self.tracker = OffsetTracker()
-        self.flow = FlowControl(
-            FlowConfig(
-                max_partition_records=settings.max_partition_records,
-                max_partition_tokens=settings.max_partition_tokens,
-                max_total_records=settings.max_total_records,
-                max_total_tokens=settings.max_total_tokens,
-                resume_fraction=settings.resume_fraction,
-            )
-        )
+        self.flow = FlowControl(project(FlowConfig, settings))
         self.dedup: DedupCache[Pending, ItemOutcome] = DedupCache(
             ttl_s=settings.dedup_ttl_s, max_entries=settings.dedup_max_entries
         )
