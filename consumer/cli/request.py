@@ -23,7 +23,7 @@ EXIT_NOT_OK = 1
 
 
 def _default(name: str) -> str:
-    value = ServeSettings.model_fields[name].default
+    value = ServeSettings.default_of(name)
     assert isinstance(value, str)
     return value
 
