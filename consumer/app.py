@@ -27,6 +27,7 @@ from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
+from consumer.options import ModelProfile
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
 from schemas.models import ModelInfo
@@ -82,13 +83,15 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
-    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
+    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, the
+    torch device it runs on (``cpu``, ``cuda``, ``cuda:1``) and what it offers the embed
+    options of contract 1.1 (``profile``)."""
 
     runner: BatchRunner
     tokenizer: TokenizerLike
     info: ModelInfo
     device: str
+    profile: ModelProfile
 
 
 def load_model(
@@ -104,16 +107,22 @@ def load_model(
 
     Raises:
         FileNotFoundError: the model directory does not exist.
+        ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
+    from consumer.model.backend import ModelRunner
+    from consumer.model.prompts import resolve_default_prompt
     from consumer.model.runner import configure_threads, default_device, load_runner
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
 
     configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
+    prompts, default_prompt = resolve_default_prompt(
+        model_dir, settings.task, settings.default_prompt_name
+    )
     device = default_device() if settings.device == "auto" else settings.device
-    runner: BatchRunner
+    runner: ModelRunner
     if settings.model == NOOP_MODEL:
-        from consumer.model.backend import FakeBackend, ModelRunner
+        from consumer.model.backend import FakeBackend
         from consumer.model.tokenize import read_max_length
 
         cap = max_length or read_max_length(model_dir)
@@ -136,7 +145,14 @@ def load_model(
         tokenizer = HFTokenizer(
             model_dir, max_length=runner.max_length, truncate_by_default=truncate
         )
-    return LoadedModel(runner, tokenizer, info, device)
+    profile = ModelProfile(
+        task=settings.task,
+        dim=runner.backend.embedding_dim,
+        normalizes=runner.backend.normalizes,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+    )
+    return LoadedModel(runner, tokenizer, info, device, profile)
 
 
 def freeze_startup_heap() -> int:
@@ -198,7 +214,8 @@ async def serve(settings: ServeSettings) -> int:
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     sink = KafkaSink(settings)
-    pipeline = Pipeline(settings, sink, ReplyBuilder(model_info, settings.dlq_topic), metrics)
+    replies = ReplyBuilder(model_info, settings.dlq_topic, model.profile)
+    pipeline = Pipeline(settings, sink, replies, metrics)
     engine = Engine(
         runner,
         tokenizer,

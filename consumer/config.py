@@ -81,6 +81,11 @@ class ModelSettings(KafkaSecurity):
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch (default: cores)."
     )
+    default_prompt_name: str | None = Field(
+        None,
+        description="Prompt (config_sentence_transformers.json) of requests that name none; "
+        "default: the model's default_prompt_name, else none.",
+    )
 
 
 class ServeSettings(ModelSettings):

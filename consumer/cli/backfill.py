@@ -26,12 +26,20 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         settings = load_settings(BackfillSettings, config, **flags)
     except (ValidationError, FileNotFoundError) as err:
         raise click.UsageError(str(err)) from err
+    from consumer.app import resolve_model
     from consumer.backfill.app import run_backfill
     from consumer.kafka.range_source import RangeSourceError, RangeSpecError
+    from consumer.model.prompts import resolve_default_prompt
+    from consumer.options import OptionError
 
+    try:  # fail before anything starts
+        model_dir, _ = resolve_model(settings)
+        resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
+    except (FileNotFoundError, ValueError) as err:
+        raise click.UsageError(str(err)) from err
     try:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))
-    except RangeSpecError as err:
+    except (RangeSpecError, OptionError) as err:
         raise click.UsageError(str(err)) from err
     except (RangeSourceError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from err
