@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
