@@ -200,3 +200,13 @@ async def test_a_finished_key_answers_a_later_copy_with_its_own_options(parts: P
     later = replies(sink)[-1]
     assert later.dedup and isinstance(later.result, EmbedResult)
     assert later.result.format == "binary" and later.result.embedding == bytes([0b11000000])
+
+
+async def test_a_classify_reply_carries_usage_too() -> None:
+    pipeline, sink, engine = await make(ModelProfile(task="classify"), task="classify")
+    await pipeline.take([request(0)])
+    result = {"label": "pos", "score": 0.75, "scores": {"neg": 0.25, "pos": 0.75}}
+    pipeline.on_outcome(dataclasses.replace(ok(engine.items[0]), result=result, n_tokens=5))
+    await settle()
+    (reply,) = replies(sink)
+    assert reply.status == "ok" and reply.usage is not None and reply.usage.tokens == 5
