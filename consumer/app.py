@@ -83,9 +83,8 @@ async def serve(settings: ServeSettings) -> int:
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
     sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.reply_topic)
-    pipeline = Pipeline(
-        settings, sink, ReplyBuilder(model_info, settings.dead_letter_topic), metrics
-    )
+    replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
+    pipeline = Pipeline(settings, sink, replies, metrics)
     engine = Engine(
         runner,
         tokenizer,

@@ -39,6 +39,7 @@ from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
+from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
@@ -93,6 +94,8 @@ class Pending:
     n_tokens: int = 0
     item_id: int | None = None
     dedup_of: int | None = None
+    dedup_key: bytes = b""
+    """The key its computation is shared under (:func:`consumer.options.dedup_key`)."""
 
 
 class Pipeline:
@@ -235,13 +238,25 @@ class Pipeline:
                 pending, self._replies.error(pending.parsed, ErrorCode.UNSUPPORTED_TASK, message)
             )
             return None
+        prompt_name: str | None = None
+        profile = self._replies.profile
+        if request.has_embed_options or profile.default_prompt_name is not None:
+            try:
+                prompt_name = admit_options(EmbedOptions.of(request), profile)
+            except OptionError as err:
+                self._send_reply(
+                    pending, self._replies.error(pending.parsed, ErrorCode.INVALID_OPTION, str(err))
+                )
+                return None
         if request.deadline_ms is not None and request.deadline_ms <= now_ms:
             self._metrics.expired.inc()
             self._send_reply(
                 pending, self._replies.expired(pending.parsed, late_ms=now_ms - request.deadline_ms)
             )
             return None
-        key = pending.record.key or b""
+        # Copies share a computation when the model sees the same input: same key, same prompt;
+        # their other options are shaped from it per copy (ReplyBuilder).
+        key = pending.dedup_key = dedup_key(pending.record.key or b"", prompt_name)
         item_id = next(self._ids)
         decision = self.dedup.begin(key, pending.record.tp, now, item_id)
         if decision.kind is DedupKind.DONE:
@@ -261,7 +276,7 @@ class Pipeline:
             deadline_s = now + (request.deadline_ms - now_ms) / 1000
         return InferenceItem(
             item_id=item_id,
-            text=request.text,
+            text=prompted_text(request.text, prompt_name, profile),
             truncate=request.truncate,
             arrival_s=now,
             deadline_s=deadline_s,
@@ -281,7 +296,7 @@ class Pipeline:
         if pending is None or pending.parsed is None:
             return  # its partition was revoked meanwhile
         self._queue_reply(pending, outcome, dedup=False)
-        key = pending.record.key or b""
+        key = pending.dedup_key
         if outcome.status == "ok":
             waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
         else:

@@ -41,14 +41,16 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
+from schemas.embedding import decode_embedding
 from schemas.errors import DecodeError
-from schemas.models import Reply, Request
+from schemas.models import EmbedResult, EncodingFormat, Reply, Request
 
 __all__ = [
     "ClientClosedError",
@@ -156,10 +158,34 @@ class ReplyEnvelope:
         """Seconds from the first send to the reply's arrival."""
         return self.received_s - self.sent_s
 
+    def embedding(self, *, unpack_bits: bool = True) -> npt.NDArray[Any] | None:
+        """The reply's embedding as a numpy vector, whatever ``encoding_format`` carried it;
+        None for a reply without one (error, classify).
+
+        ``float`` and ``f32le``: ``(dim,)`` float32; ``f16le``: ``(dim,)`` float16;
+        ``binary``: ``(dim,)`` uint8 of 0/1 bits, or with ``unpack_bits=False`` the
+        ``(⌈dim/8⌉,)`` packed uint8 bytes as sent (what Hamming-distance indexes take).
+        """
+        result = self.reply.result
+        if not isinstance(result, EmbedResult):
+            return None
+        return decode_embedding(
+            result.embedding, result.format, result.dim, unpack_bits=unpack_bits
+        )
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: the reply as the contract writes it, plus the record and timing."""
+        """A JSON-ready dict: the reply as the contract writes it (an embedding sent as bytes
+        shown as its decoded list: floats, or 0/1 bits for ``binary``), plus the record and
+        timing."""
+        vector = self.embedding()
+        if vector is None:
+            reply = self.reply.model_dump(mode="json", exclude_none=True)
+        else:  # bytes have no JSON form: the decoded vector instead
+            exclude = {"result": {"embedding"}}
+            reply = self.reply.model_dump(mode="json", exclude_none=True, exclude=exclude)
+            reply["result"] = {"embedding": vector.tolist(), **reply["result"]}
         return {
-            "reply": self.reply.model_dump(mode="json", exclude_none=True),
+            "reply": reply,
             "record": {
                 "topic": self.record.topic,
                 "partition": self.record.partition,
@@ -352,8 +378,15 @@ class RequestReplyClient:
         encoding: Encoding | None = None,
         retries: int = 0,
         retry_after_s: float | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        prompt_name: str | None = None,
+        encoding_format: EncodingFormat | None = None,
     ) -> ReplyEnvelope:
         """Send ``text`` and return its reply (any status: ok, error or expired).
+
+        The embedding comes back as a numpy vector from :meth:`ReplyEnvelope.embedding`,
+        whichever ``encoding_format`` carried it.
 
         Args:
             text: The input (non-empty).
@@ -364,6 +397,8 @@ class RequestReplyClient:
             encoding: Request encoding; default: the client's.
             retries: Extra sends of the same key while no reply has come.
             retry_after_s: Seconds between sends; default ``timeout_s / (retries + 1)``.
+            dimensions, normalize, prompt_name, encoding_format: the embed options of
+                contract 1.1 (docs/CONTRACT.md §Embed options).
 
         Raises:
             RequestTimeoutError: no reply within ``timeout_s``.
@@ -383,7 +418,17 @@ class RequestReplyClient:
         enc = encoding or self.encoding
         raw_key = _key_bytes(key)
         value = encode_request(
-            Request(text=text, task=task, deadline_ms=deadline_ms, truncate=truncate, meta=meta),
+            Request(
+                text=text,
+                task=task,
+                deadline_ms=deadline_ms,
+                truncate=truncate,
+                meta=meta,
+                dimensions=dimensions,
+                normalize=normalize,
+                prompt_name=prompt_name,
+                encoding_format=encoding_format,
+            ),
             enc,
         )
         interval_s = retry_after_s if retry_after_s is not None else timeout_s / (retries + 1)

@@ -65,3 +65,25 @@ def tiny_classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.tiny_models import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("tiny-classify"))
+
+
+@pytest.fixture(scope="session")
+def tiny_prompt_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_embed_dir``'s model (same weights) with named prompts (``PROMPTS``)."""
+    from tests.fixtures.tiny_models import PROMPTS, build_tiny_embedder
+
+    return build_tiny_embedder(tmp_path_factory.mktemp("tiny-prompt-embed"), prompts=PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def tiny_raw_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights and prompts without a ``Normalize`` module, and ``query`` as the
+    model's ``default_prompt_name``."""
+    from tests.fixtures.tiny_models import PROMPTS, build_tiny_embedder
+
+    return build_tiny_embedder(
+        tmp_path_factory.mktemp("tiny-raw-embed"),
+        normalize=False,
+        prompts=PROMPTS,
+        default_prompt_name="query",
+    )

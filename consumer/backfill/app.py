@@ -30,6 +30,7 @@ from consumer.kafka.errors import RangeSourceError, RangeSpecError
 from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
 from consumer.model.loader import load_model
+from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
 from schemas.models import ModelInfo
 
@@ -55,6 +56,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
         RangeSourceError: the source topic does not exist or the broker cannot be reached.
         RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
         FileNotFoundError: the model directory does not exist.
+        consumer.options.OptionError: an embed option this model cannot honour.
     """
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -101,6 +103,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
             runner, tokenizer, model_info = model.runner, model.tokenizer, model.info
+            admit_options(settings.embed_options, model.profile)  # OptionError: a bad flag
             cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
             if policy.max_batch_tokens < runner.max_length:
@@ -109,7 +112,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 settings,
                 source,
                 sink,
-                ReplyBuilder(model_info, settings.dead_letter_topic),
+                ReplyBuilder(model_info, settings.dead_letter_topic, model.profile),
                 _progress(settings),
                 stats=stats,
             )

@@ -123,6 +123,12 @@ class BackfillJob:
         self._stats = stats or EngineStats(keep=1)
         self._topic = settings.source_topic
         self._path = parse_text_path(settings.text_field)
+        # Contract 1.1 options, the same for every record (checked by run_backfill).
+        options = settings.embed_options
+        self._options = options if options.any_set else None
+        profile = replies.profile
+        prompt_name = options.prompt_name or profile.default_prompt_name
+        self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
         self._engine: EngineLike | None = None
         self._tracker = OffsetTracker()
         self._ids = itertools.count()
@@ -213,7 +219,8 @@ class BackfillJob:
                 continue
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
-            items.append(InferenceItem(item_id, got.text, arrival_s=now, group=r.tp))
+            text = self._prompt + got.text
+            items.append(InferenceItem(item_id, text, arrival_s=now, group=r.tp))
         if items:
             await self.engine.submit(items)
 
@@ -246,7 +253,7 @@ class BackfillJob:
             return
         r = pending.record
         try:
-            reply = self._replies.reply(outcome)
+            reply = self._replies.reply(outcome, options=self._options)
             value = encode_reply(reply, pending.encoding)
         except (ValueError, EncodeError) as err:  # e.g. an embedding value overflowing float32
             log.warning("result of %s@%d cannot be encoded: %s", r.tp, r.offset, err)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
 from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
 from consumer.model.protocol import AutocastName, Task
+from consumer.options import ModelProfile
 from schemas.models import ModelInfo
 
 __all__ = ["NOOP_MODEL", "LoadedModel", "load_model", "load_runner", "resolve_model"]
@@ -71,13 +72,15 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
-    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
+    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, the
+    torch device it runs on (``cpu``, ``cuda``, ``cuda:1``) and what it offers the embed
+    options of contract 1.1 (``profile``)."""
 
-    runner: BatchRunner
+    runner: ModelRunner
     tokenizer: TokenizerLike
     info: ModelInfo
     device: str
+    profile: ModelProfile
 
 
 def load_model(
@@ -93,14 +96,19 @@ def load_model(
 
     Raises:
         ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
+        ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
+    from consumer.model.prompts import resolve_default_prompt
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import configure_threads, default_device
 
     configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
+    prompts, default_prompt = resolve_default_prompt(
+        model_dir, settings.task, settings.default_prompt_name
+    )
     device = default_device() if settings.device == "auto" else settings.device
-    runner: BatchRunner
+    runner: ModelRunner
     if settings.model == NOOP_MODEL:
         from consumer.model.protocol import FakeBackend
         from consumer.model.tokenize import read_max_length
@@ -125,7 +133,14 @@ def load_model(
         tokenizer = HFTokenizer(
             model_dir, max_length=runner.max_length, truncate_by_default=truncate
         )
-    return LoadedModel(runner, tokenizer, info, device)
+    profile = ModelProfile(
+        task=settings.task,
+        dim=runner.backend.embedding_dim,
+        normalizes=runner.backend.normalizes,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+    )
+    return LoadedModel(runner, tokenizer, info, device, profile)
 
 
 def _detect_task(model_dir: Path) -> Task:

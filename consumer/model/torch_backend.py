@@ -4,7 +4,9 @@
 - ``embed``: ``AutoModel`` + the pooling the model's sentence-transformers config asks for
   (``modules.json`` → ``1_Pooling/config.json``: cls / mean / max / mean-sqrt-len; a
   ``Normalize`` module adds L2 normalisation — MiniLM: mean + normalise); without that config,
-  mean pooling and no normalisation (CONTRACT.md §Reply record).
+  mean pooling and no normalisation (CONTRACT.md §Reply record). Each result also carries the
+  full pooled vector before normalisation (``pooled``, float32 numpy), from which replies derive
+  the options of contract 1.1 (``dimensions``, ``normalize``, ``encoding_format``).
 - ``classify``: ``AutoModelForSequenceClassification``, softmax over ``config.id2label``.
 
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
@@ -175,6 +177,9 @@ class TorchBackend:
         self.labels: list[str] = [str(id2label[i]) for i in sorted(id2label)]
         if task == "classify" and not self.labels:
             raise ValueError("a classify model needs config.id2label")
+        hidden = getattr(config, "hidden_size", None)
+        self.embedding_dim: int | None = int(hidden) if task == "embed" and hidden else None
+        self.normalizes = self.pooling.normalize
 
     # -- ModelBackend --------------------------------------------------------------------
 
@@ -199,10 +204,14 @@ class TorchBackend:
         with map_device_errors(), torch.inference_mode(), self._autocast():
             if self.task == "embed":
                 out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
-                emb = self._pool(out.last_hidden_state, prepared.mask)
-                rows: list[list[float]] = emb.float().cpu().tolist()
+                pooled = self._pool(out.last_hidden_state, prepared.mask)
+                emb = pooled
+                if self.pooling.normalize:
+                    emb = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+                rows: list[list[float]] = emb.cpu().tolist()
+                raw = pooled.cpu().numpy()
                 dim = emb.shape[-1]
-                return [{"embedding": r, "dim": dim} for r in rows]
+                return [{"embedding": r, "dim": dim, "pooled": raw[i]} for i, r in enumerate(rows)]
             out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
             probs = torch.softmax(out.logits.float(), dim=-1).cpu().tolist()
         labels = self.labels
@@ -252,7 +261,8 @@ class TorchBackend:
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 embeddings."""
+        """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 pooled embeddings,
+        not normalised."""
         h = hidden.float()
         m = mask.unsqueeze(-1).to(h.dtype)
         mode = self.pooling.mode
@@ -264,8 +274,6 @@ class TorchBackend:
             summed = (h * m).sum(dim=1)
             counts = m.sum(dim=1).clamp(min=1.0)
             pooled = summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
-        if self.pooling.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled
 
 
