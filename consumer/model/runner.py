@@ -25,7 +25,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
 from transformers.utils import logging as hf_logging
 
 from consumer.batching.stats import StatsSink
@@ -41,6 +46,7 @@ __all__ = [
     "describe_runner",
     "load_runner",
     "read_pooling",
+    "warmup_token_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -142,6 +148,9 @@ class TorchBackend:
         pooling: for ``embed``.
         autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
         name / revision: reported in replies.
+        warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
+            the model's vocabulary (``load_runner`` takes it from the tokenizer, see
+            :func:`warmup_token_id`). Default: the padding id.
     """
 
     def __init__(
@@ -156,8 +165,10 @@ class TorchBackend:
         autocast: AutocastName | None = None,
         name: str = "model",
         revision: str | None = None,
+        warmup_token_id: int | None = None,
     ) -> None:
         self.model = model
+        self.warmup_token_id = pad_token_id if warmup_token_id is None else warmup_token_id
         self.task: Task = task
         self.max_length = max_length
         self.pad_token_id = pad_token_id
@@ -220,8 +231,10 @@ class TorchBackend:
 
     def warmup(self, batch_size: int, seq_len: int) -> None:
         """One forward of ``(batch_size, seq_len)`` real (unpadded) tokens; on CUDA it also
-        synchronises so an out-of-memory error shows here."""
-        ids = np.full((batch_size, seq_len), 1000, dtype=np.int64)
+        synchronises so an out-of-memory error shows here. Every token is
+        ``warmup_token_id`` (a real token of the model's own vocabulary: a fixed id such as
+        1000 is out of range for a small vocabulary, e.g. ESM-2's 33 tokens)."""
+        ids = np.full((batch_size, seq_len), self.warmup_token_id, dtype=np.int64)
         mask = np.ones((batch_size, seq_len), dtype=np.int64)
         self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
         if self.cuda:
@@ -265,6 +278,30 @@ class TorchBackend:
         if self.pooling.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled
+
+
+WARMUP_TEXT = "warm up the model"
+"""Tokenized to pick the warm-up token (:func:`warmup_token_id`)."""
+
+
+def warmup_token_id(model_dir: Path, vocab_size: int) -> int:
+    """A token id of the model's own vocabulary to fill warm-up batches with.
+
+    The first id of :data:`WARMUP_TEXT` as the directory's tokenizer encodes it without special
+    tokens (an ordinary token, not padding, so attention and pooling do real work), when it
+    lies in ``[0, vocab_size)``; else ``vocab_size - 1``. A directory without a tokenizer uses
+    ``vocab_size - 1`` too.
+
+    Args:
+        model_dir: the ``save_pretrained`` directory.
+        vocab_size: rows of the model's input embedding table.
+    """
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        ids = [int(i) for i in tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)]
+    except (OSError, ValueError):
+        ids = []
+    return next((i for i in ids if 0 <= i < vocab_size), vocab_size - 1)
 
 
 def _detect_task(model_dir: Path) -> Task:
@@ -321,6 +358,7 @@ def load_runner(
         autocast=autocast,
         name=name or path.name,
         revision=revision,
+        warmup_token_id=warmup_token_id(path, model.get_input_embeddings().num_embeddings),
     )
     return ModelRunner(backend, stats=stats)
 
