@@ -33,6 +33,8 @@ class FakeSource:
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
         self.paused: set[TopicPartition] = set()
+        self.ends: dict[TopicPartition, int] = {}
+        self.positions: dict[TopicPartition, int] = {}
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []
@@ -49,8 +51,11 @@ class FakeSource:
     def resume(self, tps: frozenset[TopicPartition]) -> None:
         self.paused -= tps
 
-    def lag(self, committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        return {}
+    async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.ends.get(tp, 0) for tp in tps}
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        return self.positions.get(tp)
 
 
 class FakeSink:
