@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
@@ -309,8 +310,35 @@ class Pipeline:
             waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
         else:
             waiters = self.dedup.fail(key, item_id=outcome.item_id)
+        if outcome.status == "expired":
+            self._readmit(waiters)  # each copy is judged by its own deadline
+            return
         for waiter in waiters:
             self._queue_reply(waiter, outcome, dedup=True)
+
+    def _readmit(self, waiters: list[Pending]) -> None:
+        """Copies that waited for a computation that expired: admit each again on its own.
+
+        An expired answer is not a result (it is never stored), so a copy whose own deadline
+        has passed is answered ``expired``, and the first copy still in time becomes the new
+        computation, the later ones its waiters (a retry with a later deadline is computed).
+        """
+        now, now_ms = self._clock(), self._wall_ms()
+        to_compute: list[tuple[Pending, InferenceItem]] = []
+        for waiter in waiters:
+            waiter.dedup_of = None
+            item = self._admit(waiter, now, now_ms)
+            if item is not None:
+                to_compute.append((waiter, item))
+        if to_compute:
+            self._spawn(self._resubmit(to_compute))
+
+    async def _resubmit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
+        try:
+            await self._submit(to_compute)
+        except EngineClosedError:  # stopping: the records stay uncommitted
+            for _, item in to_compute:
+                self._computing.pop(item.item_id, None)
 
     def _send_reply(self, pending: Pending, record: OutRecord) -> None:
         self._queue_reply(pending, record, dedup=False)

@@ -294,3 +294,66 @@ async def test_a_result_the_contract_cannot_carry_is_answered_inference_failed(
     await settle()
     await pipeline.commit()
     assert source.commits[-1] == {TP: 1}  # answered, so the offset moves on
+
+
+def expired(item: InferenceItem) -> ItemOutcome:
+    return dataclasses.replace(
+        ok(item),
+        status="expired",
+        result=None,
+        error_code=ErrorCode.DEADLINE_EXCEEDED,
+        error_message="the request's deadline passed before compute",
+    )
+
+
+def with_deadline(offset: int, key: bytes, deadline_ms: int) -> InRecord:
+    body = msgpack.packb({"text": f"text {offset}", "deadline_ms": deadline_ms})
+    return record(offset, key, body)
+
+
+async def test_a_retry_with_a_later_deadline_is_computed_not_answered_expired(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Issue 12 #6: the retry (same key, 60 s deadline) waited for the first copy (1 s
+    # deadline) and inherited its ``expired`` with dedup: true.
+    pipeline, source, sink, engine = parts
+    now_ms = 1_000_000  # the fixture's wall clock
+    await pipeline.take(
+        [
+            with_deadline(0, b"same", now_ms + 1_000),
+            with_deadline(1, b"same", now_ms + 60_000),
+            with_deadline(2, b"same", now_ms + 50_000),
+        ]
+    )
+    assert len(engine.items) == 1  # the copies wait for the first
+    pipeline.on_outcome(expired(engine.items[0]))
+    await settle()
+    assert len(engine.items) == 2  # the first copy still in time is computed
+    assert engine.items[1].deadline_s is not None
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert [(r.status, r.dedup) for r in replies] == [("expired", False)]  # the first only
+    pipeline.on_outcome(ok(engine.items[1]))
+    await settle()
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert sorted((r.status, r.dedup) for r in replies[1:]) == [("ok", False), ("ok", True)]
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 3}
+
+
+async def test_a_waiting_copy_past_its_own_deadline_is_answered_expired(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, _, sink, engine = parts
+    now_ms = 1_000_000
+    await pipeline.take(
+        [with_deadline(0, b"k", now_ms + 1_000), with_deadline(1, b"k", now_ms + 5)]
+    )
+    pipeline._wall_ms = lambda: now_ms + 2_000  # both deadlines have passed
+    pipeline.on_outcome(expired(engine.items[0]))
+    await settle()
+    assert len(engine.items) == 1  # nothing recomputed
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert [r.status for r in replies] == ["expired", "expired"]
