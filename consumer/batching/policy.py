@@ -12,7 +12,7 @@ Rules (issue 4 and the field report in ``/work/shared/seed``):
 3. A bucket is *due* when it is full (``max_batch_size`` items, or its padded tokens reach
    ``max_batch_tokens``), when its deadline passes, or — with ``adaptive_wait`` — when its
    decayed arrival rate says it cannot fill before the deadline (no waiting for nothing).
-4. Batches take the bucket's items in arrival order, up to ``max_batch_size`` and the padded
+4. Batches take the bucket's items in arrival order (see rule 7), up to ``max_batch_size`` and the padded
    token budget; a bucket holding more than one batch stays due (a backlog flushes at once).
    On a deadline flush, ``preferred_batch_sizes`` picks the largest preferred size that fits.
 5. A deadline flush (the bucket is not full) also takes the oldest items of the nearest
@@ -22,6 +22,11 @@ Rules (issue 4 and the field report in ``/work/shared/seed``):
    two-item batches, one per bucket, into a few larger ones; full buckets never mix.
 6. Items whose ``deadline_s`` has passed are returned as expired and never batched; the
    engine wakes at :meth:`BucketBatcher.next_expiry` to collect them at their deadline.
+7. Fairness across partitions (the item's ``group``): among the due buckets, the group served
+   least recently goes first, oldest item first among equals, and the batch starts with that
+   group's items of the bucket. A backlog of one partition (say, long texts) then takes every
+   other batch at most while other partitions have due work, instead of holding them until it
+   has drained (arrival order across partitions did that: ~7 s of held commits in issue 12).
 
 Sorting inside a bucket is deliberately not done: with edges ~10 % apart, a batch padded to its
 longest item already wastes < 5 % (measured 0.96–0.97 on the VADER mix), and FIFO order keeps
@@ -107,6 +112,9 @@ class BucketBatcher:
         self._queued_items = 0
         self._queued_tokens = 0
         self._with_deadline = 0  # queued items that carry a deadline_s
+        # Rule 7: the turn (a batch counter) at which each group was last in a batch.
+        self._turn = 0
+        self._served: dict[Hashable | None, int] = {}
 
     # -- introspection -------------------------------------------------------------------
 
@@ -182,9 +190,35 @@ class BucketBatcher:
             due = [b for b in self._buckets if b.items and (force or self._due[b.index] <= now)]
             if not due:
                 break
-            bucket = min(due, key=lambda b: b.oldest_s)
-            out.batches.append(self._form(bucket, now, deadline_flush=not self._is_full(bucket)))
+            bucket, group = self._next_turn(due)
+            _put_group_first(bucket, group)
+            batch = self._form(bucket, now, deadline_flush=not self._is_full(bucket))
+            self._turn += 1
+            for t in batch.items:
+                self._served[t.item.group] = self._turn
+            out.batches.append(batch)
         return out
+
+    def _next_turn(self, due: list[_Bucket]) -> tuple[_Bucket, Hashable | None]:
+        """Rule 7: the due bucket and group to serve next.
+
+        The group (partition) served least recently goes first — a group never served, or
+        not since the others were, before one just served — and among equals the oldest
+        item (the earliest bucket deadline). With one group this is oldest-deadline-first.
+        """
+        best: tuple[tuple[int, float], _Bucket, Hashable | None] | None = None
+        for b in due:
+            first_s: dict[Hashable | None, float] = {}
+            for t in b.items:
+                g = t.item.group
+                if g not in first_s or t.item.arrival_s < first_s[g]:
+                    first_s[g] = t.item.arrival_s
+            for g, arrival_s in first_s.items():
+                key = (self._served.get(g, 0), arrival_s)
+                if best is None or key < best[0]:
+                    best = (key, b, g)
+        assert best is not None
+        return best[1], best[2]
 
     def next_deadline(self) -> float | None:
         """The earliest monotonic time at which a bucket is due (possibly in the past), or
@@ -238,6 +272,7 @@ class BucketBatcher:
 
     def cancel_group(self, group: Hashable, now: float | None = None) -> list[TokenizedItem]:
         """Remove and return the queued items whose ``item.group == group``."""
+        self._served.pop(group, None)
         return self.cancel(lambda t: t.item.group == group, now)
 
     # -- internals -----------------------------------------------------------------------
@@ -364,6 +399,14 @@ class BucketBatcher:
         self._queued_items -= len(removed)
         self._queued_tokens -= sum(t.n_tokens for t in removed)
         self._with_deadline -= sum(1 for t in removed if t.item.deadline_s is not None)
+
+
+def _put_group_first(b: _Bucket, group: Hashable | None) -> None:
+    """Reorder ``b``'s queue: the items of ``group`` first, each part in arrival order."""
+    if b.items[0].item.group == group:
+        return
+    mine = [t for t in b.items if t.item.group == group]
+    b.items = deque([*mine, *(t for t in b.items if t.item.group != group)])
 
 
 def _trim_plan(
