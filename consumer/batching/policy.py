@@ -12,8 +12,9 @@ Rules (issue 4 and the field report in ``/work/shared/seed``):
 3. A bucket is *due* when it is full (``max_batch_size`` items, or its padded tokens reach
    ``max_batch_tokens``), when its deadline passes, or — with ``adaptive_wait`` — when its
    decayed arrival rate says it cannot fill before the deadline (no waiting for nothing).
-4. Batches take the bucket's items in arrival order (see rule 7), up to ``max_batch_size`` and the padded
-   token budget; a bucket holding more than one batch stays due (a backlog flushes at once).
+4. Batches take the bucket's items in arrival order (one partition's first, rule 7), up to
+   ``max_batch_size`` and the padded token budget; a bucket holding more than one batch
+   stays due (a backlog flushes at once).
    On a deadline flush, ``preferred_batch_sizes`` picks the largest preferred size that fits.
 5. A deadline flush (the bucket is not full) also takes the oldest items of the nearest
    non-empty, under-filled buckets below and above, one bucket at a time, while the padding
