@@ -15,6 +15,7 @@ import pytest
 
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
+from consumer.deadline import Deadline
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
@@ -357,3 +358,66 @@ async def test_a_waiting_copy_past_its_own_deadline_is_answered_expired(
     assert len(engine.items) == 1  # nothing recomputed
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert [r.status for r in replies] == ["expired", "expired"]
+
+
+class HungFlushEngine(FakeEngine):
+    """A flush that forms batches only as fast as a model that never finishes: it never
+    returns (the old ``finish`` waited for it without limit)."""
+
+    async def flush(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_answered() -> None:
+    # Issue 12 #3: ``finish`` first waited, without limit, for every queued item to be formed
+    # into a batch; a 5 s drain with ~1,450 buffered ran 29.9 s and exited 0.
+    settings = ServeSettings()
+    sink = FakeSink()
+    pipeline = Pipeline(
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
+        Metrics(),
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    source, engine = FakeSource(), HungFlushEngine()
+    pipeline.bind(source, engine)
+    await pipeline.on_assigned(frozenset({TP}))
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(4)])
+    pipeline.on_outcome(ok(engine.items[0]))  # offset 0 answered
+    await settle()
+    sink.acks[0].set_result(None)
+    await settle()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    drained = await asyncio.wait_for(pipeline.finish(None, Deadline.after(0.5, loop.time)), 5)
+    assert not drained
+    assert loop.time() - started < 1.0  # the one deadline bounds flush, wait and commit
+    assert engine.cancelled == [TP]  # what is queued is dropped, never formed into a batch
+    assert source.commits == [{TP: 1}]  # the answered offset, not the dropped ones
+    pipeline.on_outcome(ok(engine.items[1]))  # a batch running at the deadline ends
+    await settle()
+    assert len(sink.sent) == 1  # forgotten: its record is answered by the next owner
+
+
+async def test_lag_counts_every_assigned_partition_from_the_log_end(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Issue 12 #5: a partition without a commit had no series; a paused one was frozen.
+    pipeline, source, _, _ = parts
+    other: TopicPartition = ("req", 1)
+    await pipeline.on_assigned(frozenset({other}))
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(5, 8)])  # never committed
+    source.ends = {TP: 50, other: 30}
+    source.positions = {other: 12}  # nothing taken from it yet: it starts reading at 12
+    await pipeline.refresh_lag()
+    lag = pipeline._metrics.lag
+    assert lag.labels("req", "0")._value.get() == 50 - 5
+    assert lag.labels("req", "1")._value.get() == 30 - 12
+    source.ends = {TP: 90, other: 30}  # the log grows while the partition is paused
+    await pipeline.refresh_lag()
+    assert lag.labels("req", "0")._value.get() == 90 - 5
+    await pipeline.on_revoked(frozenset({other}))
+    samples = {s.labels["partition"] for m in lag.collect() for s in m.samples}
+    assert samples == {"0"}  # the revoked partition's series is gone
