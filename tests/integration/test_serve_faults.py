@@ -262,3 +262,61 @@ def free_port_pair() -> int:
         except OSError:
             continue
     pytest.fail("no free port pair")
+
+
+def long_texts(n: int, words: int = 120) -> list[str]:
+    """Texts of ~``words`` tokens: slow enough on MiniLM (one torch thread) to buffer work."""
+    return [
+        f"request {i} " + " ".join(f"w{(i * 7 + j) % 997}" for j in range(words)) for i in range(n)
+    ]
+
+
+async def test_sigterm_drain_stops_at_its_deadline_and_leaves_the_rest_uncommitted(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    # Issue 12 #3: ``--drain-timeout-s 5`` with ~1,450 buffered exited 0 after 29.9 s, having
+    # computed everything. Now: stop by the deadline (plus closing), exit 3, nothing lost.
+    req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("drain")
+    n, drain_s = 800, 3.0
+    texts = long_texts(n)
+    await produce(kafka_bootstrap, req, [request(f"r-{i}", t) for i, t in enumerate(texts)])
+    server = start(
+        tmp_path,
+        kafka_bootstrap,
+        (req, rep, dlq),
+        group,
+        "minilm",
+        extra=["--drain-timeout-s", str(drain_s)],
+    )
+    try:
+        server.wait_ready()
+        poll_until(
+            lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 20,
+            120,
+            "20 replies",
+        )
+        in_flight = server.metrics().get("kbatch_in_flight_records", 0.0)
+        server.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = await asyncio.to_thread(server.wait, 120)
+        exit_s = time.monotonic() - signalled
+        answered = await read_all(kafka_bootstrap, rep, 1)
+        committed = await committed_offsets(kafka_bootstrap, group, req, 2)
+        server.launch()
+        server.wait_ready()
+        replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 300)
+    finally:
+        server.stop()
+    answered_keys = {r.key for r in answered}
+    dups = duplicates(replies)
+    print(
+        f"\ndrain: {in_flight:.0f} in flight at SIGTERM, exit {code} after {exit_s:.1f} s "
+        f"(--drain-timeout-s {drain_s}), {len(answered_keys)} answered before the exit, "
+        f"committed {sum(v or 0 for v in committed.values())}, {dups} keys answered twice"
+    )
+    assert code == 3, server.log_tail()
+    assert exit_s < drain_s + 3.0  # the deadline plus closing the clients
+    assert sum(v or 0 for v in committed.values()) <= len(answered_keys) < n
+    assert {r.key for r in replies} == all_keys(n)
+    assert dups <= len(answered_keys) - sum(v or 0 for v in committed.values())
