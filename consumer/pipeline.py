@@ -548,14 +548,16 @@ class Pipeline:
         if not tps:
             return
         share_s = self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE
-        await self.finish(tps, Deadline.after(share_s, asyncio.get_running_loop().time))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self.finish(tps, Deadline.after(share_s, loop.time))
         for tp in tps:  # finish() dropped their unanswered work
             self.dedup.drop_partition(tp)
             self.tracker.revoke(tp)
             self.flow.revoke(tp)
             self._committed.pop(tp, None)
             self._metrics.forget_partition(tp)
-        log.info("revoked %s", sorted(tps))
+        log.info("revoked %s in %.1f s", sorted(tps), loop.time() - started)
 
     async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:
         """Answer what ``tps`` (all assigned when None) hold and commit, all by ``deadline``.
