@@ -7,6 +7,7 @@ one was answered; figures worth reporting (duplicates, peak RSS, recovery time) 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shutil
 import signal
@@ -22,6 +23,7 @@ from consumer.kafka.admin import create_topics
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
     ReplyRecord,
+    Req,
     ServeProcess,
     committed_offsets,
     free_port,
@@ -370,3 +372,59 @@ async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_no
     assert revokes_s and max(revokes_s) <= 8.0 + 0.5
     assert first_assigned >= 1  # still in the group: the revoke ended within the timeout
     assert dups == 0
+
+
+async def true_lag(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """Log end minus the group's committed offset (0 when none) per partition, from the broker."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await probe.start()
+    try:
+        ends = await probe.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    finally:
+        await probe.stop()
+    committed = await committed_offsets(bootstrap, group, topic, partitions)
+    return {tp.partition: end - (committed[tp.partition] or 0) for tp, end in ends.items()}
+
+
+async def test_lag_gauge_shows_the_whole_backlog_of_paused_and_uncommitted_partitions(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    # Issue 12 #5: under a backlog of 11,677 records the gauge showed ~2,700: a partition
+    # without a commit had no series, a paused partition's value froze while its log grew.
+    req, rep, dlq = await new_topic("req", 3), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("lag")
+
+    def on(partition: int, start_i: int, n: int) -> list[Req]:
+        reqs = [request(f"p{partition}-{i}", t) for i, t in enumerate(long_texts(n), start_i)]
+        return [dataclasses.replace(r, partition=partition) for r in reqs]
+
+    await produce(kafka_bootstrap, req, on(0, 0, 300) + on(1, 0, 300))
+    limits = ["--max-partition-records", "16", "--max-total-records", "32"]
+    server = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, "minilm", extra=limits)
+    try:
+        server.wait_ready()
+        poll_until(lambda: server.metrics().get("kbatch_pauses_total", 0) >= 1, 60, "a pause")
+        await produce(kafka_bootstrap, req, on(0, 300, 400))  # the paused log grows
+        gauge: dict[int, float] = {}
+        truth: dict[int, int] = {}
+        deadline = time.monotonic() + 30
+        while True:
+            truth = await true_lag(kafka_bootstrap, group, req, 3)
+            m = server.metrics()
+            gauge = {
+                p: m[key]
+                for p in range(3)
+                if (key := f'kbatch_consumer_lag{{partition="{p}",topic="{req}"}}') in m
+            }
+            # Within what the model answers between the two reads (a second or two).
+            if len(gauge) == 3 and all(abs(gauge[p] - truth[p]) <= 30 for p in range(3)):
+                break
+            assert time.monotonic() < deadline, f"gauge {gauge} vs true lag {truth}"
+            await asyncio.sleep(0.5)  # the next sample (not a synchronisation)
+        paused = server.metrics().get("kbatch_paused_partitions", 0.0)
+    finally:
+        server.stop()
+    print(f"\nlag: gauge {gauge} vs true lag {truth} ({paused:.0f} partitions paused)")
+    assert sum(gauge.values()) >= 600  # the whole backlog shows, not the fetched part
