@@ -37,8 +37,10 @@ every item's wait bounded by the deadline rule.
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -62,7 +64,17 @@ class Ready:
 class _Bucket:
     """One length bucket: FIFO queue plus cached aggregates and a decayed arrival rate."""
 
-    __slots__ = ("edge", "index", "items", "max_tokens", "oldest_s", "rate_t", "rate_x", "tokens")
+    __slots__ = (
+        "edge",
+        "groups",
+        "index",
+        "items",
+        "max_tokens",
+        "oldest_s",
+        "rate_t",
+        "rate_x",
+        "tokens",
+    )
 
     def __init__(self, index: int, edge: int) -> None:
         self.index = index
@@ -71,6 +83,7 @@ class _Bucket:
         self.tokens = 0  # real tokens queued
         self.max_tokens = 0  # longest queued item
         self.oldest_s = math.inf  # min arrival_s queued
+        self.groups: Counter[Hashable | None] = Counter()  # queued items per group
         self.rate_x = 0.0  # exponentially decayed arrival count
         self.rate_t = -math.inf  # time of the last decay update
 
@@ -78,6 +91,7 @@ class _Bucket:
         self.tokens = sum(t.n_tokens for t in self.items)
         self.max_tokens = max((t.n_tokens for t in self.items), default=0)
         self.oldest_s = min((t.item.arrival_s for t in self.items), default=math.inf)
+        self.groups = Counter(t.item.group for t in self.items)
 
     def rate_per_s(self, now: float, window_s: float) -> float:
         """Arrivals per second, exponentially decayed with time constant ``window_s``."""
@@ -113,6 +127,11 @@ class BucketBatcher:
         self._queued_items = 0
         self._queued_tokens = 0
         self._with_deadline = 0  # queued items that carry a deadline_s
+        # Their deadlines, earliest first: (deadline_s, tie-break, item); entries of items
+        # no longer queued (not in ``_queued_deadlines``, by identity) are skipped lazily.
+        self._deadlines: list[tuple[float, int, TokenizedItem]] = []
+        self._queued_deadlines: set[int] = set()
+        self._pushes = itertools.count()
         # Rule 7: the turn (a batch counter) at which each group was last in a batch.
         self._turn = 0
         self._served: dict[Hashable | None, int] = {}
@@ -160,11 +179,14 @@ class BucketBatcher:
         b.tokens += item.n_tokens
         b.max_tokens = max(b.max_tokens, item.n_tokens)
         b.oldest_s = min(b.oldest_s, item.item.arrival_s)
+        b.groups[item.item.group] += 1
         b.note_arrival(now, self.config.rate_window_s)
         self._queued_items += 1
         self._queued_tokens += item.n_tokens
         if item.item.deadline_s is not None:
             self._with_deadline += 1
+            heapq.heappush(self._deadlines, (item.item.deadline_s, next(self._pushes), item))
+            self._queued_deadlines.add(id(item))
         self._update_due(b, now)
 
     def pop_ready(
@@ -209,11 +231,13 @@ class BucketBatcher:
         """
         best: tuple[tuple[int, float], _Bucket, Hashable | None] | None = None
         for b in due:
+            # A group's first item in the queue is its oldest (each group's items keep their
+            # arrival order): stop once every group of the bucket is seen.
             first_s: dict[Hashable | None, float] = {}
             for t in b.items:
-                g = t.item.group
-                if g not in first_s or t.item.arrival_s < first_s[g]:
-                    first_s[g] = t.item.arrival_s
+                first_s.setdefault(t.item.group, t.item.arrival_s)
+                if len(first_s) == len(b.groups):
+                    break
             for g, arrival_s in first_s.items():
                 key = (self._served.get(g, 0), arrival_s)
                 if best is None or key < best[0]:
@@ -232,19 +256,12 @@ class BucketBatcher:
         """The earliest ``deadline_s`` of a queued item (monotonic seconds, possibly past), or
         ``None`` when no queued item has one. The engine wakes then, even with no free model
         slot, so :meth:`pop_ready` answers the item ``expired`` at its deadline instead of
-        when a running batch ends. O(queued items) when some carry a deadline, else O(1).
+        when a running batch ends. Amortized O(log n).
         """
-        if not self._with_deadline:
-            return None
-        return min(
-            (
-                t.item.deadline_s
-                for b in self._buckets
-                for t in b.items
-                if t.item.deadline_s is not None
-            ),
-            default=None,
-        )
+        heap = self._deadlines
+        while heap and id(heap[0][2]) not in self._queued_deadlines:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def cancel(
         self, predicate: Callable[[TokenizedItem], bool], now: float | None = None
@@ -399,7 +416,12 @@ class BucketBatcher:
     def _account_removed(self, removed: list[TokenizedItem]) -> None:
         self._queued_items -= len(removed)
         self._queued_tokens -= sum(t.n_tokens for t in removed)
-        self._with_deadline -= sum(1 for t in removed if t.item.deadline_s is not None)
+        for t in removed:
+            if t.item.deadline_s is not None:
+                self._with_deadline -= 1
+                self._queued_deadlines.discard(id(t))
+        if not self._with_deadline:
+            self._deadlines.clear()
 
 
 def _put_group_first(b: _Bucket, group: Hashable | None) -> None:

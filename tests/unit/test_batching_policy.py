@@ -411,3 +411,17 @@ def test_partitions_with_due_work_take_turns_oldest_first() -> None:
         for x in (b.pop_ready(20 * MS, max_batches=1).batches[0] for _ in range(4))
     ]
     assert groups == ["a", "c", "b", "a"]  # never-served c (older) before b, then a again
+
+
+def test_next_expiry_is_the_earliest_deadline_still_queued() -> None:
+    b = BucketBatcher(cfg(max_wait_ms=1000.0), max_length=64)
+    assert b.next_expiry() is None
+    b.add(tok(1, 5, deadline_ms=50.0, group="a"), now=0.0)
+    b.add(tok(2, 40, deadline_ms=30.0, group="b"), now=0.0)
+    b.add(tok(3, 20), now=0.0)
+    assert b.next_expiry() == pytest.approx(30 * MS)
+    b.cancel_group("b")
+    assert b.next_expiry() == pytest.approx(50 * MS)
+    ready = b.pop_ready(50 * MS)  # expired at its deadline, though no bucket is due
+    assert [t.item.item_id for t in ready.expired] == [1] and not ready.batches
+    assert b.next_expiry() is None and b.queued_items == 1
