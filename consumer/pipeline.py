@@ -517,8 +517,9 @@ class Pipeline:
         ends = await self.source.end_offsets(assigned)
         for tp, end in ends.items():
             base = self._committed.get(tp)
-            if base is None:
-                base = await self.source.position(tp)
+            if base is None:  # nothing taken yet; its position may wait for an offset reset
+                with contextlib.suppress(TimeoutError):
+                    base = await asyncio.wait_for(self.source.position(tp), LAG_REFRESH_S)
             if base is None or tp not in self.tracker.assigned:  # revoked meanwhile
                 continue
             self._metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
