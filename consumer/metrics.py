@@ -7,6 +7,7 @@ Prometheus convention); the names say so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -144,7 +145,8 @@ class Metrics:
         )
         self.lag = Gauge(
             "kbatch_consumer_lag",
-            "Log end minus committed offset.",
+            "Records not yet committed per assigned partition: log end offset minus the "
+            "committed offset (or, before the first commit, the offset reading started from).",
             ["topic", "partition"],
             registry=r,
         )
@@ -160,6 +162,11 @@ class Metrics:
         self.gpu_memory = Gauge(
             "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
         )
+
+    def forget_partition(self, tp: tuple[str, int]) -> None:
+        """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
+        with contextlib.suppress(KeyError):
+            self.lag.remove(tp[0], str(tp[1]))
 
     def reply_status(self, status: str) -> Counter:
         """The ``kbatch_replies_total`` child of ``status`` (cached: this is per record)."""

@@ -42,6 +42,7 @@ from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.deadline import Deadline
 from consumer.kafka.errors import DeliveryError, RangeSourceError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
@@ -381,18 +382,17 @@ class BackfillJob:
 
     async def _finish(self, stopped: bool) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + s.drain_timeout_s
+        deadline = Deadline.after(s.drain_timeout_s, asyncio.get_running_loop().time)
         if stopped:
             log.info("stopping: finishing %d record(s) in flight", self._open)
         if self._engine is not None:  # None: an empty range, no model loaded
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._engine.flush(), s.drain_timeout_s)
-            await self._engine.drain(max(0.1, deadline - loop.time()))
+                await asyncio.wait_for(self._engine.flush(), deadline.remaining_s())
+            await self._engine.drain(max(0.1, deadline.remaining_s()))
         self._write_outcomes()  # outcomes still waiting for their turn (see on_outcome)
         if self._tasks:
             _, pending = await asyncio.wait(
-                set(self._tasks), timeout=max(0.1, deadline - loop.time())
+                set(self._tasks), timeout=max(0.1, deadline.remaining_s())
             )
             if pending:
                 log.error("%d send(s) still unacknowledged at the drain deadline", len(pending))

@@ -25,7 +25,14 @@ from consumer.model.protocol import AutocastName, Task
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
 
-__all__ = ["NOOP_MODEL", "LoadedModel", "load_model", "load_runner", "resolve_model"]
+__all__ = [
+    "NOOP_MODEL",
+    "LoadedModel",
+    "load_model",
+    "load_runner",
+    "resolve_model",
+    "warmup_token_id",
+]
 
 
 NOOP_MODEL = "noop"
@@ -205,5 +212,33 @@ def load_runner(
         autocast=autocast,
         name=name or path.name,
         revision=revision,
+        warmup_token_id=warmup_token_id(path, model.get_input_embeddings().num_embeddings),
     )
     return ModelRunner(backend, stats=stats)
+
+
+WARMUP_TEXT = "warm up the model"
+"""Tokenized to pick the warm-up token (:func:`warmup_token_id`)."""
+
+
+def warmup_token_id(model_dir: Path, vocab_size: int) -> int:
+    """A token id of the model's own vocabulary to fill warm-up batches with.
+
+    The first id of :data:`WARMUP_TEXT` as the directory's tokenizer encodes it without special
+    tokens (an ordinary token, not padding, so attention and pooling do real work), when it
+    lies in ``[0, vocab_size)``; else ``vocab_size - 1``. A directory without a tokenizer uses
+    ``vocab_size - 1`` too. (A fixed id such as 1000 is out of range for a small vocabulary,
+    e.g. ESM-2's 33 tokens.)
+
+    Args:
+        model_dir: the ``save_pretrained`` directory.
+        vocab_size: rows of the model's input embedding table.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        ids = [int(i) for i in tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)]
+    except (OSError, ValueError):
+        ids = []
+    return next((i for i in ids if 0 <= i < vocab_size), vocab_size - 1)

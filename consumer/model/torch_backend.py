@@ -144,6 +144,9 @@ class TorchBackend:
         pooling: for ``embed``.
         autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
         name / revision: reported in replies.
+        warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
+            the model's vocabulary (``load_runner`` takes it from the tokenizer, see
+            :func:`warmup_token_id`). Default: the padding id.
     """
 
     def __init__(
@@ -158,8 +161,10 @@ class TorchBackend:
         autocast: AutocastName | None = None,
         name: str = "model",
         revision: str | None = None,
+        warmup_token_id: int | None = None,
     ) -> None:
         self.model = model
+        self.warmup_token_id = pad_token_id if warmup_token_id is None else warmup_token_id
         self.task: Task = task
         self.max_length = max_length
         self.pad_token_id = pad_token_id
@@ -229,8 +234,10 @@ class TorchBackend:
 
     def warmup(self, batch_size: int, seq_len: int) -> None:
         """One forward of ``(batch_size, seq_len)`` real (unpadded) tokens; on CUDA it also
-        synchronises so an out-of-memory error shows here."""
-        ids = np.full((batch_size, seq_len), 1000, dtype=np.int64)
+        synchronises so an out-of-memory error shows here. Every token is
+        ``warmup_token_id`` (a real token of the model's own vocabulary: a fixed id such as
+        1000 is out of range for a small vocabulary, e.g. ESM-2's 33 tokens)."""
+        ids = np.full((batch_size, seq_len), self.warmup_token_id, dtype=np.int64)
         mask = np.ones((batch_size, seq_len), dtype=np.int64)
         with map_device_errors():
             self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
