@@ -1,7 +1,7 @@
 """The one model loader of ``kbatch serve``, ``kbatch backfill`` and the benchmarks.
 
-- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a directory) → the
-  directory and the name/revision replies report; cheap (no torch), so the CLI checks it first.
+- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a
+  directory) → the directory and the name/revision replies report; cheap (no torch), so the CLI checks it first.
 - :func:`load_model`: the runner and its tokenizer for a :class:`consumer.config.ModelSettings`.
 - :func:`load_runner`: one ``save_pretrained`` directory → a torch
   :class:`~consumer.model.batch_runner.ModelRunner` (the benchmarks call it directly).
@@ -97,8 +97,8 @@ class LoadedModel:
 def load_model(
     settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool
 ) -> LoadedModel:
-    """Load the model ``settings`` names (``minilm``, ``noop``, ``sim:…`` or a directory) with its fast
-    tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
+    """Load the model ``settings`` names (``minilm``, ``noop``, ``sim:…`` or a directory) with
+    its fast tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
 
     Args:
         stats: the engine's counters sink, also given to the runner.
