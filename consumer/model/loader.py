@@ -1,7 +1,8 @@
 """The one model loader of ``kbatch serve``, ``kbatch backfill`` and the benchmarks.
 
 - :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a
-  directory) → the directory and the name/revision replies report; cheap (no torch), so the CLI checks it first.
+  directory) → the directory and the name/revision replies report; cheap (no torch), so the
+  CLI checks it first.
 - :func:`load_model`: the runner and its tokenizer for a :class:`consumer.config.ModelSettings`.
 - :func:`load_runner`: one ``save_pretrained`` directory → a torch
   :class:`~consumer.model.batch_runner.ModelRunner` (the benchmarks call it directly).
