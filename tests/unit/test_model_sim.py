@@ -94,7 +94,7 @@ def test_runner_over_sim_reports_the_sleep_as_model_time() -> None:
 
 
 def test_loader_pairs_sim_with_minilm_tokenizer() -> None:
-    settings = ModelSettings(model="sim:0.2,0.01,8")
+    settings = ModelSettings.model_validate({"model": "sim:0.2,0.01,8"})
     path, info = resolve_model(settings)
     assert info.name == "sim:0.2,0.01,8" and (path / "tokenizer.json").is_file()
     model = load_model(settings, _NoStats(), max_length=None, truncate=True)
