@@ -7,6 +7,7 @@ back from the reply topic, the service's state is read from its ``/metrics`` end
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -136,6 +138,13 @@ class ServeProcess:
             return self.ready()
 
         poll_until(check, timeout_s, "kbatch serve /readyz")
+
+    def readyz(self) -> dict[str, Any]:
+        """The ``/readyz`` body (under ``--replicas``: each replica's pid, readiness, restarts)."""
+        code, body = self._get("/readyz")
+        assert code in (200, 503), f"/readyz answered {code}"
+        detail: dict[str, Any] = json.loads(body)
+        return detail
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics`` as ``name{label="v",…}`` → value."""
