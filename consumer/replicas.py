@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from consumer.app import EXIT_DRAIN_DEADLINE
 from consumer.config import ServeSettings
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
@@ -66,6 +65,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("kbatch.replicas")
+
+EXIT_DRAIN_DEADLINE = 3
+"""A replica's and the supervisor's exit code when a drain ran out of ``drain_timeout_s`` (the
+value of ``consumer.app.EXIT_DRAIN_DEADLINE``, which this module may not import: only the CLI
+imports the serve wiring; a unit test holds them equal)."""
 
 KILL_GRACE_S = 30.0
 """Seconds past ``drain_timeout_s`` the supervisor waits for a replica's drain and close before
@@ -155,7 +159,7 @@ def exit_action(code: int, *, stopping: bool, ever_ready: bool) -> ExitAction:
 
 def combined_exit_code(codes: Iterable[int]) -> int:
     """The supervisor's exit code from its replicas' final ones: 1 when any failed to start, 0
-    when every one drained, else 3 (:data:`~consumer.app.EXIT_DRAIN_DEADLINE`: some records
+    when every one drained, else 3 (:data:`EXIT_DRAIN_DEADLINE`: some records
     were left unanswered and uncommitted, re-read after a restart)."""
     final = list(codes)
     if 1 in final:

@@ -86,6 +86,12 @@ def test_combined_exit_code(codes: list[int], exit_code: int) -> None:
     assert combined_exit_code(codes) == exit_code
 
 
+def test_the_drain_deadline_exit_code_is_serves() -> None:
+    from consumer import app, replicas
+
+    assert replicas.EXIT_DRAIN_DEADLINE == app.EXIT_DRAIN_DEADLINE
+
+
 def test_replica_settings_file_reproduces_the_settings(tmp_path: Path) -> None:
     settings = load_settings(
         ServeSettings,
