@@ -225,6 +225,11 @@ class _Topics:
     group: str
 
 
+SIM_BATCH_ARGS = ("--max-batch-tokens", "16384", "--max-batch-size", "256")
+"""Batch limits of ``kbatch serve`` on a simulated device: a GPU's (the CPU defaults, 2048 padded
+tokens and 64 items, would make a GPU wait on launch overhead)."""
+
+
 def _serve_process(
     name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path, replicas: int
 ) -> tuple[_Process, str]:
@@ -242,6 +247,7 @@ def _serve_process(
         "--max-wait-ms", str(opts.max_wait_ms),
         "--metrics-port", str(port),
         "--replicas", str(replicas),
+        *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
