@@ -27,8 +27,9 @@ directory (token statistics). ``naive`` and ``engine`` run a real model and are 
 
 **CPU and device figures** (:func:`consumer.bench.e2e_report.cpu_device_figures`): the CPU
 seconds of the consumer's process tree (the supervisor and its replicas) between ``t0`` and
-``t_end``, and for ``kbatch serve`` the model seconds summed from ``/metrics``
-(``kbatch_inference_seconds_sum``) over the same span.
+``t_end``, and for a simulated device the model seconds summed from ``/metrics``
+(``kbatch_inference_seconds_sum``) over the same span (a real model on this machine shares the
+CPU with the rest, so its time is no device's).
 
 **Throughput** (``seq_per_s``), per Kafka variant, on fresh topics (one partition each) and a
 fresh consumer group:
@@ -431,6 +432,7 @@ async def _kafka_variant(
     await create_topics(opts.bootstrap, [topics.request], partitions=max(opts.replicas))
     await create_topics(opts.bootstrap, [topics.reply, topics.dlq], partitions=1)
     metrics_url: str | None = None
+    model: str | None = None
     if name in REPLICATED:
         model = "noop" if name == "passthrough" else (opts.serve_model or str(opts.model_dir))
         proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas)
@@ -455,6 +457,8 @@ async def _kafka_variant(
         drain_s = t_end - t0
         tput = seq_per_s(n, drain_s)
         model_s = None if model_s0 is None or model_s1 is None else model_s1 - model_s0
+        if not (model or "").startswith("sim:"):
+            model_s = None  # device figures only for a simulated device: the rest share the CPU
         figures = cpu_device_figures(n, drain_s, cpu_s, replicas, model_s)
         rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
         say(f"{key}: {tput} seq/s, {figures}; latency phase at {rate}/s for {opts.latency_s:g} s")
