@@ -156,3 +156,24 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     }
     path = plot_e2e(report, tmp_path / "img")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "sim:1,0.4", "--variants", "naive,kbatch"], "need a model directory"),
+        (["--model", "sim:1"], "FIXED_MS,US_PER_TOKEN"),
+        (["--replicas", "0,2"], "replica counts"),
+        (["--model", "/no/such/dir"], "not a directory"),
+    ],
+)
+def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
+    args: list[str], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from consumer.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "e2e", *args, "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
