@@ -168,3 +168,19 @@ async def test_sigkill_of_one_replica_loses_nothing(
     assert {r.key for r in replies} == all_keys(n)
     assert metrics['kbatch_replica_restarts_total{replica="0"}'] == 1
     assert f"replica 0 (pid {victim}) exited unexpectedly" in server.log_path.read_text()
+
+
+def test_replicas_without_a_broker_exit_1(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.integration.harness import KBATCH
+
+    proc = subprocess.run(
+        [KBATCH, "serve", "--replicas", "2", "--bootstrap", "127.0.0.1:1", "--metrics-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no Kafka broker answered" in proc.stderr
