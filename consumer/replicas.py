@@ -58,6 +58,7 @@ __all__ = [
     "RestartState",
     "Supervisor",
     "combined_exit_code",
+    "drained_code",
     "exit_action",
     "replica_instance_id",
     "supervise",
@@ -157,6 +158,14 @@ def exit_action(code: int, *, stopping: bool, ever_ready: bool) -> ExitAction:
     return "restart"
 
 
+def drained_code(code: int, *, ready_since_launch: bool) -> int:
+    """The code a replica that exited during a stop counts with: its own once it had been ready
+    (its drain's verdict: 0, or 3 past the deadline); 0 when it was still starting (the signal
+    found it loading the model, before its handlers: killed, or a ``KeyboardInterrupt`` exit 1,
+    with nothing taken in that a restart would not read again)."""
+    return code if ready_since_launch else 0
+
+
 def combined_exit_code(codes: Iterable[int]) -> int:
     """The supervisor's exit code from its replicas' final ones: 1 when any failed to start, 0
     when every one drained, else 3 (:data:`EXIT_DRAIN_DEADLINE`: some records
@@ -222,6 +231,7 @@ class _Replica:
     started_s: float = 0.0
     ready: bool = False
     ever_ready: bool = False
+    ready_since_launch: bool = False
     restart_count: int = 0
     final_code: int | None = None
     detail: dict[str, Any] = field(default_factory=dict)
@@ -317,7 +327,7 @@ class Supervisor:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self._multiproc)
         env["PYTHONUNBUFFERED"] = "1"
         r.port = _free_port()
-        r.ready, r.detail = False, {}
+        r.ready, r.ready_since_launch, r.detail = False, False, {}
         r.proc = await asyncio.create_subprocess_exec(
             *self._args(r),
             env=env,
@@ -342,8 +352,14 @@ class Supervisor:
         from prometheus_client.multiprocess import mark_process_dead
 
         while True:
+            if self._stopping:  # stopped before its (re)start
+                r.final_code = 0
+                return
             await self._launch(r)
             assert r.proc is not None
+            if self._stopping:  # the stop came while it was being started
+                with contextlib.suppress(ProcessLookupError):
+                    r.proc.send_signal(signal.SIGTERM)
             code = await r.proc.wait()
             if r.relay is not None:
                 await r.relay  # its last lines (EOF follows the exit)
@@ -354,7 +370,7 @@ class Supervisor:
             if action == "done":
                 # killed by our forwarded signal before it installed its handlers: nothing was
                 # taken in yet
-                r.final_code = 0 if code < 0 and not r.ready and not r.detail else code
+                r.final_code = drained_code(code, ready_since_launch=r.ready_since_launch)
                 log.info("replica %d (pid %d) exited with %d", r.index, r.proc.pid, code)
                 return
             if action == "abort":
@@ -385,9 +401,11 @@ class Supervisor:
                 body = await asyncio.to_thread(_get_ready, r.port)
                 r.detail = body or {}
                 ready = bool(body and body.get("ready"))
-                if ready and not r.ever_ready:
+                if ready and not r.ready_since_launch:
                     log.info("replica %d (pid %s) ready", r.index, r.pid)
-                r.ready, r.ever_ready = ready, r.ever_ready or ready
+                r.ready = ready
+                r.ever_ready = r.ever_ready or ready
+                r.ready_since_launch = r.ready_since_launch or ready
                 self.metrics.up.labels(str(r.index)).set(1 if ready else 0)
             self.beat()
             await asyncio.sleep(POLL_S)

@@ -15,6 +15,7 @@ from consumer.replicas import (
     RestartState,
     Supervisor,
     combined_exit_code,
+    drained_code,
     exit_action,
     replica_instance_id,
     settings_file_data,
@@ -84,6 +85,16 @@ def test_exit_action(code: int, stopping: bool, ever_ready: bool, action: str) -
 )
 def test_combined_exit_code(codes: list[int], exit_code: int) -> None:
     assert combined_exit_code(codes) == exit_code
+
+
+@pytest.mark.parametrize(
+    ("code", "ready_since_launch", "counted"),
+    [(0, True, 0), (3, True, 3), (-9, True, -9), (-15, False, 0), (1, False, 0)],
+)
+def test_a_replica_stopped_while_starting_counts_as_drained(
+    code: int, ready_since_launch: bool, counted: int
+) -> None:
+    assert drained_code(code, ready_since_launch=ready_since_launch) == counted
 
 
 def test_the_drain_deadline_exit_code_is_serves() -> None:
