@@ -140,8 +140,11 @@ class ServeProcess:
         poll_until(check, timeout_s, "kbatch serve /readyz")
 
     def readyz(self) -> dict[str, Any]:
-        """The ``/readyz`` body (under ``--replicas``: each replica's pid, readiness, restarts)."""
+        """The ``/readyz`` body (under ``--replicas``: each replica's pid, readiness, restarts);
+        ``{}`` while nothing answers yet."""
         code, body = self._get("/readyz")
+        if code == 0:
+            return {}
         assert code in (200, 503), f"/readyz answered {code}"
         detail: dict[str, Any] = json.loads(body)
         return detail

@@ -184,3 +184,27 @@ def test_replicas_without_a_broker_exit_1(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "no Kafka broker answered" in proc.stderr
+
+
+async def test_more_replicas_than_partitions_is_warned(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    req, rep, dlq = await new_topic("req", 1), await new_topic("rep"), await new_topic("dlq")
+    server = start_replicas(tmp_path, kafka_bootstrap, (req, rep, dlq), unique_group("rep-warn"))
+    try:
+        poll_until(
+            lambda: "exceeds the 1 partitions" in server.log_path.read_text(),
+            60,
+            "the partition warning",
+        )
+
+        def one_assigned() -> bool:
+            rows = server.readyz().get("replicas", [])
+            return sorted(r["assigned_partitions"] or 0 for r in rows) == [0, 1]
+
+        poll_until(one_assigned, 120, "one replica with the partition, one idle")
+        assert server.readyz()["ready"] is False  # the idle member is not ready
+        server.signal(signal.SIGTERM)
+        assert server.wait(90) == 0, server.log_tail()
+    finally:
+        server.stop()
