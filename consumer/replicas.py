@@ -326,7 +326,10 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBATCH_")}
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self._multiproc)
         env["PYTHONUNBUFFERED"] = "1"
+        taken = {other.port for other in self.replicas if other is not r}
         r.port = _free_port()
+        while r.port in taken:  # the OS may hand out a port another replica is about to bind
+            r.port = _free_port()
         r.ready, r.ready_since_launch, r.detail = False, False, {}
         r.proc = await asyncio.create_subprocess_exec(
             *self._args(r),
@@ -368,8 +371,7 @@ class Supervisor:
             self.metrics.up.labels(str(r.index)).set(0)
             action = exit_action(code, stopping=self._stopping, ever_ready=r.ever_ready)
             if action == "done":
-                # killed by our forwarded signal before it installed its handlers: nothing was
-                # taken in yet
+                # its drain's verdict, or 0 when the signal found it still starting
                 r.final_code = drained_code(code, ready_since_launch=r.ready_since_launch)
                 log.info("replica %d (pid %d) exited with %d", r.index, r.proc.pid, code)
                 return
