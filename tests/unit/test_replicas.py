@@ -153,3 +153,23 @@ def test_readiness_needs_every_replica() -> None:
     assert [row["ready"] for row in detail["replicas"]] == [True, False]
     sup.replicas[1].ready = True
     assert sup.readiness()[0]
+
+
+def test_every_gauge_says_how_replicas_combine() -> None:
+    """Under --replicas a gauge left at prometheus-client's default mode ('all') would show one
+    series per pid: each gauge of Metrics names its multiprocess_mode."""
+    from prometheus_client import Gauge
+
+    from consumer.metrics import Metrics
+
+    metrics = Metrics()
+    gauges = {
+        name: value._multiprocess_mode
+        for name, value in vars(metrics).items()
+        if isinstance(value, Gauge)
+    }
+    assert gauges, "no gauges found"
+    assert {name: mode for name, mode in gauges.items() if mode == "all"} == {}
+    assert gauges["lag"] == "livemostrecent"
+    assert gauges["engine_healthy"] == "livemin"
+    assert gauges["in_flight_records"] == "livesum"
