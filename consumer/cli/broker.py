@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from consumer.broker.local import DEFAULT_PORT, BrokerError, LocalBroker
+from consumer.broker.local import DEFAULT_PORT, KAFKA_VERSION, BrokerError, LocalBroker
 
 port_option = click.option(
     "--port",
@@ -28,10 +28,16 @@ def _fail(err: BrokerError) -> None:
 @broker_group.command()
 @port_option
 @click.option("--fresh", is_flag=True, help="Stop it and wipe its data first.")
-def start(port: int, fresh: bool) -> None:
+@click.option(
+    "--kafka-version",
+    default=KAFKA_VERSION,
+    show_default=True,
+    help="Apache Kafka release to run (4.x, or 3.9.x for the previous line).",
+)
+def start(port: int, fresh: bool, kafka_version: str) -> None:
     """Start the broker (idempotent); print its bootstrap address once it answers."""
     try:
-        click.echo(LocalBroker(port=port).start(fresh=fresh))
+        click.echo(LocalBroker(port=port, kafka_version=kafka_version).start(fresh=fresh))
     except BrokerError as err:
         _fail(err)
 

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from consumer.broker.local import LocalBroker
 from consumer.kafka.admin import create_topics
 from tests.conftest import TopicFactory, unique_group
@@ -23,7 +21,7 @@ from tests.integration.harness import (
     ReplyRecord,
     ServeProcess,
     committed_offsets,
-    free_port,
+    free_port_pair,
     kill,
     poll_until,
     produce,
@@ -248,17 +246,3 @@ async def test_sigterm_drains_commits_and_repeats_nothing(
         server.stop()
     assert {r.key for r in replies} == all_keys(n)
     assert duplicates(replies) == 0
-
-
-def free_port_pair() -> int:
-    for _ in range(50):
-        port = free_port()
-        try:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    pytest.fail("no free port pair")
