@@ -22,7 +22,7 @@ from consumer.batching.engine import Engine
 from consumer.batching.protocols import BatchRunner, TokenizerLike
 from consumer.batching.stats import StatsSink
 from consumer.config import PACKAGED_MODEL, ModelSettings, ServeSettings
-from consumer.kafka.admin import KafkaUnavailableError, ensure_topics
+from consumer.kafka.admin import KafkaUnavailableError, TopicCreationError, ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
@@ -189,7 +189,7 @@ async def serve(settings: ServeSettings) -> int:
             )
             if created:
                 log.info("created topics %s", created)
-    except KafkaUnavailableError as err:
+    except (KafkaUnavailableError, TopicCreationError) as err:
         log.error("%s", err)
         return 1
 

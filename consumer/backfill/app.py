@@ -24,6 +24,8 @@ from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, 
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import ServeSettings
+from consumer.kafka.admin import KafkaUnavailableError, TopicCreationError, ensure_topics
+from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.range_source import RangeSource, RangeSourceError, RangeSpecError
 from consumer.kafka.sink import KafkaSink
 from consumer.replies import ReplyBuilder
@@ -64,8 +66,12 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     """Run one job to its end (or a SIGTERM/SIGINT); prints the summary (stderr, and one JSON
     object on stdout with ``json_summary``); returns the process exit code.
 
+    The output topic (as many partitions as the source) and the dead-letter topic (1) are
+    created when missing, as ``kbatch serve`` creates its topics.
+
     Raises:
-        RangeSourceError: the source topic does not exist or the broker cannot be reached.
+        RangeSourceError: the source topic does not exist, the broker cannot be reached, or
+            a missing output/dead-letter topic could not be created.
         RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
         FileNotFoundError: the model directory does not exist.
     """
@@ -96,6 +102,18 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             r.start,
             f" (resumed: group {group_id})" if r.resumed_from is not None else "",
         )
+
+    try:
+        created = await ensure_topics(
+            settings.bootstrap,
+            {settings.output_topic: len(plan), settings.dead_letter_topic: 1},
+            security=security_kwargs(settings),
+        )
+    except (KafkaUnavailableError, TopicCreationError) as err:
+        await source.stop()
+        raise RangeSourceError(str(err)) from err
+    if created:
+        log.info("created topics %s", created)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

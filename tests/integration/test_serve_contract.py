@@ -371,3 +371,29 @@ async def test_a_compressed_request_too_large_to_copy_is_cut_on_the_dlq_and_neve
         return offsets[0] == 2
 
     await asyncio.to_thread(poll_until, committed_past_both, 30, "commit past offset 1", 0.5)
+
+
+async def test_topics_the_broker_refuses_to_create_stop_serve_with_one_clear_error(
+    tmp_path: Path, kafka_bootstrap: str, tiny_embed_dir: Path
+) -> None:
+    """Replication factor 3 on a one-broker cluster: CreateTopics is refused, serve exits 1
+    naming the topics and what to do (no traceback, no half-started consumer)."""
+    name = unique_group("refused")
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=f"{name}.req",
+        reply_topic=f"{name}.rep",
+        dlq_topic=f"{name}.dlq",
+        group_id=name,
+        model=str(tiny_embed_dir),
+        extra=["--topic-replication-factor", "3"],
+    )
+    try:
+        assert server.proc is not None
+        assert await asyncio.to_thread(server.proc.wait, 60) == 1
+    finally:
+        server.stop()
+    log = server.log_tail()
+    assert f"{name}.req" in log and "could not be created" in log, log
+    assert "Traceback" not in log, log
