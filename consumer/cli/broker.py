@@ -11,7 +11,8 @@ port_option = click.option(
     type=int,
     default=DEFAULT_PORT,
     show_default=True,
-    help="Broker port; the controller listens on port + 1.",
+    envvar="KBATCH_BROKER_PORT",
+    help="Broker port; the controller listens on port + 1 (env KBATCH_BROKER_PORT).",
 )
 
 

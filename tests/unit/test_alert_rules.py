@@ -8,15 +8,13 @@ test`` does). Without it these tests skip, except under CI (``CI`` set), where t
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
+from tests.conftest import require_tool
 from tests.unit.test_deploy_manifests import ROOT, _compose, _metric_names
 
 RULES = ROOT / "deploy" / "prometheus" / "kbatch.rules.yml"
@@ -34,12 +32,7 @@ EXPECTED_ALERTS = {
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing under CI: `make tools` should have installed it")
-        pytest.skip("promtool not installed (Debian: apt-get install prometheus; or make tools)")
-    return path
+    return require_tool("promtool", "prometheus")
 
 
 def _rules() -> list[dict[str, Any]]:
