@@ -62,6 +62,9 @@ def test_port_held_by_another_program_gives_one_line_error() -> None:
 def test_missing_java_is_named(tmp_path: Path) -> None:
     port = free_port_pair()
     env = dict(os.environ, PATH=str(Path(sys.executable).parent))
-    result = _kbatch("start", "--port", str(port), env=env)
+    try:
+        result = _kbatch("start", "--port", str(port), env=env)
+    finally:  # the config written before java was looked up
+        shutil.rmtree(LocalBroker(port=port).home, ignore_errors=True)
     assert result.returncode == 2
     assert "`java` not found" in result.stderr
