@@ -101,12 +101,20 @@ KCAT = (
     "docs/CONTRACT.md",
     "# Watch replies: key, headers (kbatch-status, correlation id) and the JSON value.",
 )
+OPTIONS_PYTHON = (
+    "docs/CONTRACT.md",
+    '# Embed options through kbatch\'s client (the model must declare a "query" prompt).',
+)
+OPTIONS_KCAT = (
+    "docs/CONTRACT.md",
+    "kbatch topics create my.replies      # the reply topic must exist: brokers create none on use",
+)
 
 
 def test_every_block_is_run_parsed_or_marked() -> None:
     blocks = doc_blocks()
     run = {(b.doc, b.first_line) for b in blocks if b.mode == "run"}
-    assert run == {QUICK_START, PYTHON_CLIENT, KCAT}, (
+    assert run == {QUICK_START, PYTHON_CLIENT, KCAT, OPTIONS_PYTHON, OPTIONS_KCAT}, (
         "a command block is neither run by this module nor marked: add a test or a "
         "<!-- docs-test: parse|skip (why) --> line"
     )
@@ -311,3 +319,54 @@ def test_contract_kcat_examples(
     assert '"status":"ok"' in watched.replace(" ", ""), watched
     decoded = results[-1].stdout
     assert "'status': 'ok'" in decoded and "'embedding'" in decoded, decoded
+
+
+@pytest.fixture
+def served_with_prompts(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, tiny_prompt_embed_dir: Path
+) -> Iterator[ServeProcess]:
+    """kbatch serve on the fresh topics with the tiny embedder that declares e5-style prompts."""
+    server = ServeProcess.start(
+        tmp_path, bootstrap=kafka_bootstrap, request_topic=names.requests,
+        reply_topic=names.replies, dlq_topic=names.dlq, group_id=names.group,
+        model=str(tiny_prompt_embed_dir),
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_contract_options_python_client(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, served_with_prompts: ServeProcess
+) -> None:
+    """The embed-options example: a prompt, 16 dimensions as f16le, a binary vector."""
+    block = _run_block(*OPTIONS_PYTHON)
+    asyncio.run(create_topics(kafka_bootstrap, [names.mine]))  # as its comment says
+    script = tmp_path / "options.py"
+    script.write_text(_substitute(block.body, kafka_bootstrap, names))
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=90,
+        stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ok float16 (16,) usage:"), out.stdout
+    assert lines[1] == "binary: (32,) bits, packed: 4 bytes on the wire", out.stdout
+
+
+def test_contract_options_kcat(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, served_with_prompts: ServeProcess
+) -> None:
+    """The embed-options kcat lines: create the reply topic, send, wait for the binary reply."""
+    require_tool("kcat", "kcat")
+    block = _run_block(*OPTIONS_KCAT)
+    env = {
+        **names.env(kafka_bootstrap),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    out = _bash(_substitute(block.body, kafka_bootstrap, names), tmp_path, env, timeout_s=90)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    dim, hex_bits = out.stdout.strip().splitlines()[-1].split()
+    assert dim == "16" and len(bytes.fromhex(hex_bits)) == 2, out.stdout
