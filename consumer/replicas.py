@@ -51,7 +51,7 @@ from typing import Any, Literal
 from consumer.config import ServeSettings
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
-from consumer.kafka.errors import KafkaUnavailableError
+from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 
 __all__ = [
     "RestartPolicy",
@@ -269,6 +269,9 @@ class _HostMetrics:
         """The text exposition (``HealthServer``'s ``/metrics``)."""
         return bytes(self._generate(self.registry))
 
+    def refresh(self, now_s: float) -> None:
+        """Nothing computed here: the replicas refresh their own values."""
+
 
 class Supervisor:
     """Runs ``settings.replicas`` replicas of ``kbatch serve`` until SIGTERM/SIGINT (see the
@@ -472,7 +475,7 @@ class Supervisor:
         s = self.settings
         try:
             await self._prepare_topics()
-        except KafkaUnavailableError as err:
+        except (KafkaUnavailableError, TopicCreationError) as err:
             log.error("%s", err)
             return 1
         fd = os.open(self._settings_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
