@@ -84,6 +84,13 @@ async def test_two_replicas_answer_a_burst_and_host_metrics_match_the_topic(
         await burst(kafka_bootstrap, req, n)
         poll_until(lambda: replies_ok(server) >= n, 180, f"{n} ok replies")
         replies = await read_all(kafka_bootstrap, rep, 1)
+        pids = {row["pid"] for row in server.readyz()["replicas"]}
+
+        def busy_per_replica() -> bool:  # written on a beat, at most once a second
+            m = server.metrics()
+            return all(m.get(f'kbatch_model_busy_ratio{{pid="{pid}"}}', 0.0) > 0 for pid in pids)
+
+        poll_until(busy_per_replica, 30, "a model busy ratio per replica process")
         metrics = server.metrics()
     finally:
         server.stop()
