@@ -477,6 +477,7 @@ class Supervisor:
             await self._prepare_topics()
         except (KafkaUnavailableError, TopicCreationError) as err:
             log.error("%s", err)
+            shutil.rmtree(self._runtime, ignore_errors=True)
             return 1
         fd = os.open(self._settings_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
