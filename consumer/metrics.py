@@ -1,7 +1,9 @@
 """Every metric of ``kbatch serve`` in one place (prometheus-client, prefix ``kbatch_``).
 
 Served with ``/healthz`` and ``/readyz`` by :class:`HealthServer` on ``--metrics-port``,
-bound to 127.0.0.1 unless ``--metrics-host`` says otherwise. Durations are seconds (the
+bound to 127.0.0.1 unless ``--metrics-host`` says otherwise. Under ``kbatch serve --replicas N``
+the values live in prometheus-client's multiprocess files and the supervisor serves them summed
+for the host (each gauge's ``multiprocess_mode`` says how it combines). Durations are seconds (the
 Prometheus convention); the names say so.
 """
 
@@ -11,10 +13,11 @@ import contextlib
 import json
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -128,10 +131,16 @@ class Metrics:
             registry=r,
         )
         self.in_flight_records = Gauge(
-            "kbatch_in_flight_records", "Records taken in and not yet answered.", registry=r
+            "kbatch_in_flight_records",
+            "Records taken in and not yet answered.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.in_flight_tokens = Gauge(
-            "kbatch_in_flight_tokens", "Tokens of the records in flight.", registry=r
+            "kbatch_in_flight_tokens",
+            "Tokens of the records in flight.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.pauses = Counter(
             "kbatch_pauses_total",
@@ -139,10 +148,16 @@ class Metrics:
             registry=r,
         )
         self.paused_partitions = Gauge(
-            "kbatch_paused_partitions", "Partitions paused by backpressure.", registry=r
+            "kbatch_paused_partitions",
+            "Partitions paused by backpressure.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.assigned_partitions = Gauge(
-            "kbatch_assigned_partitions", "Partitions assigned to this member.", registry=r
+            "kbatch_assigned_partitions",
+            "Partitions assigned to this member (with replicas: to this host's members).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.lag = Gauge(
             "kbatch_consumer_lag",
@@ -150,6 +165,8 @@ class Metrics:
             "committed offset (or, before the first commit, the offset reading started from).",
             ["topic", "partition"],
             registry=r,
+            # replicas: a partition's owner wrote last (a revoked owner's series goes stale)
+            multiprocess_mode="livemostrecent",
         )
         self.rebalances = Counter(
             "kbatch_rebalances_total",
@@ -158,23 +175,47 @@ class Metrics:
             registry=r,
         )
         self.engine_healthy = Gauge(
-            "kbatch_engine_healthy", "1 unless a batch overran the watchdog.", registry=r
+            "kbatch_engine_healthy",
+            "1 unless a batch overran the watchdog (with replicas: of every replica).",
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self.gpu_memory = Gauge(
-            "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
+            "kbatch_gpu_memory_bytes",
+            "CUDA memory allocated by torch (0 on CPU; with replicas: their sum).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.model_busy = BusyWindow()
         self.model_busy_ratio = Gauge(
             "kbatch_model_busy_ratio",
             f"Fraction of the last {self.model_busy.window_s:g} s of wall time the model ran "
-            "batches (the accelerator-utilisation proxy; also on CPU).",
+            "batches (the accelerator-utilisation proxy; also on CPU; with replicas: one "
+            "series per replica process, its pid in /readyz).",
             registry=r,
+            multiprocess_mode="liveall",
         )
         self.model_busy_ratio.set_function(self.model_busy.ratio)
+        self._refreshed_s = 0.0
+
+    def refresh(self, now_s: float) -> None:
+        """Write the computed gauges' current values (``kbatch_model_busy_ratio``) to their
+        stored value, at most once a second of ``now_s`` (monotonic seconds).
+
+        A gauge computed at scrape time (``set_function``) is read from this process's registry;
+        under ``kbatch serve --replicas`` the host's ``/metrics`` reads the multiprocess files
+        instead, which only a ``set`` updates: :class:`HealthServer` calls this on every beat.
+        """
+        if now_s - self._refreshed_s >= 1.0:
+            self._refreshed_s = now_s
+            self.model_busy_ratio.set(self.model_busy.ratio())
 
     def forget_partition(self, tp: tuple[str, int]) -> None:
         """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
-        with contextlib.suppress(KeyError):
+        with contextlib.suppress(KeyError), warnings.catch_warnings():
+            # multiprocess mode (kbatch serve --replicas) cannot remove a series; its value
+            # stays in the file and the new owner's newer value wins (livemostrecent)
+            warnings.simplefilter("ignore", UserWarning)
             self.lag.remove(tp[0], str(tp[1]))
 
     def reply_status(self, status: str) -> Counter:
@@ -240,6 +281,19 @@ class BusyWindow:
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 
 
+class Exposition(Protocol):
+    """What :class:`HealthServer` serves on ``/metrics``: :class:`Metrics`, or the host-wide
+    view of ``kbatch serve --replicas`` (:mod:`consumer.replicas`)."""
+
+    def render(self) -> bytes:
+        """The text exposition."""
+        ...
+
+    def refresh(self, now_s: float) -> None:
+        """Bring computed values up to date (called on every event-loop beat)."""
+        ...
+
+
 class HealthServer:
     """``/metrics``, ``/healthz`` (the event loop is alive) and ``/readyz`` (ready to serve).
 
@@ -249,7 +303,7 @@ class HealthServer:
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: Exposition,
         ready: ReadinessProbe,
         host: str = "127.0.0.1",
         port: int = 9400,
@@ -303,8 +357,10 @@ class HealthServer:
         self._thread.start()
 
     def beat(self) -> None:
-        """Record that the event loop is alive (called once per poll)."""
-        self._last_beat = time.monotonic()
+        """Record that the event loop is alive (called once per poll); refresh the computed
+        gauges (:meth:`Metrics.refresh`)."""
+        self._last_beat = now = time.monotonic()
+        self._metrics.refresh(now)
 
     def stop(self) -> None:
         """Stop serving and close the socket."""

@@ -1,4 +1,4 @@
-"""Small administrative calls: is the broker up, create and delete topics.
+"""Small administrative calls: is the broker up, create and delete topics, count partitions.
 
 Used by ``kbatch broker``, ``kbatch topics`` and the test fixtures. Every call opens its own
 short-lived client; none is on the request path.
@@ -135,3 +135,25 @@ async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
             await admin.delete_topics(list(names))
     finally:
         await admin.close()
+
+
+async def partition_count(
+    bootstrap: str, topic: str, security: dict[str, Any] | None = None
+) -> int | None:
+    """Partitions of ``topic`` (the most members of one group that get work); None when the
+    topic does not exist.
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
+    try:
+        if topic not in await admin.list_topics():
+            return None  # describing it could create it (auto.create.topics.enable)
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if described.get("error_code", 0) != 0:
+        return None
+    return len(described.get("partitions") or []) or None

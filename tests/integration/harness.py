@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -147,6 +149,16 @@ class ServeProcess:
             return self.ready()
 
         poll_until(check, timeout_s, "kbatch serve /readyz")
+
+    def readyz(self) -> dict[str, Any]:
+        """The ``/readyz`` body (under ``--replicas``: each replica's pid, readiness, restarts);
+        ``{}`` while nothing answers yet."""
+        code, body = self._get("/readyz")
+        if code == 0:
+            return {}
+        assert code in (200, 503), f"/readyz answered {code}"
+        detail: dict[str, Any] = json.loads(body)
+        return detail
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics`` as ``name{label="v",…}`` → value."""
