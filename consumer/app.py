@@ -95,7 +95,7 @@ async def serve(settings: ServeSettings) -> int:
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        on_outcome=pipeline.on_outcome,
+        on_outcomes=pipeline.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a

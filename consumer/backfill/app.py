@@ -120,7 +120,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 runner,
                 tokenizer,
                 policy,
-                on_outcome=job.on_outcome,
+                on_outcomes=job.on_outcomes,
                 stats=stats,
                 batch_timeout_s=settings.batch_timeout_s,
                 warmup="all" if cuda else "largest",
