@@ -526,7 +526,7 @@ class Pipeline:
             True when every record of ``tps`` was answered in time.
         """
         targets = tps if tps is not None else self.tracker.assigned
-        work = deadline.sooner(min(COMMIT_RESERVE_S, deadline.remaining_s() / 4))
+        work = deadline.keeping(COMMIT_RESERVE_S)
         if self._submitting is not None:  # its items then are queued: flush and cancel see them
             # Its error, if any, is run()'s to raise.
             await asyncio.wait({self._submitting}, timeout=work.remaining_s())

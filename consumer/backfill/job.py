@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -163,10 +164,13 @@ class BackfillJob:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> BackfillSummary:
+    async def run(
+        self, stop: asyncio.Event, drain_deadline: Callable[[], Deadline] | None = None
+    ) -> BackfillSummary:
         """Read until every partition reached its end or ``stop`` is set; finish what was read
-        (within ``drain_timeout_s`` after a stop), commit, and summarise. Never raises for a
-        bad record; re-raises unexpected errors after the drain."""
+        and commit by ``drain_deadline()`` (asked once the reading ends; default:
+        ``drain_timeout_s`` from then), and summarise. Never raises for a bad record;
+        re-raises unexpected errors after the drain."""
         s = self.settings
         plan = dict(self._source.plan)
         for p, r in plan.items():
@@ -197,7 +201,10 @@ class BackfillJob:
                     next_commit = self._clock() + interval_s
         finally:
             relay.cancel()
-            await self._finish(stop.is_set())
+            if drain_deadline is None:
+                loop = asyncio.get_running_loop()
+                drain_deadline = functools.partial(Deadline.after, s.drain_timeout_s, loop.time)
+            await self._finish(stop.is_set(), drain_deadline())
         elapsed_s = self._clock() - t0
         return self._summary(plan, elapsed_s, stop.is_set())
 
@@ -358,17 +365,15 @@ class BackfillJob:
         self._ends_committed.update(p for p, o in offsets.items() if o >= plan[p].end)
         return True
 
-    async def _finish(self, stopped: bool) -> None:
-        s = self.settings
-        deadline = Deadline.after(s.drain_timeout_s, asyncio.get_running_loop().time)
+    async def _finish(self, stopped: bool, deadline: Deadline) -> None:
         if stopped:
             log.info("stopping: finishing %d record(s) in flight", self._open)
         if self._engine is not None:  # None: an empty range, no model loaded
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._engine.flush(), deadline.remaining_s())
-            await self._engine.drain(max(0.1, deadline.remaining_s()))
+            await self._engine.drain(deadline.remaining_s())
         self._write_outcomes()  # outcomes still waiting for their turn (see on_outcomes)
-        left = await self._delivery.wait(max(0.1, deadline.remaining_s()))
+        left = await self._delivery.wait(deadline.remaining_s())
         if left:
             log.error("%d record(s) still unacknowledged at the drain deadline", left)
         self._commit_failed = not await self._commit()
