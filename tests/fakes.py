@@ -53,6 +53,16 @@ class FakeSink:
         return [r for r in self.sent if r.topic == topic]
 
 
+class FakeClock:
+    """A monotonic clock the test moves (``now_s``; starts at 100 s)."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 class OutcomesSink(Protocol):
     def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None: ...
 
