@@ -115,7 +115,6 @@ class Pipeline:
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.settings = settings
-        self._sink = sink
         self._replies = replies
         self._metrics = metrics
         self._clock = clock
@@ -305,7 +304,7 @@ class Pipeline:
         The bookkeeping is done now; the replies are built and handed to delivery in
         :meth:`_send_due`, together with every other reply due in this loop iteration, once the
         engine has had its turn to launch the next batch. Delivery finishes each record on the
-        broker's ack (:meth:`delivered`, :meth:`finished`).
+        broker's ack (:meth:`on_delivered`, :meth:`on_finished`).
         """
         now = self._clock()
         for outcome in outcomes:

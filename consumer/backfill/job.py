@@ -115,7 +115,6 @@ class BackfillJob:
     ) -> None:
         self.settings = settings
         self._source = source
-        self._sink = sink
         self._replies = replies
         self._progress: ProgressSink = progress or NullProgress()
         self._clock = clock
