@@ -1,9 +1,12 @@
 """Wiring of ``kbatch serve``: build the parts, handle signals, shut down in order.
 
-Start: model (warm-up of every bucket's worst-case shape) → sink → source → metrics server.
+Start, each part entered on an exit stack (:class:`consumer.lifecycle.Lifecycle`): metrics
+server → engine (warm-up of every bucket's worst-case shape) → producer → consumer.
 Stop (SIGTERM/SIGINT): stop fetching → flush the buckets → finish running batches → send →
-commit → close the consumer, the producer, the engine → exit 0, all under one deadline of
-``drain_timeout_s``; what is unanswered then is dropped, left uncommitted, and the exit is 3.
+commit → leave the stack: close the consumer, the producer, the engine, the metrics server →
+exit 0, all under one shutdown deadline of ``drain_timeout_s`` (the drain keeps
+:data:`consumer.lifecycle.CLOSE_RESERVE_S` of it for the closes); what is unanswered then is
+dropped, left uncommitted, and the exit is 3.
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ import gc
 import json
 import logging
 import signal
+from collections.abc import Callable
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.config import ServeSettings, project
-from consumer.deadline import Deadline
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
+from consumer.lifecycle import Lifecycle
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.model.loader import load_model
 from consumer.pipeline import Pipeline
@@ -36,10 +40,6 @@ EXIT_DRAIN_DEADLINE = 3
 """``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
 with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
 0 is a clean drain, 1 a start-up failure."""
-
-CLOSE_MIN_S = 1.0
-"""Seconds each closing step of the drain (consumer, producer, engine) gets even when the drain
-deadline has passed."""
 
 
 def freeze_startup_heap() -> int:
@@ -95,7 +95,7 @@ async def serve(settings: ServeSettings) -> int:
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        on_outcome=pipeline.on_outcome,
+        on_outcomes=pipeline.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -127,60 +127,38 @@ async def serve(settings: ServeSettings) -> int:
         )
         return ready, detail
 
-    health = None
-    if settings.metrics_port:
-        health = HealthServer(metrics, readiness, settings.metrics_host, settings.metrics_port)
-        health.start()
-        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    await engine.start()
-    try:
-        await sink.start()
-        await source.start()
-    except KafkaUnavailableError as err:
-        log.error("%s", err)
-        await asyncio.gather(sink.stop(), engine.stop(), return_exceptions=True)
-        if health is not None:
-            health.stop()
-        return 1
-    frozen = freeze_startup_heap()
-    log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
-    log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
-    try:
-        await pipeline.run(stop, beat=health.beat if health else lambda: None)
-    finally:
-        drained = await _shutdown(settings, pipeline, engine, source, sink)
-        if health is not None:
-            health.stop()
+    async with contextlib.AsyncExitStack() as stack:
+        life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        beat: Callable[[], None] = lambda: None  # noqa: E731
+        if settings.metrics_port:  # first: liveness is answered during the warm-up
+            health = HealthServer(metrics, readiness, settings.metrics_host, settings.metrics_port)
+            health.start()
+            life.enter("metrics server", health.stop)
+            beat = health.beat
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+        try:
+            for name, part in (("engine", engine), ("producer", sink), ("consumer", source)):
+                await part.start()
+                life.enter(name, part.stop)
+        except KafkaUnavailableError as err:
+            log.error("%s", err)
+            return 1
+        frozen = freeze_startup_heap()
+        log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
+        log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
+        try:
+            await pipeline.run(stop, beat=beat)
+        finally:
+            # The drain spends the shutdown deadline less the closes' reserve; leaving the
+            # stack then stops consumer, producer, engine, metrics server within the rest.
+            drained = await pipeline.finish(None, life.drain_deadline())
     if drained:
         log.info("stopped (drained)")
         return 0
     log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
     return EXIT_DRAIN_DEADLINE
-
-
-async def _shutdown(
-    settings: ServeSettings,
-    pipeline: Pipeline,
-    engine: Engine,
-    source: KafkaSource,
-    sink: KafkaSink,
-) -> bool:
-    """The ordered drain under one :class:`~consumer.deadline.Deadline` of ``drain_timeout_s``.
-
-    :meth:`Pipeline.finish` spends it (batches, answers, commit; what is not answered by then
-    is dropped, uncommitted); closing the consumer, the producer and the engine then gets what
-    is left, at least :data:`CLOSE_MIN_S` each (leaving the group cleanly spares the next
-    owner a session timeout).
-    """
-    deadline = Deadline.after(settings.drain_timeout_s, asyncio.get_running_loop().time)
-    drained = await pipeline.finish(None, deadline)
-    for step in (source.stop, sink.stop, engine.stop):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(step(), max(CLOSE_MIN_S, deadline.remaining_s()))
-    return drained

@@ -67,5 +67,19 @@ class Deadline:
         budget for the work steps, leaving ``reserve_s`` for the last step (the commit)."""
         return Deadline(max(self._clock(), self.expires_s - reserve_s), self._clock)
 
+    def keeping(self, reserve_s: float, max_share: float = 0.25) -> Deadline:
+        """The part of the budget for the steps before the last one: this deadline less
+        ``reserve_s`` seconds, at most ``max_share`` of what is left now (so a short budget
+        is not all reserve).
+
+        Raises:
+            ValueError: ``reserve_s`` is negative or ``max_share`` is outside [0, 1].
+        """
+        if not reserve_s >= 0 or not 0 <= max_share <= 1:
+            raise ValueError(
+                f"need reserve_s >= 0 and 0 <= max_share <= 1: {reserve_s}, {max_share}"
+            )
+        return self.sooner(min(reserve_s, max_share * self.remaining_s()))
+
     def __repr__(self) -> str:
         return f"Deadline(remaining_s={self.remaining_s():.3f})"

@@ -363,8 +363,10 @@ class HealthServer:
         self._metrics.refresh(now)
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._httpd.shutdown()
+        """Stop serving and close the socket (idempotent; a no-op before :meth:`start`)."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+            self._thread.join()
         self._httpd.server_close()
 
 

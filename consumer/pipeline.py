@@ -2,7 +2,7 @@
 
     poll → decode → (task, deadline) → dedup → engine.submit ─┐
                                                               ▼ (engine: buckets → batches → model)
-    commit ◄─ offsets.complete ◄─ broker ack ◄─ sink.send ◄─ on_outcome → reply (+ dedup copies)
+    commit ◄─ offsets.complete ◄─ broker ack ◄─ delivery.send ◄─ on_outcomes → replies (+ copies)
 
 Rules this module keeps (CONTRACT.md §Delivery):
 
@@ -23,21 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
-from consumer.kafka.errors import CommitError, DeliveryError, SinkClosedError
+from consumer.delivery import Delivery, SinkLike
+from consumer.kafka.errors import CommitError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
@@ -50,7 +50,6 @@ from schemas.records import (
     OutRecord,
     ParsedRequest,
     RecordDecodeError,
-    cut_dead_letter,
     parse_request_record,
 )
 
@@ -66,10 +65,6 @@ LAG_REFRESH_S = 1.0
 COMMIT_RESERVE_S = 1.0
 """Seconds of a drain or revoke deadline kept for its final commit (at most a quarter of it)."""
 
-DEAD_LETTER_CUT_BYTES = 64 * 1024
-"""Value bytes kept when a dead letter is too large to produce whole (see
-:func:`schemas.records.cut_dead_letter`)."""
-
 
 class SourceLike(Protocol):
     """What the pipeline needs of :class:`consumer.kafka.source.KafkaSource`."""
@@ -81,13 +76,6 @@ class SourceLike(Protocol):
     def resume(self, tps: frozenset[TopicPartition]) -> None: ...
     async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
     async def position(self, tp: TopicPartition) -> int | None: ...
-
-
-class SinkLike(Protocol):
-    """What the pipeline needs of :class:`consumer.kafka.sink.KafkaSink`."""
-
-    async def send(self, record: OutRecord) -> None: ...
-    async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]: ...
 
 
 class EngineLike(Protocol):
@@ -110,6 +98,8 @@ class Pending:
     dedup_of: int | None = None
     dedup_key: bytes = b""
     """The key its computation is shared under (:func:`consumer.options.dedup_key`)."""
+    status: str = ""
+    """Its reply's ``kbatch-status`` once built (the ``kbatch_replies_total`` label)."""
 
 
 class Pipeline:
@@ -125,7 +115,6 @@ class Pipeline:
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.settings = settings
-        self._sink = sink
         self._replies = replies
         self._metrics = metrics
         self._clock = clock
@@ -143,8 +132,9 @@ class Pipeline:
         self._progress = asyncio.Event()
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
-        self._sends: set[asyncio.Task[None]] = set()
-        # Replies due, built and sent together once per loop iteration (see on_outcome).
+        self._delivery: Delivery[Pending] = Delivery(sink, self.tracker, self, replies)
+        self._resubmits: set[asyncio.Task[None]] = set()
+        # Replies due, built and sent together once per loop iteration (see on_outcomes).
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
         self.assigned_once = False
@@ -256,7 +246,7 @@ class Pipeline:
         request = pending.parsed.request
         if request.task is not None and request.task != self.settings.task:
             message = f"this consumer serves task {self.settings.task!r}, not {request.task!r}"
-            self._send_reply(
+            self._reply(
                 pending, self._replies.error(pending.parsed, ErrorCode.UNSUPPORTED_TASK, message)
             )
             return None
@@ -266,13 +256,13 @@ class Pipeline:
             try:
                 prompt_name = admit_options(EmbedOptions.of(request), profile)
             except OptionError as err:
-                self._send_reply(
+                self._reply(
                     pending, self._replies.error(pending.parsed, ErrorCode.INVALID_OPTION, str(err))
                 )
                 return None
         if request.deadline_ms is not None and request.deadline_ms <= now_ms:
             self._metrics.expired.inc()
-            self._send_reply(
+            self._reply(
                 pending, self._replies.expired(pending.parsed, late_ms=now_ms - request.deadline_ms)
             )
             return None
@@ -284,7 +274,7 @@ class Pipeline:
         if decision.kind is DedupKind.DONE:
             assert decision.result is not None
             self._metrics.dedup_hits.inc()
-            self._queue_reply(pending, decision.result, dedup=True)
+            self._reply(pending, decision.result, dedup=True)
             return None
         if decision.kind is DedupKind.IN_FLIGHT:
             self._metrics.dedup_hits.inc()
@@ -307,27 +297,85 @@ class Pipeline:
 
     # ---- outcomes → replies -------------------------------------------------------------------
 
-    def on_outcome(self, outcome: ItemOutcome) -> None:
-        """Engine callback (event loop thread): reply to the record and to its waiting copies.
+    def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None:
+        """Engine callback (event loop thread), a batch's outcomes together: reply to each
+        record and to its waiting copies.
 
-        The bookkeeping is done now; the replies are built and sent in :meth:`_flush_replies`,
-        together with every other reply due in this loop iteration (a batch's outcomes arrive
-        together), once the engine has had its turn to launch the next batch.
+        The bookkeeping is done now; the replies are built and handed to delivery in
+        :meth:`_send_due`, together with every other reply due in this loop iteration, once the
+        engine has had its turn to launch the next batch. Delivery finishes each record on the
+        broker's ack (:meth:`on_delivered`, :meth:`on_finished`).
         """
-        pending = self._computing.pop(outcome.item_id, None)
-        if pending is None or pending.parsed is None:
-            return  # its partition was revoked meanwhile
-        self._queue_reply(pending, outcome, dedup=False)
-        key = pending.dedup_key
-        if outcome.status == "ok":
-            waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
+        now = self._clock()
+        for outcome in outcomes:
+            pending = self._computing.pop(outcome.item_id, None)
+            if pending is None or pending.parsed is None:
+                continue  # its partition was revoked meanwhile
+            self._reply(pending, outcome)
+            key = pending.dedup_key
+            if outcome.status == "ok":
+                waiters = self.dedup.finish(key, outcome, now, item_id=outcome.item_id)
+            else:
+                waiters = self.dedup.fail(key, item_id=outcome.item_id)
+            if outcome.status == "expired":
+                self._readmit(waiters)  # each copy is judged by its own deadline
+                continue
+            for waiter in waiters:
+                self._reply(waiter, outcome, dedup=True)
+
+    def _reply(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool = False) -> None:
+        """Make ``what`` (an outcome, or a reply built already) ``pending``'s reply, soon."""
+        self._due.append((pending, what, dedup))
+        if len(self._due) == 1:
+            asyncio.get_running_loop().call_soon(self._send_due)
+
+    def _send_due(self) -> None:
+        """Build the replies due and hand them to delivery as one batch."""
+        due, self._due = self._due, []
+        self._delivery.send(
+            [(pending, self._build(pending, what, dedup)) for pending, what, dedup in due]
+        )
+
+    def _build(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool) -> OutRecord:
+        """``pending``'s reply record; its status (for ``kbatch_replies_total``) on ``pending``."""
+        if isinstance(what, OutRecord):
+            pending.status = _status_of(what)
+            return what
+        assert pending.parsed is not None
+        try:
+            record = self._replies.from_outcome(pending.parsed, what, dedup=dedup)
+        except Exception as err:  # a result the contract cannot carry (NaN, > float32)
+            log.error("result of item %s cannot be sent: %r", what.item_id, err)
+            message = f"the model's result cannot be sent ({type(err).__name__})"
+            pending.status = "error"
+            return self._replies.error(pending.parsed, ErrorCode.INFERENCE_FAILED, message)
+        pending.status = what.status
+        return record
+
+    def on_delivered(self, pending: Pending, record: OutRecord) -> None:
+        """Delivery: ``pending``'s reply was acknowledged."""
+        self._metrics.reply_status(pending.status).inc()
+        self._metrics.end_to_end.observe(
+            max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
+        )
+
+    def on_dead_lettered(
+        self, pending: Pending, code: ErrorCode, sent: bool, reply_sent: bool
+    ) -> None:
+        """Delivery: ``pending``'s dead letter was acknowledged (``sent``) or skipped."""
+        if sent:
+            self._metrics.dead_letters.labels(code.value).inc()
         else:
-            waiters = self.dedup.fail(key, item_id=outcome.item_id)
-        if outcome.status == "expired":
-            self._readmit(waiters)  # each copy is judged by its own deadline
-            return
-        for waiter in waiters:
-            self._queue_reply(waiter, outcome, dedup=True)
+            self._metrics.dead_letters_failed.labels(code.value).inc()
+        if reply_sent:
+            self._metrics.reply_status("error").inc()
+
+    def on_finished(self, pending: Pending, completed: bool) -> None:
+        """Delivery: ``pending`` is done; its flow credit is released when its offset was
+        finished now (not after a revoke)."""
+        if completed:
+            self.flow.remove(pending.record.tp, 1, pending.n_tokens)
+        self._progress.set()
 
     def _readmit(self, waiters: list[Pending]) -> None:
         """Copies that waited for a computation that expired: admit each again on its own.
@@ -344,7 +392,9 @@ class Pipeline:
             if item is not None:
                 to_compute.append((waiter, item))
         if to_compute:
-            self._spawn(self._resubmit(to_compute))
+            task = asyncio.ensure_future(self._resubmit(to_compute))
+            self._resubmits.add(task)
+            task.add_done_callback(self._resubmits.discard)
 
     async def _resubmit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
         try:
@@ -353,128 +403,14 @@ class Pipeline:
             for _, item in to_compute:
                 self._computing.pop(item.item_id, None)
 
-    def _send_reply(self, pending: Pending, record: OutRecord) -> None:
-        self._queue_reply(pending, record, dedup=False)
-
-    def _queue_reply(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool) -> None:
-        """Make ``what`` (an outcome, or a reply built already) ``pending``'s reply, soon."""
-        self._due.append((pending, what, dedup))
-        if len(self._due) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_replies)
-
-    def _flush_replies(self) -> None:
-        """Build the replies due and send them with one task (one ``send_many``)."""
-        due, self._due = self._due, []
-        batch: list[tuple[Pending, OutRecord, str]] = []
-        for pending, what, dedup in due:
-            if isinstance(what, OutRecord):
-                batch.append((pending, what, _status_of(what)))
-                continue
-            assert pending.parsed is not None
-            try:
-                record = self._replies.from_outcome(pending.parsed, what, dedup=dedup)
-            except Exception as err:  # a result the contract cannot carry (NaN, > float32)
-                log.error("result of item %s cannot be sent: %r", what.item_id, err)
-                message = f"the model's result cannot be sent ({type(err).__name__})"
-                record = self._replies.error(pending.parsed, ErrorCode.INFERENCE_FAILED, message)
-                batch.append((pending, record, "error"))
-                continue
-            batch.append((pending, record, what.status))
-        if batch:
-            self._spawn(self._deliver_replies(batch))
-
     def _dead_letter(
         self, pending: Pending, code: ErrorCode, message: str, err: RecordDecodeError | None
     ) -> None:
-        r = pending.record
-        dlq = self._replies.dead_letter(r, code, message)
+        dlq = self._replies.dead_letter(pending.record, code, message)
         reply = (
             self._replies.decode_error_reply(err) if err is not None and err.addressable else None
         )
-        self._spawn(self._deliver_dead_letter(pending, dlq, reply, code))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
-
-    async def _deliver_replies(self, batch: list[tuple[Pending, OutRecord, str]]) -> None:
-        acks = await self._sink.send_many([record for _, record, _ in batch])
-        for (pending, record, status), ack in zip(batch, acks, strict=True):
-            ack.add_done_callback(functools.partial(self._reply_acked, pending, record, status))
-
-    def _reply_acked(
-        self, pending: Pending, record: OutRecord, status: str, ack: asyncio.Future[None]
-    ) -> None:
-        err = None if ack.cancelled() else ack.exception()
-        if ack.cancelled() or isinstance(err, SinkClosedError):
-            return  # shutting down: the record stays uncommitted and is answered after restart
-        if err is None:
-            self._metrics.reply_status(status).inc()
-            self._metrics.end_to_end.observe(
-                max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
-            )
-            self._complete(pending)
-            return
-        # DeliveryError: the client named a reply address that cannot exist.
-        message = f"the reply could not be delivered: {err}"
-        dlq = self._replies.dead_letter(pending.record, ErrorCode.INVALID_REQUEST, message)
-        self._spawn(self._deliver_dead_letter(pending, dlq, None, ErrorCode.INVALID_REQUEST))
-
-    async def _deliver_dead_letter(
-        self, pending: Pending, dlq: OutRecord, reply: OutRecord | None, code: ErrorCode
-    ) -> None:
-        try:
-            sent = await self._send_dead_letter(pending.record, dlq)
-        except SinkClosedError:
-            return  # shutting down: not completed, answered after the restart
-        if sent:
-            self._metrics.dead_letters.labels(code.value).inc()
-        else:
-            self._metrics.dead_letters_failed.labels(code.value).inc()
-        if reply is not None:
-            try:
-                await self._sink.send(reply)
-                self._metrics.reply_status("error").inc()
-            except (DeliveryError, SinkClosedError) as err:
-                log.warning(
-                    "error reply for %s@%d not delivered: %s",
-                    pending.record.tp,
-                    pending.record.offset,
-                    err,
-                )
-        self._complete(pending)
-
-    async def _send_dead_letter(self, r: InRecord, dlq: OutRecord) -> bool:
-        """Send ``dlq``; False when the broker refused it even cut down.
-
-        A dead letter can be refused whole — e.g. a 2 MiB value the broker took compressed
-        whose copy is over the producer's request size — so it is then sent cut (its first
-        ``DEAD_LETTER_CUT_BYTES``; the full record stays in the source topic at this offset).
-        If that is refused too, the caller completes the record anyway: blocking the partition
-        forever would hold up every later request (CONTRACT.md: a bad record never holds up
-        its partition); the log names the offset to re-read it from.
-
-        Raises:
-            SinkClosedError: the sink closed first.
-        """
-        try:
-            await self._sink.send(dlq)
-            return True
-        except DeliveryError as err:
-            log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
-        try:
-            await self._sink.send(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
-            return True
-        except DeliveryError:
-            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
-            return False
-
-    def _complete(self, pending: Pending) -> None:
-        r = pending.record
-        if self.tracker.complete(r.tp, r.offset, pending.generation):
-            self.flow.remove(r.tp, 1, pending.n_tokens)
-        self._progress.set()
+        self._delivery.dead_letter(pending, dlq, code, reply)
 
     # ---- flow control and commits ---------------------------------------------------------------
 
@@ -589,7 +525,7 @@ class Pipeline:
             True when every record of ``tps`` was answered in time.
         """
         targets = tps if tps is not None else self.tracker.assigned
-        work = deadline.sooner(min(COMMIT_RESERVE_S, deadline.remaining_s() / 4))
+        work = deadline.keeping(COMMIT_RESERVE_S)
         if self._submitting is not None:  # its items then are queued: flush and cancel see them
             # Its error, if any, is run()'s to raise.
             await asyncio.wait({self._submitting}, timeout=work.remaining_s())

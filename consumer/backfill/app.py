@@ -1,7 +1,9 @@
 """Wiring of ``kbatch backfill``: build the parts, resolve the range, run, summarise, exit.
 
-Start: source (range fixed now) → model (warm-up) → sink → engine → job. Stop: the job finishes
-what it read, commits, then sink, source and engine close.
+Start, each part entered on an exit stack (:class:`consumer.lifecycle.Lifecycle`): source
+(range fixed now) → model → engine (warm-up) → sink → job. Stop: the job finishes what it read
+and commits, then the sink, the engine and the source close in reverse, all within one shutdown
+deadline of ``drain_timeout_s``.
 
 Exit codes: :data:`EXIT_COMPLETE` (0) only when every partition reached its end;
 :data:`EXIT_STOPPED` (3) when a signal stopped the job first (progress committed: rerun the same
@@ -21,21 +23,16 @@ import sys
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
-from consumer.backfill.summary import BackfillSummary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import (
-    KafkaUnavailableError,
-    RangeSourceError,
-    RangeSpecError,
-    TopicCreationError,
-)
+from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
 from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
+from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
 from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
@@ -76,86 +73,68 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
 
     group_id = settings.effective_group_id
     client = project(KafkaClientSettings, settings)
-    source = RangeSource(
-        client=client,
-        topic=settings.source_topic,
-        group_id=group_id,
-    )
-    await source.start()
-    try:
-        plan = await source.resolve(settings.from_bound, settings.to_bound)
-    except (RangeSourceError, RangeSpecError):
-        await source.stop()
-        raise
-    for r in plan.values():
-        log.info(
-            "partition %d: range [%d, %d), reading from %d%s",
-            r.partition,
-            r.range_start,
-            r.end,
-            r.start,
-            f" (resumed: group {group_id})" if r.resumed_from is not None else "",
-        )
-
-    try:
-        created = await ensure_topics(
-            settings.bootstrap,
-            {settings.output_topic: len(plan), settings.dead_letter_topic: 1},
-            security=security_kwargs(settings),
-        )
-    except (KafkaUnavailableError, TopicCreationError) as err:
-        await source.stop()
-        raise RangeSourceError(str(err)) from err
-    if created:
-        log.info("created topics %s", created)
-
+    source = RangeSource(client=client, topic=settings.source_topic, group_id=group_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.output_topic)
-    engine: Engine | None = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        await source.start()
+        life.enter("source", source.stop)
+        plan = await source.resolve(settings.from_bound, settings.to_bound)
+        for r in plan.values():
+            log.info(
+                "partition %d: range [%d, %d), reading from %d%s",
+                r.partition,
+                r.range_start,
+                r.end,
+                r.start,
+                f" (resumed: group {group_id})" if r.resumed_from is not None else "",
+            )
+        await _ensure_output_topics(settings, len(plan))
+        sink = KafkaSink(
+            client, project(SinkSettings, settings), default_topic=settings.output_topic
+        )
         if sum(r.remaining for r in plan.values()) == 0:
             log.info("nothing to read in the range")
-            summary = await _empty_job(settings, source, sink, stop)
+            job = BackfillJob(
+                settings, source, sink, ReplyBuilder(_no_model(), settings.dead_letter_topic)
+            )
+            life.enter("producer", sink.stop)  # never started: no model, nothing to send
         else:
             stats = EngineStats(keep=1)
             model = load_model(
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
-            runner, tokenizer, model_info = model.runner, model.tokenizer, model.info
             admit_options(settings.embed_options, model.profile)  # OptionError: a bad flag
             cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
-            if policy.max_batch_tokens < runner.max_length:
-                policy = policy.model_copy(update={"max_batch_tokens": runner.max_length})
+            if policy.max_batch_tokens < model.runner.max_length:
+                policy = policy.model_copy(update={"max_batch_tokens": model.runner.max_length})
             job = BackfillJob(
                 settings,
                 source,
                 sink,
-                ReplyBuilder(model_info, settings.dead_letter_topic, model.profile),
+                ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
                 _progress(settings),
                 stats=stats,
             )
             engine = Engine(
-                runner,
-                tokenizer,
+                model.runner,
+                model.tokenizer,
                 policy,
-                on_outcome=job.on_outcome,
+                on_outcomes=job.on_outcomes,
                 stats=stats,
                 batch_timeout_s=settings.batch_timeout_s,
                 warmup="all" if cuda else "largest",
             )
             job.bind(engine)
-            await engine.start()
-            await sink.start()
-            summary = await job.run(stop)
-    finally:
-        for step in (sink.stop, source.stop, *((engine.stop,) if engine else ())):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(step(), settings.drain_timeout_s)
+            for name, part in (("engine", engine), ("producer", sink)):
+                await part.start()
+                life.enter(name, part.stop)
+        summary = await job.run(stop, life.drain_deadline)
     render_summary(summary)
     if json_summary:
         sys.stdout.write(json.dumps(summary.to_json()) + "\n")
@@ -165,12 +144,23 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
 
 
-async def _empty_job(
-    settings: BackfillSettings, source: RangeSource, sink: KafkaSink, stop: asyncio.Event
-) -> BackfillSummary:
-    """An empty range: no model is loaded; the summary says every partition is at its end."""
-    job = BackfillJob(settings, source, sink, ReplyBuilder(_no_model(), settings.dead_letter_topic))
-    return await job.run(stop)
+async def _ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:
+    """Create the output topic (``partitions``, as many as the source) and the dead-letter
+    topic (1) when missing, as ``kbatch serve`` creates its topics.
+
+    Raises:
+        RangeSourceError: no broker answered, or the broker refused to create them.
+    """
+    try:
+        created = await ensure_topics(
+            settings.bootstrap,
+            {settings.output_topic: partitions, settings.dead_letter_topic: 1},
+            security=security_kwargs(settings),
+        )
+    except (KafkaUnavailableError, TopicCreationError) as err:
+        raise RangeSourceError(str(err)) from err
+    if created:
+        log.info("created topics %s", created)
 
 
 def _no_model() -> ModelInfo:

@@ -2,9 +2,9 @@
 
 ::
 
-    poll (RangeSource) → track offset → extract text ─┬─► engine.submit ─► on_outcome ─► output
-                                                      └─► dead letter (no usable text)    │
-    commit ◄── OffsetTracker.complete ◄── broker ack ◄── KafkaSink.send ◄─────────────────┘
+    poll (RangeSource) → track offset → extract text ─┬─► engine.submit ─► on_outcomes ─► output
+                                                      └─► dead letter (no usable text)     │
+    commit ◄── OffsetTracker.complete ◄── broker ack ◄── Delivery.send ◄───────────────────┘
 
 Rules:
 
@@ -19,8 +19,9 @@ Rules:
    most ``max_concurrent_sends`` sends wait for the broker at once (see the setting).
 4. A record without usable text is dead-lettered (``invalid_request``) and the job goes on; an
    output record the broker refuses (too large) is dead-lettered the same way. A dead letter
-   the broker refuses leaves its offset unfinished: the partition cannot reach its end and the
-   job exits non-zero, the offset still uncommitted for a rerun.
+   the broker refuses (whole and cut, :class:`consumer.delivery.Delivery`) leaves its offset
+   unfinished: the partition cannot reach its end and the job exits non-zero, the offset still
+   uncommitted for a rerun.
 5. On stop (SIGTERM/SIGINT) reading stops, what was read is finished within
    ``drain_timeout_s``, and finished offsets are committed.
 """
@@ -29,12 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.extract import ExtractError, extract_text, output_record, parse_text_path
@@ -43,7 +45,8 @@ from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.deadline import Deadline
-from consumer.kafka.errors import DeliveryError, RangeSourceError, SinkClosedError
+from consumer.delivery import Delivery, SinkLike
+from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord
@@ -69,12 +72,6 @@ class RangeSourceLike(Protocol):
     async def commit(self, offsets: Mapping[int, int]) -> None: ...
 
 
-class SinkLike(Protocol):
-    """What the job needs of :class:`consumer.kafka.sink.KafkaSink`."""
-
-    async def send(self, record: OutRecord) -> None: ...
-
-
 class EngineLike(Protocol):
     """What the job needs of :class:`consumer.batching.engine.Engine`."""
 
@@ -87,7 +84,8 @@ class EngineLike(Protocol):
 class _Pending:
     record: InRecord
     generation: int
-    encoding: Encoding
+    encoding: Encoding = Encoding.JSON
+    status: str = ""  # its output record's status once built
 
 
 class BackfillJob:
@@ -117,7 +115,6 @@ class BackfillJob:
     ) -> None:
         self.settings = settings
         self._source = source
-        self._sink = sink
         self._replies = replies
         self._progress: ProgressSink = progress or NullProgress()
         self._clock = clock
@@ -135,9 +132,16 @@ class BackfillJob:
         self._ids = itertools.count()
         self._pending: dict[int, _Pending] = {}
         self._outcomes: list[ItemOutcome] = []
-        self._send_slots = asyncio.Semaphore(settings.max_concurrent_sends)
+        self._delivery: Delivery[_Pending] = Delivery(
+            sink,
+            self._tracker,
+            self,
+            replies,
+            what="output record",
+            finish_unsent_dead_letters=False,
+            max_in_flight=settings.max_concurrent_sends,
+        )
         self._write_scheduled = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self._open = 0  # records read and neither finished nor given up
         self._changed = asyncio.Event()
         self._read: dict[int, int] = {}
@@ -149,7 +153,7 @@ class BackfillJob:
         self.undelivered = 0
 
     def bind(self, engine: EngineLike) -> None:
-        """Attach the engine (built after the job: it calls :meth:`on_outcome`)."""
+        """Attach the engine (built after the job: it calls :meth:`on_outcomes`)."""
         self._engine = engine
 
     @property
@@ -159,10 +163,13 @@ class BackfillJob:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> BackfillSummary:
+    async def run(
+        self, stop: asyncio.Event, drain_deadline: Callable[[], Deadline] | None = None
+    ) -> BackfillSummary:
         """Read until every partition reached its end or ``stop`` is set; finish what was read
-        (within ``drain_timeout_s`` after a stop), commit, and summarise. Never raises for a
-        bad record; re-raises unexpected errors after the drain."""
+        and commit by ``drain_deadline()`` (asked once the reading ends; default:
+        ``drain_timeout_s`` from then), and summarise. Never raises for a bad record;
+        re-raises unexpected errors after the drain."""
         s = self.settings
         plan = dict(self._source.plan)
         for p, r in plan.items():
@@ -193,7 +200,10 @@ class BackfillJob:
                     next_commit = self._clock() + interval_s
         finally:
             relay.cancel()
-            await self._finish(stop.is_set())
+            if drain_deadline is None:
+                loop = asyncio.get_running_loop()
+                drain_deadline = functools.partial(Deadline.after, s.drain_timeout_s, loop.time)
+            await self._finish(stop.is_set(), drain_deadline())
         elapsed_s = self._clock() - t0
         return self._summary(plan, elapsed_s, stop.is_set())
 
@@ -216,7 +226,8 @@ class BackfillJob:
                     max_text_bytes=s.max_text_bytes,
                 )
             except ExtractError as err:
-                self._spawn(self._dead_letter(r, generation, str(err)))
+                dlq = self._replies.dead_letter(r, ErrorCode.INVALID_REQUEST, str(err))
+                self._delivery.dead_letter(_Pending(r, generation), dlq, ErrorCode.INVALID_REQUEST)
                 continue
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
@@ -225,9 +236,9 @@ class BackfillJob:
         if items:
             await self.engine.submit(items)
 
-    def on_outcome(self, outcome: ItemOutcome) -> None:
-        """The engine's callback (loop thread): queue the outcome; it is written two loop turns
-        later.
+    def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None:
+        """The engine's callback (loop thread): queue a batch's outcomes; they are written two
+        loop turns later.
 
         The engine delivers a batch's outcomes before its dispatcher has started the next
         batch, so encoding and sending them right here would keep the model idle for that
@@ -235,7 +246,7 @@ class BackfillJob:
         Turn 1 runs after the dispatcher's step, which queues the next batch's task; turn 2
         runs after that task has handed the batch to the model thread.
         """
-        self._outcomes.append(outcome)
+        self._outcomes.extend(outcomes)
         if not self._write_scheduled:
             self._write_scheduled = True
             loop = asyncio.get_running_loop()
@@ -244,14 +255,15 @@ class BackfillJob:
     def _write_outcomes(self) -> None:
         self._write_scheduled = False
         outcomes, self._outcomes = self._outcomes, []
+        batch: list[tuple[_Pending, OutRecord]] = []
         for outcome in outcomes:
-            self._write(outcome)
+            pending = self._pending.pop(outcome.item_id, None)
+            if pending is not None:
+                batch.append((pending, self._output(pending, outcome)))
+        self._delivery.send(batch)
 
-    def _write(self, outcome: ItemOutcome) -> None:
-        """Turn one outcome into an output record and send it."""
-        pending = self._pending.pop(outcome.item_id, None)
-        if pending is None:
-            return
+    def _output(self, pending: _Pending, outcome: ItemOutcome) -> OutRecord:
+        """The output record of one outcome; its status on ``pending``."""
         r = pending.record
         try:
             reply = self._replies.reply(outcome, options=self._options)
@@ -268,7 +280,8 @@ class BackfillJob:
                 truncated=outcome.truncated,
             )
             value = encode_reply(reply, pending.encoding)
-        out = output_record(
+        pending.status = reply.status
+        return output_record(
             topic=self.settings.output_topic,
             key=r.key,
             value=value,
@@ -278,62 +291,33 @@ class BackfillJob:
             source_partition=r.partition,
             source_offset=r.offset,
         )
-        self._spawn(self._deliver(pending, out, reply.status == "ok"))
 
-    # -- delivery --------------------------------------------------------------------------------
+    # -- delivery (see consumer.delivery) -----------------------------------------------------
 
-    async def _deliver(self, pending: _Pending, out: OutRecord, ok: bool) -> None:
-        r = pending.record
-        try:
-            async with self._send_slots:
-                await self._sink.send(out)
-        except SinkClosedError:
-            self._give_up()
-            return
-        except DeliveryError as err:
-            await self._dead_letter(
-                r, pending.generation, f"the output record could not be delivered: {err}"
-            )
-            return
-        if ok:
+    def on_delivered(self, pending: _Pending, record: OutRecord) -> None:
+        """Delivery: ``pending``'s output record was acknowledged."""
+        if pending.status == "ok":
             self.ok += 1
         else:
             self.error_replies += 1
-        self._finished(r, pending.generation)
 
-    async def _dead_letter(self, r: InRecord, generation: int, message: str) -> None:
-        dlq = self._replies.dead_letter(r, ErrorCode.INVALID_REQUEST, message)
-        try:
-            async with self._send_slots:
-                await self._sink.send(dlq)
-        except (DeliveryError, SinkClosedError) as err:
-            log.error("dead letter of %s@%d not delivered: %s", r.tp, r.offset, err)
+    def on_dead_lettered(
+        self, pending: _Pending, code: ErrorCode, sent: bool, reply_sent: bool
+    ) -> None:
+        """Delivery: ``pending``'s dead letter was acknowledged, or refused even cut."""
+        if sent:
+            self.dead_lettered += 1
+        else:
+            r = pending.record
+            log.error("dead letter of %s@%d not delivered", r.tp, r.offset)
             self.undelivered += 1
-            self._give_up()
-            return
-        self.dead_lettered += 1
-        self._finished(r, generation)
 
-    def _finished(self, r: InRecord, generation: int) -> None:
-        self._tracker.complete(r.tp, r.offset, generation)
+    def on_finished(self, pending: _Pending, completed: bool) -> None:
+        """Delivery: ``pending`` needs nothing more (finished in the tracker, or given up)."""
         self._open -= 1
-        self._progress.advance(1)
+        if completed:
+            self._progress.advance(1)
         self._wake_if_needed()
-
-    def _give_up(self) -> None:
-        # The offset stays unfinished (never committed); only the in-flight count moves.
-        self._open -= 1
-        self._wake_if_needed()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a delivery task failed", exc_info=task.exception())
 
     async def _wait_change(self, timeout_s: float) -> None:
         """Wait until the loop has something to do (see :meth:`_wake_if_needed`), a stop, or
@@ -380,22 +364,17 @@ class BackfillJob:
         self._ends_committed.update(p for p, o in offsets.items() if o >= plan[p].end)
         return True
 
-    async def _finish(self, stopped: bool) -> None:
-        s = self.settings
-        deadline = Deadline.after(s.drain_timeout_s, asyncio.get_running_loop().time)
+    async def _finish(self, stopped: bool, deadline: Deadline) -> None:
         if stopped:
             log.info("stopping: finishing %d record(s) in flight", self._open)
         if self._engine is not None:  # None: an empty range, no model loaded
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._engine.flush(), deadline.remaining_s())
-            await self._engine.drain(max(0.1, deadline.remaining_s()))
-        self._write_outcomes()  # outcomes still waiting for their turn (see on_outcome)
-        if self._tasks:
-            _, pending = await asyncio.wait(
-                set(self._tasks), timeout=max(0.1, deadline.remaining_s())
-            )
-            if pending:
-                log.error("%d send(s) still unacknowledged at the drain deadline", len(pending))
+            await self._engine.drain(deadline.remaining_s())
+        self._write_outcomes()  # outcomes still waiting for their turn (see on_outcomes)
+        left = await self._delivery.wait(deadline.remaining_s())
+        if left:
+            log.error("%d record(s) still unacknowledged at the drain deadline", left)
         self._commit_failed = not await self._commit()
         self._progress.end()
 

@@ -9,7 +9,7 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
                                               ▼
                     [collate thread, CUDA only: runner.prepare one batch ahead]
                                               ▼
-                    [model thread: runner.run(batch)] ──► on_outcome(ItemOutcome) per item
+                    [model thread: runner.run(batch)] ──► on_outcomes(a batch's ItemOutcomes)
 
 - A batch is formed only when the runner can take it (one running, plus one being prepared
   when the runner prefetches): while the model is busy, arrivals keep joining their buckets,
@@ -20,9 +20,10 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
 - A batch running longer than ``batch_timeout_s`` makes :attr:`Engine.healthy` false (and counts a
   watchdog trip) until it returns; a thread cannot be killed, so the process's health probe is
   what acts on it.
-- ``on_outcome`` is called on the event loop thread exactly once per submitted item (ok,
-  error or expired), except for items removed by :meth:`Engine.cancel_group` or still queued
-  at :meth:`Engine.stop`.
+- ``on_outcomes`` is called on the event loop thread with a list of outcomes (a batch's, a
+  chunk's rejections, the items expired together); each submitted item's outcome (ok, error or
+  expired) is in exactly one call, except for items removed by :meth:`Engine.cancel_group` or
+  still queued at :meth:`Engine.stop`.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class Engine:
         tokenizer: tokenizes chunks (``consumer.model.tokenize.HFTokenizer``).
         policy_config: batch formation settings; :meth:`start` may lower
             ``max_batch_tokens`` (see :attr:`policy_config`).
-        on_outcome: called on the loop thread with each item's :class:`ItemOutcome`; an
-            exception in it is logged and ignored.
+        on_outcomes: called on the loop thread with a list of :class:`ItemOutcome` (a whole
+            batch's together); an exception in it is logged and ignored.
         clock: monotonic seconds; ``InferenceItem.arrival_s``/``deadline_s`` use it too.
         stats: counters sink (``on_queue_wait``, ``on_expired``, ``on_watchdog``; give the same
             object to the runner for batch counters).
@@ -85,7 +86,7 @@ class Engine:
         runner: BatchRunner,
         tokenizer: TokenizerLike,
         policy_config: BatchPolicyConfig,
-        on_outcome: Callable[[ItemOutcome], None],
+        on_outcomes: Callable[[list[ItemOutcome]], None],
         *,
         clock: Callable[[], float] = time.monotonic,
         stats: StatsSink | None = None,
@@ -94,7 +95,7 @@ class Engine:
     ) -> None:
         self._runner = runner
         self._tokenizer = tokenizer
-        self._on_outcome = on_outcome
+        self._on_outcomes = on_outcomes
         self._clock = clock
         self._stats: StatsSink = stats if stats is not None else NullStats()
         self._batch_timeout_s = batch_timeout_s
@@ -195,7 +196,7 @@ class Engine:
 
         Returns each item's token count (special tokens included; for an ``input_too_long``
         item, its length). An over-length item that may not be truncated is answered
-        ``error``/``input_too_long`` through ``on_outcome`` (after this returns). If the
+        ``error``/``input_too_long`` through ``on_outcomes`` (after this returns). If the
         tokenizer itself raises, every item of the chunk is answered ``inference_failed``.
         Raises :class:`EngineClosedError` before :meth:`start` or after :meth:`stop`.
         """
@@ -212,23 +213,24 @@ class Engine:
                 raise RuntimeError(f"tokenizer returned {len(results)} for {len(chunk)} items")
         except Exception as exc:
             log.exception("tokenizer failed on a chunk of %d items", len(chunk))
-            for it in chunk:
-                loop.call_soon(
-                    self._emit, _failed(it, f"tokenization failed: {type(exc).__name__}")
-                )
+            message = f"tokenization failed: {type(exc).__name__}"
+            loop.call_soon(self._emit, [_failed(it, message) for it in chunk])
             return [0] * len(chunk)
         finally:
             self._tokenizing -= len(chunk)
         now = self._clock()
         counts: list[int] = []
+        answered: list[ItemOutcome] = []
         for r in results:
             counts.append(r.n_tokens)
             if isinstance(r, Rejected):
-                loop.call_soon(self._emit, _rejected(r, now))
+                answered.append(_rejected(r, now))
             elif self._state == "running":
                 self._batcher.add(r, now)
             else:
-                loop.call_soon(self._emit, _failed(r.item, "the engine stopped"))
+                answered.append(_failed(r.item, "the engine stopped"))
+        if answered:
+            loop.call_soon(self._emit, answered)
         self._wake.set()
         return counts
 
@@ -379,8 +381,7 @@ class Engine:
             # Let the dispatcher launch the next batch (whose model call then starts first)
             # before the outcomes go out; the items count as running until they have.
             await asyncio.sleep(0)
-            for o in outcomes:
-                self._emit(o)
+            self._emit(outcomes)
         finally:
             self._running_items -= n_formed
         await self._notify()
@@ -404,8 +405,8 @@ class Engine:
 
     def _expire(self, items: list[TokenizedItem], now: float) -> None:
         self._stats.on_expired(len(items))
-        for t in items:
-            self._emit(
+        self._emit(
+            [
                 ItemOutcome(
                     item_id=t.item.item_id,
                     status="expired",
@@ -420,13 +421,15 @@ class Engine:
                     padded_len=0,
                     group=t.item.group,
                 )
-            )
+                for t in items
+            ]
+        )
 
-    def _emit(self, outcome: ItemOutcome) -> None:
+    def _emit(self, outcomes: list[ItemOutcome]) -> None:
         try:
-            self._on_outcome(outcome)
+            self._on_outcomes(outcomes)
         except Exception:
-            log.exception("on_outcome raised for item %s", outcome.item_id)
+            log.exception("on_outcomes raised for items %s", [o.item_id for o in outcomes])
 
     async def _notify(self) -> None:
         async with self._cond:

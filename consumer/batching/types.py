@@ -127,7 +127,7 @@ class ItemRun:
 
 @dataclass(frozen=True, slots=True)
 class ItemOutcome:
-    """The engine's answer for one submitted item (passed to ``on_outcome``).
+    """The engine's answer for one submitted item (passed to ``on_outcomes``).
 
     Attributes:
         item_id: the item's id.

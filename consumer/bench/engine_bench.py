@@ -147,9 +147,11 @@ class _Collector:
         self.all_done.clear()
         self.expect = expect
 
-    def __call__(self, o: ItemOutcome) -> None:
-        self.done_at[o.item_id] = time.monotonic()
-        self.outcomes[o.item_id] = o
+    def __call__(self, outcomes: list[ItemOutcome]) -> None:
+        now = time.monotonic()
+        for o in outcomes:
+            self.done_at[o.item_id] = now
+            self.outcomes[o.item_id] = o
         if len(self.outcomes) >= self.expect:
             self.all_done.set()
 

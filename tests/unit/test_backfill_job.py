@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
-from consumer.batching.types import InferenceItem, ItemOutcome
-from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.batching.types import InferenceItem
 from consumer.kafka.records import InRecord
-from consumer.kafka.sink import DeliveryError
 from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.models import ModelInfo
-from schemas.records import OutRecord
+from tests.fakes import AnsweringEngine as FakeEngine
+from tests.fakes import FakeRangeSource as FakeSource
+from tests.fakes import FakeSink
 
 TOPIC = "events"
 
@@ -31,106 +31,9 @@ def _record(partition: int, offset: int, value: bytes | None, key: bytes | None 
     )  # fmt: skip
 
 
-class FakeSource:
-    """Serves fixed records per partition, ``chunk`` at a time; remembers commits."""
-
-    def __init__(self, records: dict[int, list[InRecord]], ends: dict[int, int], chunk: int = 3):
-        self._queues = {p: list(rs) for p, rs in records.items()}
-        self._plan = {
-            p: plan_partition(
-                p, start_offset=0, end_offset=ends[p], log_start=0, log_end=ends[p], committed=None
-            )
-            for p in records
-        }
-        self._done = {p for p, r in self._plan.items() if r.remaining == 0}
-        self._chunk = chunk
-        self.commits: list[dict[int, int]] = []
-        self.stop_after_polls: int | None = None
-        self.stop: asyncio.Event | None = None
-        self._polls = 0
-
-    @property
-    def plan(self) -> Mapping[int, PartitionRange]:
-        return self._plan
-
-    @property
-    def finished(self) -> frozenset[int]:
-        return frozenset(self._done)
-
-    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
-        self._polls += 1
-        if self.stop is not None and self.stop_after_polls == self._polls:
-            self.stop.set()
-        out: list[InRecord] = []
-        for p, queue in self._queues.items():
-            take = queue[: min(self._chunk, max_records - len(out))]
-            del queue[: len(take)]
-            out.extend(take)
-            if not queue:
-                self._done.add(p)
-        await asyncio.sleep(0)
-        return out
-
-    async def commit(self, offsets: Mapping[int, int]) -> None:
-        self.commits.append(dict(offsets))
-
-    def last_committed(self) -> dict[int, int]:
-        merged: dict[int, int] = {}
-        for c in self.commits:
-            merged.update(c)
-        return merged
-
-
-class FakeSink:
+def _sink(refuse: frozenset[str] = frozenset()) -> FakeSink:
     """Acknowledges every send, except topics in ``refuse`` (DeliveryError)."""
-
-    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
-        self.sent: list[OutRecord] = []
-        self.refuse = refuse
-
-    async def send(self, record: OutRecord) -> None:
-        await asyncio.sleep(0)
-        if record.topic in self.refuse:
-            raise DeliveryError(f"{record.topic} refused")
-        self.sent.append(record)
-
-    def to(self, topic: str) -> list[OutRecord]:
-        return [r for r in self.sent if r.topic == topic]
-
-
-class FakeEngine:
-    """Answers every item ``ok`` (a 2-d embedding) on the next loop turn."""
-
-    def __init__(self, job: BackfillJob) -> None:
-        self.job = job
-        self.submitted: list[InferenceItem] = []
-        self.in_flight = 0
-
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
-        loop = asyncio.get_running_loop()
-        self.submitted.extend(items)
-        self.in_flight += len(items)
-        for it in items:
-            loop.call_soon(self._answer, it)
-        return [3] * len(items)
-
-    def _answer(self, it: InferenceItem) -> None:
-        self.in_flight -= 1
-        self.job.on_outcome(
-            ItemOutcome(
-                item_id=it.item_id, status="ok", result={"embedding": [0.6, 0.8], "dim": 2},
-                error_code=None, error_message=None, truncated=False, n_tokens=3, queue_ms=0.1,
-                infer_ms=0.2, batch_size=len(self.submitted), padded_len=3,
-            )
-        )  # fmt: skip
-
-    async def flush(self) -> None:
-        return None
-
-    async def drain(self, timeout_s: float | None = None) -> bool:
-        while self.in_flight:
-            await asyncio.sleep(0)
-        return True
+    return FakeSink(auto_ack=True, refuse=refuse)
 
 
 def _settings(**kw: Any) -> BackfillSettings:
@@ -156,7 +59,7 @@ async def test_scores_every_record_and_commits_each_end() -> None:
         1: [_record(1, o, _json_event(f"u{o}")) for o in range(4)],
     }
     source = FakeSource(records, ends={0: 7, 1: 4})
-    sink = FakeSink()
+    sink = _sink()
     job, engine = _job(source, sink, text_field="body.text")
     summary = await job.run(asyncio.Event())
 
@@ -181,7 +84,7 @@ async def test_scores_every_record_and_commits_each_end() -> None:
 
 async def test_raw_text_values_are_scored_whole_and_written_as_msgpack() -> None:
     source = FakeSource({0: [_record(0, 0, b"plain text")]}, ends={0: 1})
-    sink = FakeSink()
+    sink = _sink()
     job, engine = _job(source, sink)
     summary = await job.run(asyncio.Event())
     assert summary.complete
@@ -195,7 +98,7 @@ async def test_raw_text_values_are_scored_whole_and_written_as_msgpack() -> None
 async def test_bad_records_are_dead_lettered_and_the_job_goes_on() -> None:
     values = [_json_event("a"), b"{not json", _json_event("c"), None, b'{"body": 1}']
     source = FakeSource({0: [_record(0, o, v) for o, v in enumerate(values)]}, ends={0: 5})
-    sink = FakeSink()
+    sink = _sink()
     job, _ = _job(source, sink, text_field="body.text")
     summary = await job.run(asyncio.Event())
 
@@ -217,7 +120,7 @@ async def test_bad_records_are_dead_lettered_and_the_job_goes_on() -> None:
 
 async def test_an_output_the_broker_refuses_is_dead_lettered() -> None:
     source = FakeSource({0: [_record(0, 0, b"x")]}, ends={0: 1})
-    sink = FakeSink(refuse=frozenset({"scores"}))
+    sink = _sink(refuse=frozenset({"scores"}))
     job, _ = _job(source, sink)
     summary = await job.run(asyncio.Event())
     assert summary.complete and summary.dead_lettered == 1 and summary.ok == 0
@@ -228,7 +131,7 @@ async def test_an_output_the_broker_refuses_is_dead_lettered() -> None:
 async def test_an_undeliverable_dead_letter_keeps_the_partition_unfinished() -> None:
     values = [b"ok", b"", b"ok too"]  # offset 1: empty text -> dead letter -> refused
     source = FakeSource({0: [_record(0, o, v) for o, v in enumerate(values)]}, ends={0: 3})
-    sink = FakeSink(refuse=frozenset({"dead"}))
+    sink = _sink(refuse=frozenset({"dead"}))
     job, _ = _job(source, sink)
     summary = await job.run(asyncio.Event())
     assert not summary.complete and not summary.stopped
@@ -242,7 +145,7 @@ async def test_a_stop_finishes_what_was_read_and_is_not_complete() -> None:
     source = FakeSource(records, ends={0: 30}, chunk=5)
     stop = asyncio.Event()
     source.stop, source.stop_after_polls = stop, 2
-    sink = FakeSink()
+    sink = _sink()
     job, _ = _job(source, sink)
     summary = await job.run(stop)
     assert summary.stopped and not summary.complete
@@ -253,7 +156,7 @@ async def test_a_stop_finishes_what_was_read_and_is_not_complete() -> None:
 async def test_in_flight_records_are_bounded() -> None:
     records = {0: [_record(0, o, b"t") for o in range(50)]}
     source = FakeSource(records, ends={0: 50}, chunk=50)
-    sink = FakeSink()
+    sink = _sink()
     job, engine = _job(source, sink, max_in_flight_records=8)
     seen: list[int] = []
     original = engine.submit
@@ -270,7 +173,7 @@ async def test_in_flight_records_are_bounded() -> None:
 
 async def test_an_empty_range_is_complete_at_once() -> None:
     source = FakeSource({0: [], 1: []}, ends={0: 0, 1: 0})
-    sink = FakeSink()
+    sink = _sink()
     job = BackfillJob(_settings(), source, sink, ReplyBuilder(ModelInfo(name="m"), "dead"))
     summary = await job.run(asyncio.Event())  # no engine bound: none is needed
     assert summary.complete and summary.records_read == 0

@@ -13,14 +13,17 @@ from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.embedding import decode_embedding
 from schemas.models import EmbedResult, ModelInfo
-from tests.unit.test_backfill_job import FakeEngine, FakeSink, FakeSource, _record, _settings
+from tests.fakes import AnsweringEngine as FakeEngine
+from tests.fakes import FakeRangeSource as FakeSource
+from tests.fakes import FakeSink
+from tests.unit.test_backfill_job import _record, _settings, _sink
 
 PROFILE = ModelProfile(dim=2, normalizes=True, prompts={"query": "query: ", "doc": "doc: "})
 
 
 def _run(**flags: object) -> tuple[FakeSink, FakeEngine]:
     source = FakeSource({0: [_record(0, o, f"text {o}".encode()) for o in range(3)]}, {0: 3})
-    sink = FakeSink()
+    sink = _sink()
     settings = _settings(**flags)
     job = BackfillJob(settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE))
     engine = FakeEngine(job)
@@ -45,7 +48,7 @@ def test_the_default_prompt_name_applies_without_flags() -> None:
     profile_default = ModelProfile(dim=2, prompts={"query": "q: "}, default_prompt_name="query")
     source = FakeSource({0: [_record(0, 0, b"hi")]}, {0: 1})
     job = BackfillJob(
-        _settings(), source, FakeSink(), ReplyBuilder(ModelInfo(name="m"), "d", profile_default)
+        _settings(), source, _sink(), ReplyBuilder(ModelInfo(name="m"), "d", profile_default)
     )
     engine = FakeEngine(job)
     job.bind(engine)

@@ -54,10 +54,14 @@ class Harness:
             ModelRunner(backend, stats=self.stats),
             WordTokenizer(backend.max_length),
             BatchPolicyConfig.model_validate(base),
-            self.on_outcome,
+            self.on_outcomes,
             stats=self.stats,
             batch_timeout_s=batch_timeout_s,
         )
+
+    def on_outcomes(self, outcomes: list[ItemOutcome]) -> None:
+        for o in outcomes:
+            self.on_outcome(o)
 
     def on_outcome(self, o: ItemOutcome) -> None:
         if o.item_id in self.outcomes:
@@ -244,13 +248,13 @@ async def test_submit_requires_a_started_engine() -> None:
 async def test_a_raising_callback_does_not_stop_the_engine() -> None:
     seen: list[int] = []
 
-    def on_outcome(o: ItemOutcome) -> None:
-        seen.append(o.item_id)
+    def on_outcomes(outcomes: list[ItemOutcome]) -> None:
+        seen.extend(o.item_id for o in outcomes)
         raise RuntimeError("callback bug")
 
     backend = FakeBackend(max_length=64)
     engine = Engine(
-        ModelRunner(backend), WordTokenizer(), BatchPolicyConfig(max_wait_ms=0.0), on_outcome
+        ModelRunner(backend), WordTokenizer(), BatchPolicyConfig(max_wait_ms=0.0), on_outcomes
     )
     await engine.start()
     await engine.submit(items(["a", "b c"]))
@@ -271,7 +275,7 @@ async def test_the_next_batch_starts_before_a_batchs_outcomes_go_out() -> None:
         in_pipeline_at_emit.append(h.engine._in_pipeline)
         record(o)
 
-    h.engine._on_outcome = on_outcome
+    h.engine._on_outcomes = lambda outcomes: [on_outcome(o) for o in outcomes]
     await h.engine.start()
     await h.engine.submit(items(["a b", "c d", "e f", "g h"]))
     assert await h.engine.drain(timeout_s=30)
@@ -293,7 +297,7 @@ async def test_a_queued_item_expires_at_its_deadline_while_a_batch_holds_the_mod
         if o.status == "expired":
             expired.set()
 
-    h.engine._on_outcome = on_outcome
+    h.engine._on_outcomes = lambda outcomes: [on_outcome(o) for o in outcomes]
     await h.engine.start()
     try:
         await h.engine.submit(items(["long batch"]))  # runs, held by the gate

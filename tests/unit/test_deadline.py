@@ -7,14 +7,7 @@ import math
 import pytest
 
 from consumer.deadline import Deadline
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
+from tests.fakes import FakeClock as Clock
 
 
 def test_remaining_counts_down_to_zero_and_expires() -> None:
@@ -43,3 +36,15 @@ def test_never_and_bad_timeouts() -> None:
         Deadline.after(-1.0, Clock())
     with pytest.raises(ValueError, match="timeout_s"):
         Deadline.after(math.nan, Clock())
+
+
+def test_keeping_reserves_at_most_a_share_of_what_is_left() -> None:
+    clock = Clock()
+    d = Deadline.after(20.0, clock)
+    assert d.keeping(3.0).remaining_s() == 17.0  # the full reserve
+    assert Deadline.after(2.0, clock).keeping(3.0).remaining_s() == 1.5  # a quarter of 2 s
+    assert d.keeping(3.0, max_share=0.0).remaining_s() == 20.0
+    with pytest.raises(ValueError):
+        d.keeping(-1.0)
+    with pytest.raises(ValueError):
+        d.keeping(1.0, max_share=2.0)

@@ -1,4 +1,4 @@
-"""The reply sink's batch path (``send_many``) and partitioner, with a fake producer: no broker."""
+"""The reply sink's batch path (``send``) and partitioner, with a fake producer: no broker."""
 
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ async def sink() -> tuple[KafkaSink, FakeProducer]:
     return s, producer
 
 
-async def test_send_many_queues_in_order_and_acks_each_record(
+async def test_send_queues_in_order_and_acks_each_record(
     sink: tuple[KafkaSink, FakeProducer],
 ) -> None:
     s, producer = sink
-    acks = await s.send_many([record(b"a"), record(b"b", "other"), record(b"c")])
+    acks = await s.send([record(b"a"), record(b"b", "other"), record(b"c")])
     assert producer.sent == [("kbatch.replies", b"a"), ("other", b"b"), ("kbatch.replies", b"c")]
     producer.deliveries[1].set_result(None)
     await asyncio.sleep(0)
@@ -69,7 +69,7 @@ async def test_a_retriable_failure_is_retried_until_acknowledged(
     sink: tuple[KafkaSink, FakeProducer],
 ) -> None:
     s, producer = sink
-    (ack,) = await s.send_many([record(b"a")])
+    (ack,) = await s.send([record(b"a")])
     producer.deliveries[0].set_exception(KafkaTimeoutError())
     for _ in range(20):  # the retry sends the record again
         await asyncio.sleep(0)
@@ -84,7 +84,7 @@ async def test_no_acknowledgement_in_time_hands_the_record_to_the_retries(
     sink: tuple[KafkaSink, FakeProducer],
 ) -> None:
     s, producer = sink
-    (ack,) = await s.send_many([record(b"a")])
+    (ack,) = await s.send([record(b"a")])
     await asyncio.sleep(0.3)  # send_timeout_ms = 200: sent again
     assert len(producer.deliveries) >= 2
     producer.deliveries[0].set_result(None)  # the late first answer is ignored
@@ -99,7 +99,7 @@ async def test_a_permanent_failure_is_a_delivery_error(
 ) -> None:
     s, producer = sink
     producer.raise_for["bad"] = AssertionError("Unrecognized partition")
-    acks = await s.send_many([record(b"a", "bad"), record(b"b")])
+    acks = await s.send([record(b"a", "bad"), record(b"b")])
     with pytest.raises(DeliveryError, match="cannot send to bad"):
         await acks[0]
     producer.deliveries[0].set_exception(RecordTooLargeError())
@@ -109,7 +109,7 @@ async def test_a_permanent_failure_is_a_delivery_error(
 
 async def test_failures_after_close_are_sink_closed(sink: tuple[KafkaSink, FakeProducer]) -> None:
     s, producer = sink
-    (ack,) = await s.send_many([record(b"a")])
+    (ack,) = await s.send([record(b"a")])
     s._closed = True
     producer.deliveries[0].set_exception(KafkaTimeoutError())
     with pytest.raises(SinkClosedError):

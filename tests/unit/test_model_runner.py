@@ -166,7 +166,7 @@ async def test_engine_end_to_end_on_the_tiny_embedder(
         embed_runner,
         HFTokenizer(tiny_embed_dir),
         BatchPolicyConfig(max_wait_ms=0.0, max_batch_tokens=512),
-        lambda o: outcomes.__setitem__(o.item_id, o),
+        lambda os: outcomes.update((o.item_id, o) for o in os),
         warmup="all",
     )
     await engine.start()
@@ -195,7 +195,7 @@ async def test_a_model_with_a_40_token_vocabulary_warms_up_and_serves(tmp_path: 
         runner,
         HFTokenizer(model_dir),
         BatchPolicyConfig(max_wait_ms=0.0, max_batch_tokens=256),
-        lambda o: outcomes.__setitem__(o.item_id, o),
+        lambda os: outcomes.update((o.item_id, o) for o in os),
         warmup="all",
     )
     await engine.start()  # raised IndexError before the fix

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 
 import msgpack
 import pytest
@@ -16,86 +15,19 @@ import pytest
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
+from consumer.delivery import DEAD_LETTER_CUT_BYTES
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
-from consumer.pipeline import DEAD_LETTER_CUT_BYTES, Pipeline
+from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
-from schemas.records import OutRecord
+from tests.fakes import FakeEngine, FakeSink, FakeSource
 
 TP: TopicPartition = ("req", 0)
-
-
-class FakeSource:
-    def __init__(self) -> None:
-        self.commits: list[dict[TopicPartition, int]] = []
-        self.paused: set[TopicPartition] = set()
-        self.ends: dict[TopicPartition, int] = {}
-        self.positions: dict[TopicPartition, int] = {}
-
-    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
-        return []
-
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        self.commits.append(dict(offsets))
-
-    async def committed(self, tp: TopicPartition) -> int | None:
-        return None
-
-    def pause(self, tps: frozenset[TopicPartition]) -> None:
-        self.paused |= tps
-
-    def resume(self, tps: frozenset[TopicPartition]) -> None:
-        self.paused -= tps
-
-    async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self.ends.get(tp, 0) for tp in tps}
-
-    async def position(self, tp: TopicPartition) -> int | None:
-        return self.positions.get(tp)
-
-
-class FakeSink:
-    """Each send waits on a future the test resolves (ack) in the order it likes."""
-
-    def __init__(self) -> None:
-        self.sent: list[OutRecord] = []
-        self.acks: list[asyncio.Future[None]] = []
-        self.calls = 0  # send_many calls
-
-    async def send(self, record: OutRecord) -> None:
-        self.sent.append(record)
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.acks.append(ack)
-        await ack
-
-    async def send_many(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
-        self.calls += 1
-        self.sent.extend(records)
-        acks = [asyncio.get_running_loop().create_future() for _ in records]
-        self.acks.extend(acks)
-        return list(acks)
-
-
-class FakeEngine:
-    def __init__(self) -> None:
-        self.items: list[InferenceItem] = []
-        self.cancelled: list[object] = []
-
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
-        self.items.extend(items)
-        return [len(i.text.split()) + 2 for i in items]
-
-    def cancel_group(self, group: object) -> list[int]:
-        self.cancelled.append(group)
-        return [i.item_id for i in self.items if i.group == group]
-
-    async def flush(self) -> None:
-        return None
 
 
 def record(offset: int, key: bytes | None = b"k", value: bytes | None = None) -> InRecord:
@@ -148,7 +80,7 @@ async def test_commit_waits_for_the_lowest_unanswered_offset(
     pipeline, source, sink, engine = parts
     await pipeline.take([record(10, b"a"), record(11, b"b"), record(12, b"c")])
     for item in reversed(engine.items):  # the engine answers out of order
-        pipeline.on_outcome(ok(item))
+        pipeline.on_outcomes([ok(item)])
     await settle()
     assert len(sink.sent) == 3
     sink.acks[0].set_result(None)  # offset 12 acknowledged first
@@ -171,7 +103,7 @@ async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
     pipeline, _, sink, engine = parts
     await pipeline.take([record(0, b"same"), record(1, b"same")])
     assert len(engine.items) == 1  # computed once
-    pipeline.on_outcome(ok(engine.items[0]))
+    pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert sorted(r.dedup for r in replies) == [False, True]
@@ -190,7 +122,7 @@ async def test_a_bad_record_is_dead_lettered_and_answered_without_blocking(
     sink.acks[0].set_result(None)  # the dead letter
     await settle()
     sink.acks[1].set_result(None)  # its error reply
-    pipeline.on_outcome(ok(engine.items[0]))
+    pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     sink.acks[2].set_result(None)  # the good reply
     await settle()
@@ -239,7 +171,7 @@ async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
     pipeline._apply_flow()
     assert source.paused == {TP}
     for item in engine.items:
-        pipeline.on_outcome(ok(item))
+        pipeline.on_outcomes([ok(item)])
     await settle()
     for ack in sink.acks:
         ack.set_result(None)
@@ -257,7 +189,7 @@ async def test_revoke_drops_queued_work_and_ignores_late_completions(
     revoke = asyncio.create_task(pipeline.on_revoked(frozenset({TP})))
     await asyncio.wait_for(revoke, 5)  # the fake clock never advances: one wait, then drop
     assert engine.cancelled == [TP]
-    pipeline.on_outcome(ok(engine.items[0]))  # a late result of the revoked partition
+    pipeline.on_outcomes([ok(engine.items[0])])  # a late result of the revoked partition
     await settle()
     assert sink.sent == []
     assert source.commits == []
@@ -269,7 +201,7 @@ async def test_a_batchs_outcomes_go_out_in_one_send(
     pipeline, source, sink, engine = parts
     await pipeline.take([record(i, f"k{i}".encode()) for i in range(3)])
     for item in engine.items:  # one batch: its outcomes arrive in one loop iteration
-        pipeline.on_outcome(ok(item))
+        pipeline.on_outcomes([ok(item)])
     assert sink.sent == []  # built and sent after the engine's turn, not inside the callback
     await settle()
     assert sink.calls == 1 and len(sink.sent) == 3
@@ -286,7 +218,7 @@ async def test_a_result_the_contract_cannot_carry_is_answered_inference_failed(
     pipeline, source, sink, engine = parts
     await pipeline.take([record(0, b"nan")])
     nan = {"embedding": [float("nan"), 0.0], "dim": 2}
-    pipeline.on_outcome(dataclasses.replace(ok(engine.items[0]), result=nan))
+    pipeline.on_outcomes([dataclasses.replace(ok(engine.items[0]), result=nan)])
     await settle()
     (reply,) = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert reply.status == "error" and reply.error is not None
@@ -327,13 +259,13 @@ async def test_a_retry_with_a_later_deadline_is_computed_not_answered_expired(
         ]
     )
     assert len(engine.items) == 1  # the copies wait for the first
-    pipeline.on_outcome(expired(engine.items[0]))
+    pipeline.on_outcomes([expired(engine.items[0])])
     await settle()
     assert len(engine.items) == 2  # the first copy still in time is computed
     assert engine.items[1].deadline_s is not None
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert [(r.status, r.dedup) for r in replies] == [("expired", False)]  # the first only
-    pipeline.on_outcome(ok(engine.items[1]))
+    pipeline.on_outcomes([ok(engine.items[1])])
     await settle()
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert sorted((r.status, r.dedup) for r in replies[1:]) == [("ok", False), ("ok", True)]
@@ -353,7 +285,7 @@ async def test_a_waiting_copy_past_its_own_deadline_is_answered_expired(
         [with_deadline(0, b"k", now_ms + 1_000), with_deadline(1, b"k", now_ms + 5)]
     )
     pipeline._wall_ms = lambda: now_ms + 2_000  # both deadlines have passed
-    pipeline.on_outcome(expired(engine.items[0]))
+    pipeline.on_outcomes([expired(engine.items[0])])
     await settle()
     assert len(engine.items) == 1  # nothing recomputed
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
@@ -385,7 +317,7 @@ async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_a
     pipeline.bind(source, engine)
     await pipeline.on_assigned(frozenset({TP}))
     await pipeline.take([record(i, f"k{i}".encode()) for i in range(4)])
-    pipeline.on_outcome(ok(engine.items[0]))  # offset 0 answered
+    pipeline.on_outcomes([ok(engine.items[0])])  # offset 0 answered
     await settle()
     sink.acks[0].set_result(None)
     await settle()
@@ -396,7 +328,7 @@ async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_a
     assert loop.time() - started < 1.0  # the one deadline bounds flush, wait and commit
     assert engine.cancelled == [TP]  # what is queued is dropped, never formed into a batch
     assert source.commits == [{TP: 1}]  # the answered offset, not the dropped ones
-    pipeline.on_outcome(ok(engine.items[1]))  # a batch running at the deadline ends
+    pipeline.on_outcomes([ok(engine.items[1])])  # a batch running at the deadline ends
     await settle()
     assert len(sink.sent) == 1  # forgotten: its record is answered by the next owner
 

@@ -23,7 +23,8 @@ from schemas.codec import Encoding, decode_reply
 from schemas.embedding import decode_embedding
 from schemas.errors import ErrorCode
 from schemas.models import EmbedResult, ModelInfo, Reply
-from tests.unit.test_pipeline import TP, FakeEngine, FakeSink, FakeSource, settle
+from tests.fakes import FakeEngine, FakeSink, FakeSource
+from tests.unit.test_pipeline import TP, settle
 
 DLQ = "kbatch.requests.dlq"
 PROFILE = ModelProfile(task="embed", dim=2, normalizes=True, prompts={"query": "query: "})
@@ -149,7 +150,7 @@ async def test_the_prompt_is_part_of_the_models_input_and_the_default_applies() 
 async def test_usage_and_format_on_ok_replies(parts: Parts) -> None:
     pipeline, sink, engine = parts
     await pipeline.take([request(0)])
-    pipeline.on_outcome(ok(engine.items[0]))
+    pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     (reply,) = replies(sink)
     assert reply.usage is not None and reply.usage.tokens == 7
@@ -169,7 +170,7 @@ async def test_copies_with_other_options_are_derived_from_one_computation(parts:
     )
     assert [i.text for i in engine.items] == ["hello there", "query: hello there"]
     for item in engine.items:
-        pipeline.on_outcome(ok(item))
+        pipeline.on_outcomes([ok(item)])
     await settle()
     got = replies(sink)
     assert len(got) == 4
@@ -192,7 +193,7 @@ def _tag(reply: Reply) -> str:
 async def test_a_finished_key_answers_a_later_copy_with_its_own_options(parts: Parts) -> None:
     pipeline, sink, engine = parts
     await pipeline.take([request(0, b"done")])
-    pipeline.on_outcome(ok(engine.items[0]))
+    pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     await pipeline.take([request(1, b"done", encoding_format="binary")])
     await settle()
@@ -206,7 +207,7 @@ async def test_a_classify_reply_carries_usage_too() -> None:
     pipeline, sink, engine = await make(ModelProfile(task="classify"), task="classify")
     await pipeline.take([request(0)])
     result = {"label": "pos", "score": 0.75, "scores": {"neg": 0.25, "pos": 0.75}}
-    pipeline.on_outcome(dataclasses.replace(ok(engine.items[0]), result=result, n_tokens=5))
+    pipeline.on_outcomes([dataclasses.replace(ok(engine.items[0]), result=result, n_tokens=5)])
     await settle()
     (reply,) = replies(sink)
     assert reply.status == "ok" and reply.usage is not None and reply.usage.tokens == 5

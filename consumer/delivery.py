@@ -1,0 +1,258 @@
+"""Delivery: the one way a record read by serve or backfill is answered and finished.
+
+::
+
+    send([(pending, reply), ...]) ─► sink.send ─► broker ack ─┬─► owner.on_delivered
+                                                              │   tracker.complete
+                                                              │   owner.on_finished
+                  DeliveryError (the reply can never exist) ──┴─► dead_letter(...)
+    dead_letter(pending, dlq, code) ─► sink.send (whole, else cut) ─► owner.on_dead_lettered
+                                                                      tracker.complete
+                                                                      owner.on_finished
+
+Rules (CONTRACT.md §Delivery):
+
+* An offset is finished (:meth:`OffsetTracker.complete`) only once its reply or dead letter is
+  acknowledged by the broker; then the owner is told (:meth:`DeliveryOwner.on_finished`) so that it
+  releases the record's flow credit.
+* A reply the broker can never take (a reply address that cannot exist, a value over the size
+  limit) is dead-lettered ``invalid_request`` instead.
+* A dead letter refused whole is sent cut to its first :data:`DEAD_LETTER_CUT_BYTES` (the full
+  record stays in the source topic at its offset). Refused even cut, it is skipped: serve then
+  finishes the offset anyway (a bad record never holds up its partition), backfill leaves it
+  unfinished (the job exits non-zero and a rerun repeats it): ``finish_unsent_dead_letters``.
+* When the sink closes first, nothing is finished: the record stays uncommitted and is
+  answered after a restart.
+
+Policy (what to count, what finishing releases) is the owner's; this class does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.offsets import OffsetTracker
+from consumer.kafka.records import InRecord
+from consumer.replies import ReplyBuilder
+from schemas.errors import ErrorCode
+from schemas.records import OutRecord, cut_dead_letter
+
+__all__ = ["DEAD_LETTER_CUT_BYTES", "Delivery", "DeliveryOwner", "SinkLike", "Tracked"]
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_CUT_BYTES = 64 * 1024
+"""Value bytes kept when a dead letter is too large to produce whole (see
+:func:`schemas.records.cut_dead_letter`)."""
+
+
+class SinkLike(Protocol):
+    """What delivery needs of :class:`consumer.kafka.sink.KafkaSink`."""
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]: ...
+
+
+class Tracked(Protocol):
+    """A record read and tracked in the :class:`OffsetTracker` (its generation there)."""
+
+    @property
+    def record(self) -> InRecord: ...
+    @property
+    def generation(self) -> int: ...
+
+
+P = TypeVar("P", bound=Tracked)
+P_contra = TypeVar("P_contra", bound=Tracked, contravariant=True)
+
+
+class DeliveryOwner(Protocol[P_contra]):
+    """What :class:`Delivery` tells its owner (the pipeline, the backfill job); loop thread."""
+
+    def on_delivered(self, pending: P_contra, record: OutRecord) -> None:
+        """``record``, ``pending``'s reply, was acknowledged (just before it is finished)."""
+
+    def on_dead_lettered(
+        self, pending: P_contra, code: ErrorCode, sent: bool, reply_sent: bool
+    ) -> None:
+        """``pending``'s dead letter was acknowledged (``sent``) or refused even cut; its
+        follow-up error reply, if one was given, acknowledged (``reply_sent``)."""
+
+    def on_finished(self, pending: P_contra, completed: bool) -> None:
+        """``pending`` needs nothing more from delivery: ``completed`` when its offset was
+        finished in the tracker now (False: sink closed, revoked meanwhile, or given up)."""
+
+
+class Delivery(Generic[P]):
+    """Sends replies and dead letters; on the broker's ack finishes the offset.
+
+    Args:
+        sink: started; closing it turns every unacknowledged send into "not finished".
+        tracker: the owner's offset tracker (``complete`` is called here).
+        owner: told of every fate (see :class:`DeliveryOwner`).
+        replies: builds the dead letter of a reply the broker refused.
+        what: the name of a reply in that dead letter's message ("reply", "output record").
+        finish_unsent_dead_letters: finish an offset whose dead letter was refused even cut.
+        max_in_flight: at most this many records wait for the broker at once (None: no limit).
+    """
+
+    def __init__(
+        self,
+        sink: SinkLike,
+        tracker: OffsetTracker,
+        owner: DeliveryOwner[P],
+        replies: ReplyBuilder,
+        *,
+        what: str = "reply",
+        finish_unsent_dead_letters: bool = True,
+        max_in_flight: int | None = None,
+    ) -> None:
+        self._sink = sink
+        self._tracker = tracker
+        self._owner = owner
+        self._replies = replies
+        self._what = what
+        self._finish_unsent = finish_unsent_dead_letters
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._open = 0  # records given and not yet finished
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def open(self) -> int:
+        """Records given to :meth:`send` or :meth:`dead_letter` and not yet finished."""
+        return self._open
+
+    def send(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
+        """Send each ``pending``'s reply (one task for the batch); each is finished on its ack."""
+        if batch:
+            self._opened(len(batch))
+            self._spawn(self._send(batch))
+
+    def dead_letter(
+        self, pending: P, dlq: OutRecord, code: ErrorCode, reply: OutRecord | None = None
+    ) -> None:
+        """Send ``pending``'s dead letter (cut when refused whole), then ``reply`` (an error
+        reply for the client, when it can be addressed); then finish it (see the rules)."""
+        self._opened(1)
+        self._spawn(self._dead_letter(pending, dlq, code, reply))
+
+    async def wait(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` seconds until every record given is finished (or given up);
+        returns how many are still open."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return self._open
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _opened(self, n: int) -> None:
+        self._open += n
+        self._idle.clear()
+
+    def _done(self, pending: P, completed: bool) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._idle.set()
+        self._owner.on_finished(pending, completed)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a delivery task failed", exc_info=task.exception())
+
+    async def _send(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
+        if self._slots is None:
+            acks = await self._sink.send([record for _, record in batch])
+        else:
+            acks = [await self._send_slotted(record) for _, record in batch]
+        for (pending, record), ack in zip(batch, acks, strict=True):
+            ack.add_done_callback(functools.partial(self._acked, pending, record))
+
+    async def _send_slotted(self, record: OutRecord) -> asyncio.Future[None]:
+        assert self._slots is not None
+        slots = self._slots
+        await slots.acquire()
+        (ack,) = await self._sink.send([record])
+        ack.add_done_callback(lambda _: slots.release())
+        return ack
+
+    async def _send_one(self, record: OutRecord) -> None:
+        """Send one record and wait for its ack (raises what its future raises)."""
+        if self._slots is None:
+            (ack,) = await self._sink.send([record])
+        else:
+            ack = await self._send_slotted(record)
+        await ack
+
+    def _acked(self, pending: P, record: OutRecord, ack: asyncio.Future[None]) -> None:
+        err = None if ack.cancelled() else ack.exception()
+        if ack.cancelled() or isinstance(err, SinkClosedError):
+            self._done(pending, False)  # answered after a restart
+        elif err is None:
+            self._owner.on_delivered(pending, record)
+            self._finish(pending)
+        else:  # DeliveryError: e.g. the client named a reply address that cannot exist
+            message = f"the {self._what} could not be delivered: {err}"
+            code = ErrorCode.INVALID_REQUEST
+            dlq = self._replies.dead_letter(pending.record, code, message)
+            self._spawn(self._dead_letter(pending, dlq, code, None))  # still open
+
+    async def _dead_letter(
+        self, pending: P, dlq: OutRecord, code: ErrorCode, reply: OutRecord | None
+    ) -> None:
+        r = pending.record
+        try:
+            sent = await self._send_dead_letter(r, dlq)
+        except SinkClosedError:
+            self._done(pending, False)
+            return
+        reply_sent = False
+        if reply is not None:
+            try:
+                await self._send_one(reply)
+                reply_sent = True
+            except (DeliveryError, SinkClosedError) as err:
+                log.warning("error reply for %s@%d not delivered: %s", r.tp, r.offset, err)
+        self._owner.on_dead_lettered(pending, code, sent, reply_sent)
+        if sent or self._finish_unsent:
+            self._finish(pending)
+        else:
+            self._done(pending, False)
+
+    async def _send_dead_letter(self, r: InRecord, dlq: OutRecord) -> bool:
+        """Send ``dlq``; False when the broker refused it even cut down.
+
+        A dead letter can be refused whole — e.g. a 2 MiB value the broker took compressed
+        whose copy is over the producer's request size — so it is then sent cut (its first
+        :data:`DEAD_LETTER_CUT_BYTES`); the log names the offset to re-read it from.
+
+        Raises:
+            SinkClosedError: the sink closed first.
+        """
+        try:
+            await self._send_one(dlq)
+            return True
+        except DeliveryError as err:
+            log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
+        try:
+            await self._send_one(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
+            return True
+        except DeliveryError:
+            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
+            return False
+
+    def _finish(self, pending: P) -> None:
+        r = pending.record
+        self._done(pending, self._tracker.complete(r.tp, r.offset, pending.generation))

@@ -1,0 +1,81 @@
+"""Start a command's parts in order, stop them in reverse, all within one shutdown deadline.
+
+``kbatch serve`` and ``kbatch backfill`` enter each part on a :class:`contextlib.AsyncExitStack`
+once it has started (:meth:`Lifecycle.enter`); leaving the stack stops them in reverse order,
+each stop bounded by what is left of the one shutdown :class:`~consumer.deadline.Deadline`
+(:meth:`Lifecycle.begin_shutdown`). The drain before the stops spends
+:meth:`Lifecycle.drain_deadline`: the shutdown deadline less :data:`CLOSE_RESERVE_S`, kept for
+the stops, so the whole shutdown — drain, commit and closes — fits ``drain_timeout_s``
+(quix-streams ``app.py`` and ``checkpointing/deadline.py``; aiokafka's idempotent ``stop``).
+
+Every stop given to :meth:`Lifecycle.enter` must be idempotent (a part may be stopped by its
+owner too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from consumer.deadline import Deadline
+
+__all__ = ["CLOSE_RESERVE_S", "Lifecycle"]
+
+log = logging.getLogger(__name__)
+
+CLOSE_RESERVE_S = 3.0
+"""Seconds of the shutdown deadline kept for stopping the parts after the drain (leaving the
+group cleanly spares the next owner a session timeout), at most a quarter of the budget."""
+
+Stop = Callable[[], Awaitable[None] | None]
+
+
+class Lifecycle:
+    """The parts of one command on an exit stack, and its one shutdown deadline.
+
+    Args:
+        stack: entered by the caller (``async with AsyncExitStack() as stack``).
+        shutdown_timeout_s: the whole shutdown's budget (``drain_timeout_s``), counted from
+            :meth:`begin_shutdown`.
+        clock: monotonic seconds (the event loop's clock is the same).
+    """
+
+    def __init__(
+        self,
+        stack: contextlib.AsyncExitStack,
+        shutdown_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stack = stack
+        self._timeout_s = shutdown_timeout_s
+        self._clock = clock
+        self._deadline: Deadline | None = None
+
+    def enter(self, name: str, stop: Stop) -> None:
+        """Stop this started part (``stop``, sync or async) when the stack is left, bounded by
+        the shutdown deadline; a stop that overruns it is logged and abandoned."""
+        self._stack.push_async_callback(self._stop, name, stop)
+
+    def begin_shutdown(self) -> Deadline:
+        """The shutdown deadline, started by the first call (later calls return it)."""
+        if self._deadline is None:
+            self._deadline = Deadline.after(self._timeout_s, self._clock)
+        return self._deadline
+
+    def drain_deadline(self) -> Deadline:
+        """The part of the shutdown deadline for the drain (:data:`CLOSE_RESERVE_S` kept)."""
+        return self.begin_shutdown().keeping(CLOSE_RESERVE_S)
+
+    async def _stop(self, name: str, stop: Stop) -> None:
+        left_s = self.begin_shutdown().remaining_s()
+        try:
+            result = stop()
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, None if math.isinf(left_s) else left_s)
+        except TimeoutError:
+            log.warning("%s did not stop by the shutdown deadline", name)

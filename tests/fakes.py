@@ -1,0 +1,198 @@
+"""Test doubles shared by the unit tests: one sink for serve and backfill, the sources, the
+engines. No broker, no model; each fake records what it was asked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.kafka.errors import DeliveryError
+from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.kafka.records import InRecord, TopicPartition
+from schemas.records import OutRecord
+
+
+class FakeSink:
+    """:class:`consumer.kafka.sink.KafkaSink`'s one send path, in memory.
+
+    Args:
+        auto_ack: acknowledge every record on the next loop turn; else each ack is a future
+            the test resolves (``acks[i].set_result(None)`` or ``set_exception(...)``) in the
+            order it likes.
+        refuse: topics whose records fail with :class:`DeliveryError` (auto_ack only); refused
+            records are not in ``sent``.
+    """
+
+    def __init__(self, *, auto_ack: bool = False, refuse: frozenset[str] = frozenset()) -> None:
+        self.sent: list[OutRecord] = []
+        self.acks: list[asyncio.Future[None]] = []
+        self.calls = 0  # send calls
+        self.auto_ack = auto_ack
+        self.refuse = refuse
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        self.calls += 1
+        loop = asyncio.get_running_loop()
+        acks = [loop.create_future() for _ in records]
+        if not self.auto_ack:
+            self.sent.extend(records)
+            self.acks.extend(acks)
+            return acks
+        await asyncio.sleep(0)
+        for record, ack in zip(records, acks, strict=True):
+            if record.topic in self.refuse:
+                ack.set_exception(DeliveryError(f"{record.topic} refused"))
+            else:
+                self.sent.append(record)
+                ack.set_result(None)
+        return acks
+
+    def to(self, topic: str) -> list[OutRecord]:
+        return [r for r in self.sent if r.topic == topic]
+
+
+class FakeClock:
+    """A monotonic clock the test moves (``now_s``; starts at 100 s)."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class OutcomesSink(Protocol):
+    def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None: ...
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.paused: set[TopicPartition] = set()
+        self.ends: dict[TopicPartition, int] = {}
+        self.positions: dict[TopicPartition, int] = {}
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        return []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return None
+
+    def pause(self, tps: frozenset[TopicPartition]) -> None:
+        self.paused |= tps
+
+    def resume(self, tps: frozenset[TopicPartition]) -> None:
+        self.paused -= tps
+
+    async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.ends.get(tp, 0) for tp in tps}
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        return self.positions.get(tp)
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.items: list[InferenceItem] = []
+        self.cancelled: list[object] = []
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+        self.items.extend(items)
+        return [len(i.text.split()) + 2 for i in items]
+
+    def cancel_group(self, group: object) -> list[int]:
+        self.cancelled.append(group)
+        return [i.item_id for i in self.items if i.group == group]
+
+    async def flush(self) -> None:
+        return None
+
+
+class FakeRangeSource:
+    """Serves fixed records per partition, ``chunk`` at a time; remembers commits."""
+
+    def __init__(self, records: dict[int, list[InRecord]], ends: dict[int, int], chunk: int = 3):
+        self._queues = {p: list(rs) for p, rs in records.items()}
+        self._plan = {
+            p: plan_partition(
+                p, start_offset=0, end_offset=ends[p], log_start=0, log_end=ends[p], committed=None
+            )
+            for p in records
+        }
+        self._done = {p for p, r in self._plan.items() if r.remaining == 0}
+        self._chunk = chunk
+        self.commits: list[dict[int, int]] = []
+        self.stop_after_polls: int | None = None
+        self.stop: asyncio.Event | None = None
+        self._polls = 0
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]:
+        return self._plan
+
+    @property
+    def finished(self) -> frozenset[int]:
+        return frozenset(self._done)
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        self._polls += 1
+        if self.stop is not None and self.stop_after_polls == self._polls:
+            self.stop.set()
+        out: list[InRecord] = []
+        for p, queue in self._queues.items():
+            take = queue[: min(self._chunk, max_records - len(out))]
+            del queue[: len(take)]
+            out.extend(take)
+            if not queue:
+                self._done.add(p)
+        await asyncio.sleep(0)
+        return out
+
+    async def commit(self, offsets: Mapping[int, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def last_committed(self) -> dict[int, int]:
+        merged: dict[int, int] = {}
+        for c in self.commits:
+            merged.update(c)
+        return merged
+
+
+class AnsweringEngine:
+    """Answers every item ``ok`` (a 2-d embedding) on the next loop turn."""
+
+    def __init__(self, job: OutcomesSink) -> None:
+        self.job = job
+        self.submitted: list[InferenceItem] = []
+        self.in_flight = 0
+
+    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+        loop = asyncio.get_running_loop()
+        self.submitted.extend(items)
+        self.in_flight += len(items)
+        for it in items:
+            loop.call_soon(self._answer, it)
+        return [3] * len(items)
+
+    def _answer(self, it: InferenceItem) -> None:
+        self.in_flight -= 1
+        self.job.on_outcomes([
+            ItemOutcome(
+                item_id=it.item_id, status="ok", result={"embedding": [0.6, 0.8], "dim": 2},
+                error_code=None, error_message=None, truncated=False, n_tokens=3, queue_ms=0.1,
+                infer_ms=0.2, batch_size=len(self.submitted), padded_len=3,
+            )
+        ])  # fmt: skip
+
+    async def flush(self) -> None:
+        return None
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        while self.in_flight:
+            await asyncio.sleep(0)
+        return True

@@ -1,0 +1,136 @@
+"""The one delivery component (serve and backfill): finish on ack, dead letters, the cut-down
+fallback, the owner's policy on a dead letter refused even cut, the send bound."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from consumer.delivery import DEAD_LETTER_CUT_BYTES, Delivery
+from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.offsets import OffsetTracker
+from consumer.kafka.records import InRecord
+from consumer.replies import ReplyBuilder
+from schemas.errors import ErrorCode
+from schemas.models import ModelInfo
+from schemas.records import OutRecord
+from tests.fakes import FakeSink
+
+DLQ = "dead"
+
+
+@dataclass(eq=False)
+class Item:
+    record: InRecord
+    generation: int
+
+
+@dataclass
+class Owner:
+    """Records every callback in order."""
+
+    events: list[tuple[str, int, object]] = field(default_factory=list)
+
+    def on_delivered(self, pending: Item, record: OutRecord) -> None:
+        self.events.append(("delivered", pending.record.offset, record.topic))
+
+    def on_dead_lettered(
+        self, pending: Item, code: ErrorCode, sent: bool, reply_sent: bool
+    ) -> None:
+        self.events.append(("dead_lettered", pending.record.offset, (code, sent, reply_sent)))
+
+    def on_finished(self, pending: Item, completed: bool) -> None:
+        self.events.append(("finished", pending.record.offset, completed))
+
+
+def make(sink: FakeSink, **kw: object) -> tuple[Delivery[Item], OffsetTracker, Owner, list[Item]]:
+    tracker, owner = OffsetTracker(), Owner()
+    tp = ("req", 0)
+    tracker.assign(tp)
+    items = []
+    for offset in range(3):
+        tracker.track(tp, offset)
+        record = InRecord("req", 0, offset, b"k", b"v" * 100_000, (), 0)
+        items.append(Item(record, tracker.generation(tp) or 0))
+    delivery: Delivery[Item] = Delivery(
+        sink,
+        tracker,
+        owner,
+        ReplyBuilder(ModelInfo(name="m"), DLQ),
+        **kw,  # type: ignore[arg-type]
+    )
+    return delivery, tracker, owner, items
+
+
+def reply(n: int) -> OutRecord:
+    return OutRecord(topic="out", partition=None, key=b"k", value=str(n).encode(), headers=())
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_batch_goes_in_one_send_and_each_record_finishes_on_its_own_ack() -> None:
+    sink = FakeSink()
+    delivery, tracker, owner, items = make(sink)
+    delivery.send([(item, reply(i)) for i, item in enumerate(items)])
+    await settle()
+    assert sink.calls == 1 and len(sink.sent) == 3 and delivery.open == 3
+    sink.acks[1].set_result(None)
+    await settle()
+    assert owner.events == [("delivered", 1, "out"), ("finished", 1, True)]
+    assert tracker.committable() == {}  # offset 0 still open: nothing to commit
+    sink.acks[0].set_result(None)
+    sink.acks[2].set_exception(SinkClosedError("closed"))
+    assert await delivery.wait(1.0) == 0
+    assert owner.events[-1] == ("finished", 2, False)  # not finished: answered after a restart
+    assert tracker.committable() == {("req", 0): 2}
+
+
+@pytest.mark.parametrize("finish_unsent", [True, False])
+async def test_a_refused_reply_is_dead_lettered_cut_and_the_owner_decides_on_a_refused_one(
+    finish_unsent: bool,
+) -> None:
+    sink = FakeSink()
+    delivery, tracker, owner, items = make(
+        sink, what="output record", finish_unsent_dead_letters=finish_unsent
+    )
+    delivery.send([(items[0], reply(0))])
+    await settle()
+    sink.acks[0].set_exception(DeliveryError("no such partition"))
+    await settle()
+    dlq = sink.sent[1]
+    assert dlq.topic == DLQ and b"the output record could not be delivered" in (
+        dlq.value or b""
+    ) + b"".join(v for _, v in dlq.headers)
+    sink.acks[1].set_exception(DeliveryError("too large"))
+    await settle()
+    cut = sink.sent[2]
+    assert cut.topic == DLQ and len(cut.value or b"") <= DEAD_LETTER_CUT_BYTES
+    sink.acks[2].set_exception(DeliveryError("refused again"))
+    assert await delivery.wait(1.0) == 0
+    assert owner.events[0] == ("dead_lettered", 0, (ErrorCode.INVALID_REQUEST, False, False))
+    assert owner.events[1] == ("finished", 0, finish_unsent)
+    assert (tracker.committable() == {("req", 0): 1}) is finish_unsent
+
+
+async def test_max_in_flight_bounds_the_records_waiting_for_the_broker() -> None:
+    sink = FakeSink()
+    delivery, _, owner, items = make(sink, max_in_flight=2)
+    delivery.send([(item, reply(i)) for i, item in enumerate(items)])
+    await settle()
+    assert len(sink.sent) == 2  # the third waits for a slot
+    sink.acks[0].set_result(None)
+    await settle()
+    assert len(sink.sent) == 3
+    for ack in sink.acks[1:]:
+        ack.set_result(None)
+    assert await delivery.wait(1.0) == 0
+    assert [e for e in owner.events if e[0] == "finished"] == [
+        ("finished", 0, True),
+        ("finished", 1, True),
+        ("finished", 2, True),
+    ]
