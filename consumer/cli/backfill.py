@@ -28,12 +28,13 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         raise click.UsageError(str(err)) from err
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import RangeSourceError, RangeSpecError
+    from consumer.model.errors import LossyBackendError
 
     try:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))
     except RangeSpecError as err:
         raise click.UsageError(str(err)) from err
-    except (RangeSourceError, FileNotFoundError) as err:
+    except (RangeSourceError, FileNotFoundError, LossyBackendError) as err:
         raise click.ClickException(str(err)) from err
     sys.exit(code)
 

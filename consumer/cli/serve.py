@@ -39,7 +39,13 @@ def _serve(config: Path | None, **flags: Any) -> None:
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
 
-    sys.exit(asyncio.run(serve(settings)))
+    from consumer.model.errors import LossyBackendError
+
+    try:
+        code = asyncio.run(serve(settings))
+    except LossyBackendError as err:  # the start-up quality gate (consumer/model/quality.py)
+        raise click.ClickException(str(err)) from err
+    sys.exit(code)
 
 
 serve_command = click.Command(

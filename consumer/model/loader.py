@@ -21,7 +21,7 @@ from consumer.batching.stats import StatsSink
 from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
-from consumer.model.protocol import AutocastName, Task
+from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
 from schemas.models import ModelInfo
 
 __all__ = ["NOOP_MODEL", "LoadedModel", "load_model", "load_runner", "resolve_model"]
@@ -97,9 +97,14 @@ def load_model(
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import configure_threads, default_device
 
-    configure_threads(settings.torch_threads)
+    threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
     device = default_device() if settings.device == "auto" else settings.device
+    if settings.backend == "onnx":
+        device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
+    autocast: AutocastName | None = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}[
+        settings.dtype
+    ]
     runner: BatchRunner
     if settings.model == NOOP_MODEL:
         from consumer.model.protocol import FakeBackend
@@ -112,11 +117,14 @@ def load_model(
             model_dir,
             task=settings.task,
             device=device,
-            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+            autocast=autocast,
             max_length=max_length,
             stats=stats,
             name=info.name,
             revision=info.revision,
+            backend=settings.backend,
+            quantize=settings.quantize,
+            threads=threads,
         )
     tokenizer: TokenizerLike
     if settings.model == NOOP_MODEL:
@@ -125,7 +133,36 @@ def load_model(
         tokenizer = HFTokenizer(
             model_dir, max_length=runner.max_length, truncate_by_default=truncate
         )
+    cuda_autocast = autocast is not None and device.startswith("cuda")
+    lossy_path = settings.backend != "torch" or settings.quantize != "none" or cuda_autocast
+    if lossy_path and settings.model != NOOP_MODEL and isinstance(runner, ModelRunner):
+        _quality_gate(runner, tokenizer, model_dir, settings, device)
     return LoadedModel(runner, tokenizer, info, device)
+
+
+def _quality_gate(
+    runner: ModelRunner,
+    tokenizer: TokenizerLike,
+    model_dir: Path,
+    settings: ModelSettings,
+    device: str,
+) -> None:
+    """Compare ``runner`` with the same model in torch fp32 on the probe texts
+    (:func:`consumer.model.quality.probe_gate`); raises ``LossyBackendError``."""
+    from consumer.model.quality import probe_gate
+
+    reference = load_runner(
+        model_dir, task=runner.task, device=device, max_length=runner.max_length
+    )
+    what = f"--backend {settings.backend} --quantize {settings.quantize} --dtype {settings.dtype}"
+    probe_gate(
+        runner,
+        reference,
+        tokenizer,
+        what=what,
+        reduced_precision=settings.quantize != "none" or settings.dtype != "float32",
+        allow_lossy=settings.allow_lossy,
+    )
 
 
 def _detect_task(model_dir: Path) -> Task:
@@ -147,6 +184,9 @@ def load_runner(
     stats: StatsSink | None = None,
     name: str | None = None,
     revision: str | None = None,
+    backend: BackendName = "torch",
+    quantize: Quantize = "none",
+    threads: int | None = None,
 ) -> ModelRunner:
     """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
 
@@ -161,11 +201,17 @@ def load_runner(
         max_length: default :func:`consumer.model.tokenize.read_max_length`.
         stats: counters sink for the runner.
         name / revision: default the directory name / ``None``.
+        backend: ``torch`` (eager) or ``onnx`` (ONNX Runtime on the CPU, exported once into
+            the cache: :mod:`consumer.model.onnx_backend`).
+        quantize: ``int8`` (ORT dynamic int8; ``onnx`` only) or ``none``.
+        threads: ORT intra-op threads (default: torch's thread count).
 
     Raises:
-        OSError / ValueError: from transformers when the directory is not a model.
+        OSError / ValueError: from transformers when the directory is not a model;
+            ``ValueError`` for ``onnx`` on a non-CPU device or ``int8`` without ``onnx``.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from consumer.model.tokenize import read_max_length
@@ -175,12 +221,24 @@ def load_runner(
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     task = task or _detect_task(path)
     dev = device or default_device()
-    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
-    model = cls.from_pretrained(str(path))
-    model.eval().to(dev)
-    cfg = model.config
+    model: torch.nn.Module
+    if backend == "onnx":
+        from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
+
+        if torch.device(dev).type != "cpu":
+            raise ValueError(f"--backend onnx runs on the CPU, not on {dev}")
+        onnx_path = ensure_onnx(path, task, quantize)
+        cfg = AutoConfig.from_pretrained(str(path))
+        model = OrtNetwork(onnx_path, task, cfg, threads or torch.get_num_threads())
+    else:
+        if quantize != "none":
+            raise ValueError(f"--quantize {quantize} needs --backend onnx")
+        cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
+        model = cls.from_pretrained(str(path))
+        model.eval().to(dev)
+        cfg = model.config
     pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
-    backend = TorchBackend(
+    net_backend = TorchBackend(
         model,
         task,
         max_length=max_length or read_max_length(path),
@@ -191,4 +249,4 @@ def load_runner(
         name=name or path.name,
         revision=revision,
     )
-    return ModelRunner(backend, stats=stats)
+    return ModelRunner(net_backend, stats=stats)
