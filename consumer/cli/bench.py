@@ -28,6 +28,21 @@ texts_option = click.option(
     help="JSONL/text file of texts (default: the VADER corpus).",
 )
 
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["torch", "onnx"]),
+    default="torch",
+    show_default=True,
+    help="What runs the network: torch, or onnx (ONNX Runtime on the CPU).",
+)
+quantize_option = click.option(
+    "--quantize",
+    type=click.Choice(["none", "int8"]),
+    default="none",
+    show_default=True,
+    help="int8: ONNX Runtime dynamic int8 (with --backend onnx).",
+)
+
 
 @click.group("bench", help="Benchmarks (JSON output with --json).")
 def bench_group() -> None:
@@ -120,10 +135,13 @@ def bench_group() -> None:
 @click.option(
     "--strategies",
     type=CommaList(str),
-    default="single,fixed,bucketed",
+    default="single,fixed,bucketed,plain_loop,sorted_offline,runner_loop",
     show_default=True,
-    help="Comma-separated subset of single,fixed,bucketed (bucketed is always run).",
+    help="Comma-separated subset of the engine strategies single,fixed,bucketed (bucketed is "
+    "always run) and the baselines plain_loop,sorted_offline,runner_loop.",
 )
+@backend_option
+@quantize_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def engine(
@@ -143,10 +161,13 @@ def engine(
     rounds: int,
     batch_overhead_tokens: int | None,
     strategies: list[str],
+    backend: str,
+    quantize: str,
     seed: int,
     as_json: bool,
 ) -> None:
-    """Single vs fixed vs bucketed batching on real texts: throughput, padding, latency."""
+    """Single vs fixed vs bucketed batching on real texts (and the plain-transformers
+    baselines): throughput, padding, latency."""
     import asyncio
     import json
 
@@ -177,6 +198,8 @@ def engine(
         batch_overhead_tokens=batch_overhead_tokens,
         strategies=tuple(dict.fromkeys(("bucketed", *strategies))),
         seed=seed,
+        backend=backend,
+        quantize=quantize,
     )
     try:
         report = asyncio.run(run_engine_bench(opts))
@@ -198,14 +221,15 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     table.add_column("strategy")
     for c in cols:
         table.add_column(c, justify="right")
-    for name in ("single", "fixed", "bucketed"):
+    names = ("single", "fixed", "bucketed", "plain_loop", "sorted_offline", "runner_loop")
+    for name in names:
         row = report.get(name)
         if isinstance(row, dict):
-            table.add_row(name, *(str(row[c]) for c in cols))
+            table.add_row(name, *(str(row.get(c, "–")) for c in cols))
     console = report_console()
     console.print(table)
     for key, value in report.items():
-        if key not in ("single", "fixed", "bucketed", "setup"):
+        if key not in (*names, "setup"):
             console.print(f"{key}: {value}")
     console.print(f"setup: {report.get('setup')}")
 

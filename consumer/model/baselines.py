@@ -1,0 +1,122 @@
+"""Honest baselines: the model code a user writes without kbatch (plain transformers, no kbatch
+import in this module), for ``kbatch bench engine`` and ``kbatch bench e2e``'s ``naive``.
+
+- :class:`PlainModel`: ``AutoTokenizer`` + ``AutoModel``, mean pooling over the attention
+  mask and L2 normalisation (what all-MiniLM-L6-v2's model card shows), under
+  ``torch.inference_mode``; ``embed(texts)`` → ``(n, H)`` float32 numpy rows.
+- :func:`plain_loop`: one text at a time (tokenize, forward, pool) — the ``plain_loop``
+  reference of ``kbatch bench engine``.
+- :func:`sorted_offline`: the whole backlog known in advance, sorted by token length and cut
+  into batches greedily under the same padded-token budget and batch-size cap as the engine —
+  the best an offline script can do with perfect knowledge (``sorted_offline``).
+
+Both timings include tokenization, as the engine's backlog does. Torch threads are whatever
+the caller set (``torch.set_num_threads``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+__all__ = ["BaselineRun", "PlainModel", "plain_loop", "sorted_offline"]
+
+
+class PlainModel:
+    """A sentence embedder as its model card writes it (see the module docstring).
+
+    Args:
+        model_dir: a ``save_pretrained`` directory.
+        max_length: token cap (texts are truncated to it).
+    """
+
+    def __init__(self, model_dir: Path, max_length: int = 256) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.model = AutoModel.from_pretrained(str(model_dir)).eval()
+        self.max_length = max_length
+
+    def encode(self, texts: list[str]) -> Any:
+        """The tokenizer's ``BatchEncoding`` of ``texts`` (int64 tensors, padded)."""
+        return self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        """Each text's token count (special tokens included, truncated to ``max_length``)."""
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        return [len(x) for x in ids]
+
+    def embed(self, texts: list[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """``(len(texts), H)`` L2-normalised mean-pooled embeddings, one padded batch."""
+        enc = self.encode(texts)
+        with torch.inference_mode():
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            out = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        result: np.ndarray[Any, np.dtype[np.float32]] = out.numpy()
+        return result
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    """One baseline's backlog: ``seconds`` wall time for ``texts`` texts, ``real_tokens`` and
+    ``padded_tokens`` (special tokens included), ``batches`` and each batch's ``batch_ms``."""
+
+    texts: int
+    seconds: float
+    real_tokens: int
+    padded_tokens: int
+    batches: int
+    batch_ms: tuple[float, ...]
+
+
+def plain_loop(model: PlainModel, texts: Sequence[str]) -> BaselineRun:
+    """Embed ``texts`` one at a time (tokenize + forward + pool per text). The token count
+    for ``real_tokens`` is taken before the clock starts."""
+    real = sum(model.lengths(list(texts)))
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for text in texts:
+        start = time.perf_counter()
+        model.embed([text])
+        times.append((time.perf_counter() - start) * 1000.0)
+    seconds = time.perf_counter() - t0
+    return BaselineRun(len(texts), seconds, real, real, len(texts), tuple(times))
+
+
+def sorted_offline(
+    model: PlainModel, texts: Sequence[str], *, max_batch_tokens: int, max_batch_size: int
+) -> BaselineRun:
+    """Embed ``texts`` sorted by token length, in greedy batches of at most ``max_batch_size``
+    texts and ``max_batch_tokens`` padded tokens (rows × longest row)."""
+    t0 = time.perf_counter()
+    lengths = model.lengths(list(texts))
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # ascending: the new text is the longest of its batch
+        if current and (
+            len(current) + 1 > max_batch_size or (len(current) + 1) * lengths[i] > max_batch_tokens
+        ):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    times: list[float] = []
+    padded = 0
+    for batch in batches:
+        start = time.perf_counter()
+        model.embed([texts[i] for i in batch])
+        times.append((time.perf_counter() - start) * 1000.0)
+        padded += len(batch) * max(lengths[i] for i in batch)
+    seconds = time.perf_counter() - t0
+    return BaselineRun(len(texts), seconds, sum(lengths), padded, len(batches), tuple(times))
