@@ -2,9 +2,13 @@
 
 Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 
-- ``naive`` — an aiokafka consumer that scores one record at a time and commits after each
-  poll (:mod:`consumer.bench.e2e_workers`, its own process): the "before" picture;
+- ``naive`` — the consumer a user writes without kbatch: an aiokafka loop that decodes each
+  record with msgpack, embeds it alone with plain transformers (tokenizer + model + mean
+  pooling, :mod:`consumer.model.baselines`) and commits after each poll
+  (:mod:`consumer.bench.e2e_workers`, its own process): the honest "before" picture;
 - ``kbatch`` — a real ``kbatch serve`` process with the model;
+- ``kbatch_onnx`` — the same with ``--backend onnx`` (ONNX Runtime; the export is cached, and
+  the start-up quality gate runs before it is ready);
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
   ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
@@ -188,7 +192,12 @@ class _Topics:
 
 
 def _serve_process(
-    name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path
+    name: str,
+    model: str,
+    topics: _Topics,
+    opts: E2EBenchOptions,
+    log_dir: Path,
+    extra: Sequence[str] = (),
 ) -> tuple[_Process, str]:
     port = _free_port()
     args = [
@@ -203,6 +212,7 @@ def _serve_process(
         "--torch-threads", str(opts.threads),
         "--max-wait-ms", str(opts.max_wait_ms),
         "--metrics-port", str(port),
+        *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
@@ -365,9 +375,10 @@ async def _kafka_variant(
     n = len(texts)
     await create_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq], partitions=1)
     metrics_url: str | None = None
-    if name in ("kbatch", "passthrough"):
+    if name in ("kbatch", "kbatch_onnx", "passthrough"):
         model = "noop" if name == "passthrough" else str(opts.model_dir)
-        proc, metrics_url = _serve_process(name, model, topics, opts, log_dir)
+        extra = ("--backend", "onnx") if name == "kbatch_onnx" else ()
+        proc, metrics_url = _serve_process(name, model, topics, opts, log_dir, extra)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
     records = prefill_records(texts, topics.reply, f"{tag}-drain")

@@ -11,7 +11,8 @@ Two phases per strategy, identical for all three:
 
 1. **backlog** — all ``n`` texts arrive at once (a consumer catching up, a backfill):
    ``seq_per_s``, ``tokens_per_s`` (real tokens) and ``padding_efficiency`` (real / padded).
-   The backlog runs in ``rounds`` slices, interleaved across the strategies, so a noisy
+   ``cpu_ms_per_seq``: process CPU time (every thread) per text — steadier than wall time
+   on a shared machine, and it counts threads that spin. The backlog runs in ``rounds`` slices, interleaved across the strategies, so a noisy
    neighbour on a shared machine slows all three alike.
 2. **paced** — Poisson arrivals at ``rate_per_s`` for ``seconds``: ``p50_ms``/``p99_ms`` from
    arrival to answer, and ``paced_model_busy_fraction`` (model time / phase length). Default
@@ -192,6 +193,7 @@ class _Strategy:
             runner, tokenizer, config, self.collect, stats=self.stats, warmup=warmup
         )
         self.backlog_s = 0.0
+        self.backlog_cpu_s = 0.0
         self.backlog_items = 0
         self.failed = 0
 
@@ -200,12 +202,14 @@ class _Strategy:
         self.runner.stats = self.stats
         self.collect.reset(len(texts))
         t0 = time.monotonic()
+        cpu0 = time.process_time()
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
             await self.engine.submit(
                 [InferenceItem(start + i, t, arrival_s=t0) for i, t in enumerate(part)]
             )
         await self.collect.all_done.wait()
+        self.backlog_cpu_s += time.process_time() - cpu0
         self.backlog_s += max(self.collect.done_at.values()) - t0
         self.backlog_items += len(texts)
         self.failed += sum(1 for o in self.collect.outcomes.values() if o.status != "ok")
@@ -244,6 +248,7 @@ class _Strategy:
             "p50_ms": round(_percentile(latencies, 50), 1),
             "p99_ms": round(_percentile(latencies, 99), 1),
             "backlog_s": round(span, 2),
+            "cpu_ms_per_seq": round(1000.0 * self.backlog_cpu_s / self.backlog_items, 2),
             "backlog_batches": batches,
             "backlog_mean_batch_size": round(self.backlog_items / max(batches, 1), 1),
             "padded_tokens_per_s": round(padded / span, 1),
@@ -295,10 +300,12 @@ class _Baselines:
             raise ValueError(f"{sorted(plain)} need an embed model")
         self.plain = PlainModel(opts.model_dir, runner.max_length) if plain else None
         self.runs: dict[str, list[BaselineRun]] = {n: [] for n in self.names}
+        self.cpu_s: dict[str, float] = dict.fromkeys(self.names, 0.0)
 
     def run(self, texts: Sequence[str]) -> None:
         """One backlog slice through every baseline (blocking: nothing else runs meanwhile)."""
         for name in self.names:
+            cpu0 = time.process_time()
             if name == "runner_loop":
                 result = _runner_loop(self.runner, self.tokenizer, texts)
             elif name == "plain_loop":
@@ -313,6 +320,7 @@ class _Baselines:
                     max_batch_size=self.config.max_batch_size,
                 )
             self.runs[name].append(result)
+            self.cpu_s[name] += time.process_time() - cpu0
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Per baseline: ``seq_per_s``, ``tokens_per_s``, ``padding_efficiency``,
@@ -328,6 +336,7 @@ class _Baselines:
                 "tokens_per_s": round(real / span, 1),
                 "padding_efficiency": round(real / padded, 4) if padded else 1.0,
                 "backlog_s": round(span, 2),
+                "cpu_ms_per_seq": round(1000.0 * self.cpu_s[name] / sum(r.texts for r in runs), 2),
                 "backlog_batches": sum(r.batches for r in runs),
                 "backlog_batch_ms_p50": round(_percentile(ms, 50), 2),
                 "backlog_batch_ms_p99": round(_percentile(ms, 99), 2),

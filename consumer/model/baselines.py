@@ -16,6 +16,7 @@ the caller set (``torch.set_num_threads``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,13 +35,25 @@ class PlainModel:
 
     Args:
         model_dir: a ``save_pretrained`` directory.
-        max_length: token cap (texts are truncated to it).
+        max_length: token cap (texts are truncated to it); default: the model's
+            ``sentence_bert_config.json`` ``max_seq_length``, else the smaller of the
+            tokenizer's and the position embeddings' maximum.
+        threads: when given, ``torch.set_num_threads(threads)``.
     """
 
-    def __init__(self, model_dir: Path, max_length: int = 256) -> None:
+    def __init__(
+        self, model_dir: Path, max_length: int | None = None, threads: int | None = None
+    ) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.model = AutoModel.from_pretrained(str(model_dir)).eval()
-        self.max_length = max_length
+        sbert = Path(model_dir) / "sentence_bert_config.json"
+        if max_length is None and sbert.is_file():
+            max_length = json.loads(sbert.read_text()).get("max_seq_length")
+        self.max_length = max_length or min(
+            self.tokenizer.model_max_length, self.model.config.max_position_embeddings
+        )
 
     def encode(self, texts: list[str]) -> Any:
         """The tokenizer's ``BatchEncoding`` of ``texts`` (int64 tensors, padded)."""

@@ -54,6 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _FORMAT = "kbatch-onnx-1"  # bump when the exported graph's inputs/outputs change
+_INT8_RECIPE = "dynamic-qint8-per-channel-matmul"  # what _quantize_int8 does; part of the key
 _LIBRARIES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime")
 _MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".txt", ".model")
 
@@ -77,7 +78,8 @@ def cache_key(model_dir: Path, task: Task, quantize: Quantize) -> str:
     and of the sentence-transformers module configs), the task, the quantisation, the export
     format and the library versions."""
     h = hashlib.sha256()
-    for part in (_FORMAT, task, quantize, *(f"{n}={_version(n)}" for n in _LIBRARIES)):
+    recipe = (_INT8_RECIPE,) if quantize == "int8" else ()
+    for part in (_FORMAT, task, quantize, *recipe, *(f"{n}={_version(n)}" for n in _LIBRARIES)):
         h.update(part.encode() + b"\0")
     files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in _MODEL_SUFFIXES)
     for p in files:
@@ -139,7 +141,15 @@ def export_onnx(model: torch.nn.Module, task: Task, target: Path) -> None:
 def _quantize_int8(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    # Per-channel weight scales on the MatMuls only: on MiniLM the probe set's min cosine is
+    # 0.956 this way against 0.82 for ORT's per-tensor default (both below the gate's 0.99).
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+    )
 
 
 def ensure_onnx(model_dir: Path, task: Task, quantize: Quantize = "none") -> Path:
