@@ -12,8 +12,9 @@ Two phases per strategy, identical for all three:
 1. **backlog** — all ``n`` texts arrive at once (a consumer catching up, a backfill):
    ``seq_per_s``, ``tokens_per_s`` (real tokens) and ``padding_efficiency`` (real / padded).
    ``cpu_ms_per_seq``: process CPU time (every thread) per text — steadier than wall time
-   on a shared machine, and it counts threads that spin. The backlog runs in ``rounds`` slices, interleaved across the strategies, so a noisy
-   neighbour on a shared machine slows all three alike.
+   on a shared machine, and it counts threads that spin. The backlog runs in ``rounds``
+   slices, interleaved across the strategies, so a noisy neighbour on a shared machine slows
+   all three alike.
 2. **paced** — Poisson arrivals at ``rate_per_s`` for ``seconds``: ``p50_ms``/``p99_ms`` from
    arrival to answer, and ``paced_model_busy_fraction`` (model time / phase length). Default
    rate: ``rate_fraction`` (0.5) × the ``single`` strategy's backlog throughput — a stream the
