@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +65,13 @@ def tiny_classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.tiny_models import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("tiny-classify"))
+
+
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private ``KBATCH_CACHE_DIR`` for the whole session: each tiny model is exported to
+    ONNX once, whichever test asks first; yields the ``onnx`` cache directory."""
+    root = tmp_path_factory.mktemp("kbatch-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KBATCH_CACHE_DIR", str(root))
+        yield root / "onnx"

@@ -18,6 +18,8 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
   (:mod:`consumer.bench.e2e_workers`, its own process).
 
 Every process that runs a model uses ``threads`` torch intra-op threads (default 2).
+``backend`` (``--backend``, default torch) is what ``kbatch`` and ``engine`` run;
+``kbatch_onnx`` always runs onnx, ``naive`` plain torch.
 
 **Throughput** (``seq_per_s``), per Kafka variant, on fresh topics (one partition each) and a
 fresh consumer group:
@@ -106,6 +108,7 @@ class E2EBenchOptions:
     max_wait_ms: float = 10.0
     variants: tuple[str, ...] = VARIANTS
     seed: int = 0
+    backend: str = "torch"
     log_dir: Path | None = None
     ready_timeout_s: float = 240.0
     drain_timeout_s: float = 900.0
@@ -377,7 +380,8 @@ async def _kafka_variant(
     metrics_url: str | None = None
     if name in ("kbatch", "kbatch_onnx", "passthrough"):
         model = "noop" if name == "passthrough" else str(opts.model_dir)
-        extra = ("--backend", "onnx") if name == "kbatch_onnx" else ()
+        backend = "onnx" if name == "kbatch_onnx" else opts.backend
+        extra = ("--backend", backend) if name != "passthrough" else ()
         proc, metrics_url = _serve_process(name, model, topics, opts, log_dir, extra)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
@@ -438,8 +442,8 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
     from consumer.model.torch_backend import configure_threads, describe_runner
 
     texts = list(opts.texts)
-    configure_threads(opts.threads)
-    runner = load_runner(opts.model_dir)
+    threads = configure_threads(opts.threads)
+    runner = load_runner(opts.model_dir, backend=opts.backend, threads=threads)  # type: ignore[arg-type]
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")
     eopts = EngineBenchOptions(
@@ -527,6 +531,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "texts": len(opts.texts),
         **_token_stats(opts.model_dir, opts.texts),
         "torch_threads": opts.threads,
+        "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
         "load_fraction": opts.load_fraction,
         "max_latency_rate_per_s": opts.max_latency_rate_per_s,

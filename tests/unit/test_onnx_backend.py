@@ -3,7 +3,6 @@ the export cache, and the settings that refuse impossible combinations."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ MIXED = [
     "no no no no no no no no no no no no no no no no no no no no no no no no no no",
     "ok",
 ]
-
-
-@pytest.fixture(scope="module")
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private export cache for this module (one export per tiny model)."""
-    root = tmp_path_factory.mktemp("kbatch-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KBATCH_CACHE_DIR", str(root))
-        yield root / "onnx"
 
 
 def _pair(model_dir: Path) -> tuple[ModelRunner, ModelRunner, HFTokenizer]:

@@ -126,7 +126,7 @@ def test_probe_batches_mix_lengths() -> None:
 
 
 def test_load_model_refuses_a_lossy_backend_at_start_up(
-    tiny_embed_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_embed_dir: Path, onnx_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # --backend onnx on the tiny model, with the ONNX network's answers perturbed: serve and
     # backfill (both call load_model) refuse it unless --allow-lossy.
