@@ -299,7 +299,12 @@ class _Baselines:
         plain = {"plain_loop", "sorted_offline"} & set(self.names)
         if plain and runner.task != "embed":
             raise ValueError(f"{sorted(plain)} need an embed model")
-        self.plain = PlainModel(opts.model_dir, runner.max_length) if plain else None
+        self.plain = None
+        if plain:  # on a GPU in the engine's dtype, as a user would cast it
+            device = str(describe_runner(runner).get("device", "cpu"))
+            self.plain = PlainModel(
+                opts.model_dir, runner.max_length, device=device, dtype=opts.autocast
+            )
         self.runs: dict[str, list[BaselineRun]] = {n: [] for n in self.names}
         self.cpu_s: dict[str, float] = dict.fromkeys(self.names, 0.0)
 

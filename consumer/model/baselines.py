@@ -39,15 +39,25 @@ class PlainModel:
             ``sentence_bert_config.json`` ``max_seq_length``, else the smaller of the
             tokenizer's and the position embeddings' maximum.
         threads: when given, ``torch.set_num_threads(threads)``.
+        device: where the model runs (``cpu``, ``cuda``); on CUDA ``dtype`` (``bf16`` or
+            ``fp16``) casts the weights, as a user would with ``torch_dtype``.
     """
 
     def __init__(
-        self, model_dir: Path, max_length: int | None = None, threads: int | None = None
+        self,
+        model_dir: Path,
+        max_length: int | None = None,
+        threads: int | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = AutoModel.from_pretrained(str(model_dir)).eval()
+        self.model = AutoModel.from_pretrained(str(model_dir)).eval().to(device)
+        if dtype in ("bf16", "fp16") and device != "cpu":
+            self.model.to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+        self.device = device
         sbert = Path(model_dir) / "sentence_bert_config.json"
         if max_length is None and sbert.is_file():
             max_length = json.loads(sbert.read_text()).get("max_seq_length")
@@ -68,13 +78,13 @@ class PlainModel:
 
     def embed(self, texts: list[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
         """``(len(texts), H)`` L2-normalised mean-pooled embeddings, one padded batch."""
-        enc = self.encode(texts)
+        enc = self.encode(texts).to(self.device)
         with torch.inference_mode():
-            hidden = self.model(**enc).last_hidden_state
+            hidden = self.model(**enc).last_hidden_state.float()
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             out = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        result: np.ndarray[Any, np.dtype[np.float32]] = out.numpy()
+        result: np.ndarray[Any, np.dtype[np.float32]] = out.cpu().numpy()
         return result
 
 

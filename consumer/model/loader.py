@@ -236,6 +236,10 @@ def load_runner(
         cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
         model = cls.from_pretrained(str(path))
         model.eval().to(dev)
+        if autocast is not None and torch.device(dev).type == "cuda":
+            # Weights in the autocast dtype: no per-op casts of fp32 weights (pooling and
+            # softmax still run in fp32; the start-up gate compares with fp32).
+            model.to(torch.bfloat16 if autocast == "bf16" else torch.float16)
         cfg = model.config
     pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
     net_backend = TorchBackend(
