@@ -2,11 +2,12 @@
 models, from sentence-transformers' own ``encode``) on real texts, and its speed beside it.
 
 The same texts (a seeded VADER sample) are scored by torch fp32 (the reference) and by the
-candidate (``--backend``, ``--quantize``) in the same **mixed-length batches**: consecutive
-texts of the sample, ``batch_size`` at a time, each padded to its longest — the case a wrong
-export gets wrong. Figures (:class:`consumer.model.quality.QualityReport`): embed — min/mean
-cosine; classify — label agreement and max ``|Δscore|``. ``passes_gate`` applies the start-up
-gate's thresholds (0.999 for fp32 paths, 0.99 for int8) to every comparison.
+candidate (``--backend``, ``--quantize``; on a GPU ``--device cuda --autocast bf16``) in the
+same **mixed-length batches**: consecutive texts of the sample, ``batch_size`` at a time, each
+padded to its longest — the case a wrong export gets wrong. Figures
+(:class:`consumer.model.quality.QualityReport`): embed — min/mean cosine; classify — label
+agreement and max ``|Δscore|``. ``passes_gate`` applies the start-up gate's thresholds (0.999
+for fp32 paths, 0.99 for int8/bf16/fp16) to every comparison.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class QualityBenchOptions:
     batch_size: int = 16
     threads: int | None = None
     sentence_transformers: bool = True
+    device: str = "cpu"
+    autocast: str | None = None
 
 
 def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
@@ -48,10 +51,11 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
         raise ValueError("no texts")
     threads = configure_threads(opts.threads)
     texts = list(opts.texts)
-    reference = load_runner(opts.model_dir, device="cpu")
+    reference = load_runner(opts.model_dir, device=opts.device)
     candidate = load_runner(
         opts.model_dir,
-        device="cpu",
+        device=opts.device,
+        autocast=opts.autocast,  # type: ignore[arg-type]
         backend=opts.backend,  # type: ignore[arg-type]
         quantize=opts.quantize,  # type: ignore[arg-type]
         threads=threads,
@@ -64,7 +68,7 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
         t0 = time.perf_counter()
         results[name] = score_texts(runner, tokenizer, texts, opts.batch_size)
         timed[name] = time.perf_counter() - t0
-    need = min_cosine_required(opts.quantize != "none")
+    need = min_cosine_required(opts.quantize != "none" or opts.autocast is not None)
     report: dict[str, Any] = {
         "vs_torch_fp32": compare_results(results["torch_fp32"], results["candidate"]).as_dict()
     }
@@ -90,6 +94,8 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
         "task": reference.task,
         "backend": opts.backend,
         "quantize": opts.quantize,
+        "device": opts.device,
+        "autocast": opts.autocast,
         "texts": len(texts),
         "batch_size": opts.batch_size,
         "threads": threads,

@@ -255,6 +255,13 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     default=None,
     help="torch and ONNX Runtime intra-op threads (default: all usable CPUs).",
 )
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N.")
+@click.option(
+    "--autocast",
+    type=click.Choice(["bf16", "fp16"]),
+    default=None,
+    help="The candidate in bf16/fp16 on CUDA (torch backend).",
+)
 @click.option(
     "--no-sentence-transformers",
     is_flag=True,
@@ -270,6 +277,8 @@ def quality(
     n: int,
     batch_size: int,
     threads: int | None,
+    device: str,
+    autocast: str | None,
     no_sentence_transformers: bool,
     seed: int,
     as_json: bool,
@@ -296,6 +305,8 @@ def quality(
             batch_size=batch_size,
             threads=threads,
             sentence_transformers=not no_sentence_transformers,
+            device=device,
+            autocast=autocast,
         )
     )
     if as_json:
