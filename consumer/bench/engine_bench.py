@@ -40,6 +40,10 @@ Baselines, backlog only (the same texts, the same rounds, the same torch threads
 - ``runner_loop``: kbatch's tokenizer and :class:`~consumer.model.batch_runner.ModelRunner` on
   batches of one in a plain loop, no engine — ``single``'s per-batch model time must be within
   10 % of it (``ratio_single_batch_ms_vs_runner_loop``, backlog ``batch_ms_p50`` of each).
+  It also runs the paced phase's arrivals in its plain loop (sleeping until each one):
+  ``paced_batch_ms_p50`` against ``single``'s paced ``batch_ms_p50``
+  (``ratio_single_paced_batch_ms_vs_runner_loop``) — the same idle gaps on both sides, so a
+  batch that is slower after idle time is told apart from a batch slowed by the engine.
 
 ``--backend onnx`` runs the engine strategies and ``runner_loop`` on ONNX Runtime; the plain
 baselines stay plain torch (what a user has without kbatch).
@@ -328,6 +332,25 @@ class _Baselines:
             self.runs[name].append(result)
             self.cpu_s[name] += time.process_time() - cpu0
 
+    def paced(self, paced: list[tuple[float, str]]) -> list[float]:
+        """``runner_loop`` at the paced phase's arrival times (a plain loop that sleeps until
+        each arrival, then tokenizes and runs it): its per-batch ms, for comparison with
+        ``single``'s ``batch_ms_p50`` after the same idle gaps. Empty without runner_loop."""
+        if "runner_loop" not in self.names:
+            return []
+        self.runner.stats = NullStats()
+        times: list[float] = []
+        t1 = time.monotonic()
+        for i, (offset, text) in enumerate(paced):
+            delay = t1 + offset - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            (tok,) = self.tokenizer.tokenize([InferenceItem(i, text)])
+            if isinstance(tok, TokenizedItem):
+                (run,) = self.runner.run(Batch([tok], tok.n_tokens, 0.0))
+                times.append(run.infer_ms)
+        return times
+
     def report(self) -> dict[str, dict[str, Any]]:
         """Per baseline: ``seq_per_s``, ``tokens_per_s``, ``padding_efficiency``,
         ``backlog_s``, ``backlog_batches`` and ``backlog_batch_ms_p50``/``_p99``."""
@@ -358,6 +381,9 @@ RATIOS: tuple[tuple[str, str, str, str], ...] = (
     ("ratio_bucketed_vs_sorted_offline", "bucketed", "sorted_offline", "seq_per_s"),
     ("ratio_single_batch_ms_vs_runner_loop", "single", "runner_loop", "backlog_batch_ms_p50"),
 )
+_PACED_RATIO = "ratio_single_paced_batch_ms_vs_runner_loop"
+"""``single``'s paced ``batch_ms_p50`` / ``runner_loop``'s ``paced_batch_ms_p50``: the model
+time of a batch of one after the same idle gaps, inside the engine and in a plain loop."""
 """(report key, numerator, denominator, figure): each ratio present when both sides ran."""
 
 
@@ -368,6 +394,9 @@ def ratios(report: dict[str, Any]) -> dict[str, float]:
         a, b = report.get(num), report.get(den)
         if isinstance(a, dict) and isinstance(b, dict) and b.get(figure):
             out[key] = round(a[figure] / b[figure], 3 if "batch_ms" in key else 2)
+    single, loop = report.get("single"), report.get("runner_loop")
+    if isinstance(single, dict) and isinstance(loop, dict) and loop.get("paced_batch_ms_p50"):
+        out[_PACED_RATIO] = round(single["batch_ms_p50"] / loop["paced_batch_ms_p50"], 3)
     return out
 
 
@@ -429,11 +458,14 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         paced = poisson_arrivals(texts, rate, opts.seconds, opts.seed + 1)
         for n in order:
             report[n] = await strategies[n].paced(paced)
+        paced_ms = baselines.paced(paced)
     finally:
         for st in strategies.values():
             await st.engine.stop()
 
     report.update(baselines.report())
+    if paced_ms:
+        report["runner_loop"]["paced_batch_ms_p50"] = round(_percentile(paced_ms, 50), 2)
     report.update(ratios(report))
     b = report["bucketed"]
     # The issue's bound: max wait + two batch times (the batch running when an item's bucket

@@ -84,6 +84,9 @@ def test_bench_engine_baselines_and_their_ratios(tiny_embed_dir: Path, tmp_path:
     ):
         digits = 3 if "batch_ms" in key else 2
         assert report[key] == round(report[num][figure] / report[den][figure], digits), key
+    assert report["ratio_single_paced_batch_ms_vs_runner_loop"] == round(
+        report["single"]["batch_ms_p50"] / loop["paced_batch_ms_p50"], 3
+    )
     assert report["setup"]["baselines"] == ["plain_loop", "sorted_offline", "runner_loop"]
     assert report["setup"]["backend"] == "torch"
 
