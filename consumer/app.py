@@ -2,7 +2,8 @@
 
 Start: model (warm-up of every bucket's worst-case shape) → sink → source → metrics server.
 Stop (SIGTERM/SIGINT): stop fetching → flush the buckets → finish running batches → send →
-commit → close the consumer, the producer, the engine → exit 0, all within ``drain_timeout_s``.
+commit → close the consumer, the producer, the engine → exit 0, all under one deadline of
+``drain_timeout_s``; what is unanswered then is dropped, left uncommitted, and the exit is 3.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import signal
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.config import ServeSettings, project
+from consumer.deadline import Deadline
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError
+from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
@@ -34,6 +36,10 @@ EXIT_DRAIN_DEADLINE = 3
 """``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
 with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
 0 is a clean drain, 1 a start-up failure."""
+
+CLOSE_MIN_S = 1.0
+"""Seconds each closing step of the drain (consumer, producer, engine) gets even when the drain
+deadline has passed."""
 
 
 def freeze_startup_heap() -> int:
@@ -73,7 +79,7 @@ async def serve(settings: ServeSettings) -> int:
             )
             if created:
                 log.info("created topics %s", created)
-    except KafkaUnavailableError as err:
+    except (KafkaUnavailableError, TopicCreationError) as err:
         log.error("%s", err)
         return 1
 
@@ -83,9 +89,8 @@ async def serve(settings: ServeSettings) -> int:
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
     sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.reply_topic)
-    pipeline = Pipeline(
-        settings, sink, ReplyBuilder(model_info, settings.dead_letter_topic), metrics
-    )
+    replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
+    pipeline = Pipeline(settings, sink, replies, metrics)
     engine = Engine(
         runner,
         tokenizer,
@@ -166,12 +171,16 @@ async def _shutdown(
     source: KafkaSource,
     sink: KafkaSink,
 ) -> bool:
-    """The ordered drain; each step bounded by what is left of ``drain_timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.drain_timeout_s
-    drained = await pipeline.finish(None, settings.drain_timeout_s)
+    """The ordered drain under one :class:`~consumer.deadline.Deadline` of ``drain_timeout_s``.
+
+    :meth:`Pipeline.finish` spends it (batches, answers, commit; what is not answered by then
+    is dropped, uncommitted); closing the consumer, the producer and the engine then gets what
+    is left, at least :data:`CLOSE_MIN_S` each (leaving the group cleanly spares the next
+    owner a session timeout).
+    """
+    deadline = Deadline.after(settings.drain_timeout_s, asyncio.get_running_loop().time)
+    drained = await pipeline.finish(None, deadline)
     for step in (source.stop, sink.stop, engine.stop):
-        remaining = max(1.0, deadline - loop.time())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(step(), remaining)
+            await asyncio.wait_for(step(), max(CLOSE_MIN_S, deadline.remaining_s()))
     return drained

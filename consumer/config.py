@@ -147,6 +147,11 @@ class ModelSettings(BaseModel):
     batch_timeout_s: float = Field(
         60.0, gt=0, description="A batch running longer counts as wedged (engine unhealthy)."
     )
+    default_prompt_name: str | None = Field(
+        None,
+        description="Prompt (config_sentence_transformers.json) of requests that name none; "
+        "default: the model's default_prompt_name, else none.",
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> ModelSettings:

@@ -7,9 +7,11 @@ Prometheus convention); the names say so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -144,7 +146,8 @@ class Metrics:
         )
         self.lag = Gauge(
             "kbatch_consumer_lag",
-            "Log end minus committed offset.",
+            "Records not yet committed per assigned partition: log end offset minus the "
+            "committed offset (or, before the first commit, the offset reading started from).",
             ["topic", "partition"],
             registry=r,
         )
@@ -160,6 +163,19 @@ class Metrics:
         self.gpu_memory = Gauge(
             "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
         )
+        self.model_busy = BusyWindow()
+        self.model_busy_ratio = Gauge(
+            "kbatch_model_busy_ratio",
+            f"Fraction of the last {self.model_busy.window_s:g} s of wall time the model ran "
+            "batches (the accelerator-utilisation proxy; also on CPU).",
+            registry=r,
+        )
+        self.model_busy_ratio.set_function(self.model_busy.ratio)
+
+    def forget_partition(self, tp: tuple[str, int]) -> None:
+        """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
+        with contextlib.suppress(KeyError):
+            self.lag.remove(tp[0], str(tp[1]))
 
     def reply_status(self, status: str) -> Counter:
         """The ``kbatch_replies_total`` child of ``status`` (cached: this is per record)."""
@@ -171,6 +187,54 @@ class Metrics:
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class BusyWindow:
+    """How much of a recent wall-clock window the model spent running batches.
+
+    :meth:`add` takes each finished batch's model time; :meth:`ratio` is the busy time that
+    falls inside the last ``window_s`` seconds over the window's length (the time since the
+    first :meth:`add` while that is shorter), in [0, 1]. A batch still running is counted once
+    it ends. Thread-safe: batches end on the model thread, scrapes read from the HTTP thread.
+
+    Args:
+        window_s: the window, seconds (60: a 15 s scrape sees a smoothed value).
+        clock: monotonic seconds (a fake in tests).
+    """
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self.window_s = window_s
+        self._clock = clock
+        self._since_s: float | None = None
+        self._batches: deque[tuple[float, float]] = deque()  # (start_s, end_s)
+        self._lock = threading.Lock()
+
+    def add(self, busy_s: float) -> None:
+        """One batch that ran for ``busy_s`` seconds and ended now."""
+        end = self._clock()
+        with self._lock:
+            if self._since_s is None:
+                self._since_s = end - busy_s
+            self._batches.append((end - busy_s, end))
+            self._drop_before(end - self.window_s)
+
+    def ratio(self) -> float:
+        """Busy seconds in the window / the window's length (0.0 before the first batch)."""
+        now = self._clock()
+        with self._lock:
+            if self._since_s is None:
+                return 0.0
+            start = max(now - self.window_s, self._since_s)
+            self._drop_before(start)
+            busy = sum(min(end, now) - max(begin, start) for begin, end in self._batches)
+        span = now - start
+        return min(1.0, busy / span) if span > 0 else 0.0
+
+    def _drop_before(self, start_s: float) -> None:
+        while self._batches and self._batches[0][1] <= start_s:
+            self._batches.popleft()
 
 
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
@@ -264,6 +328,7 @@ class PrometheusStats:
         if padded_tokens:
             m.padding_efficiency.observe(real_tokens / padded_tokens)
         m.inference_time.observe(infer_ms / 1000)
+        m.model_busy.add(infer_ms / 1000)
 
     def on_queue_wait(self, queue_ms: float) -> None:
         self._m.queue_wait.observe(queue_ms / 1000)

@@ -26,19 +26,23 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings, project
+from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
 from consumer.kafka.errors import CommitError, DeliveryError, SinkClosedError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
+from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
@@ -51,6 +55,16 @@ from schemas.records import (
 )
 
 log = logging.getLogger(__name__)
+
+REVOKE_SHARE = 0.8
+"""The part of ``rebalance_timeout_ms`` a revoke may spend finishing its partitions' work (the
+rest is the margin for the commit to reach the broker and the member to rejoin in time)."""
+
+LAG_REFRESH_S = 1.0
+"""How often ``kbatch_consumer_lag`` asks the broker for the log end offsets (seconds)."""
+
+COMMIT_RESERVE_S = 1.0
+"""Seconds of a drain or revoke deadline kept for its final commit (at most a quarter of it)."""
 
 DEAD_LETTER_CUT_BYTES = 64 * 1024
 """Value bytes kept when a dead letter is too large to produce whole (see
@@ -65,7 +79,8 @@ class SourceLike(Protocol):
     async def committed(self, tp: TopicPartition) -> int | None: ...
     def pause(self, tps: frozenset[TopicPartition]) -> None: ...
     def resume(self, tps: frozenset[TopicPartition]) -> None: ...
-    def lag(self, committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]: ...
+    async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
+    async def position(self, tp: TopicPartition) -> int | None: ...
 
 
 class SinkLike(Protocol):
@@ -93,6 +108,8 @@ class Pending:
     n_tokens: int = 0
     item_id: int | None = None
     dedup_of: int | None = None
+    dedup_key: bytes = b""
+    """The key its computation is shared under (:func:`consumer.options.dedup_key`)."""
 
 
 class Pipeline:
@@ -120,6 +137,8 @@ class Pipeline:
         )
         self._ids = itertools.count()
         self._computing: dict[int, Pending] = {}  # item id → the record that asked for it
+        # The lag gauge's base per partition: the last committed offset, or before the first
+        # commit the first offset this member took.
         self._committed: dict[TopicPartition, int] = {}
         self._progress = asyncio.Event()
         self._source: SourceLike | None = None
@@ -129,6 +148,8 @@ class Pipeline:
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
         self.assigned_once = False
+        self._lag_refresh: asyncio.Future[None] | None = None
+        self._next_lag_s = -math.inf
 
     def bind(self, source: SourceLike, engine: EngineLike) -> None:
         """Attach the Kafka source and the engine (built after the pipeline: they call back)."""
@@ -165,6 +186,8 @@ class Pipeline:
                 await self.commit()
                 self._update_gauges()
                 next_commit = self._clock() + s.commit_interval_ms / 1000
+        if self._lag_refresh is not None:
+            self._lag_refresh.cancel()
 
     async def take(self, records: Sequence[InRecord]) -> None:
         """Decode a poll chunk; answer what needs no model; submit the rest in one call."""
@@ -198,6 +221,8 @@ class Pipeline:
             except ValueError:  # an offset at or below one already taken: a re-delivery
                 log.warning("skipping re-delivered %s@%d", record.tp, record.offset)
                 continue
+            # Before the first commit, lag counts from the first record this member took.
+            self._committed.setdefault(record.tp, record.offset)
             self.flow.add(record.tp, 1, 0)
             consumed[record.topic] = consumed.get(record.topic, 0) + 1
             pending = Pending(record, generation)
@@ -235,13 +260,25 @@ class Pipeline:
                 pending, self._replies.error(pending.parsed, ErrorCode.UNSUPPORTED_TASK, message)
             )
             return None
+        prompt_name: str | None = None
+        profile = self._replies.profile
+        if request.has_embed_options or profile.default_prompt_name is not None:
+            try:
+                prompt_name = admit_options(EmbedOptions.of(request), profile)
+            except OptionError as err:
+                self._send_reply(
+                    pending, self._replies.error(pending.parsed, ErrorCode.INVALID_OPTION, str(err))
+                )
+                return None
         if request.deadline_ms is not None and request.deadline_ms <= now_ms:
             self._metrics.expired.inc()
             self._send_reply(
                 pending, self._replies.expired(pending.parsed, late_ms=now_ms - request.deadline_ms)
             )
             return None
-        key = pending.record.key or b""
+        # Copies share a computation when the model sees the same input: same key, same prompt;
+        # their other options are shaped from it per copy (ReplyBuilder).
+        key = pending.dedup_key = dedup_key(pending.record.key or b"", prompt_name)
         item_id = next(self._ids)
         decision = self.dedup.begin(key, pending.record.tp, now, item_id)
         if decision.kind is DedupKind.DONE:
@@ -261,7 +298,7 @@ class Pipeline:
             deadline_s = now + (request.deadline_ms - now_ms) / 1000
         return InferenceItem(
             item_id=item_id,
-            text=request.text,
+            text=prompted_text(request.text, prompt_name, profile),
             truncate=request.truncate,
             arrival_s=now,
             deadline_s=deadline_s,
@@ -281,13 +318,40 @@ class Pipeline:
         if pending is None or pending.parsed is None:
             return  # its partition was revoked meanwhile
         self._queue_reply(pending, outcome, dedup=False)
-        key = pending.record.key or b""
+        key = pending.dedup_key
         if outcome.status == "ok":
             waiters = self.dedup.finish(key, outcome, self._clock(), item_id=outcome.item_id)
         else:
             waiters = self.dedup.fail(key, item_id=outcome.item_id)
+        if outcome.status == "expired":
+            self._readmit(waiters)  # each copy is judged by its own deadline
+            return
         for waiter in waiters:
             self._queue_reply(waiter, outcome, dedup=True)
+
+    def _readmit(self, waiters: list[Pending]) -> None:
+        """Copies that waited for a computation that expired: admit each again on its own.
+
+        An expired answer is not a result (it is never stored), so a copy whose own deadline
+        has passed is answered ``expired``, and the first copy still in time becomes the new
+        computation, the later ones its waiters (a retry with a later deadline is computed).
+        """
+        now, now_ms = self._clock(), self._wall_ms()
+        to_compute: list[tuple[Pending, InferenceItem]] = []
+        for waiter in waiters:
+            waiter.dedup_of = None
+            item = self._admit(waiter, now, now_ms)
+            if item is not None:
+                to_compute.append((waiter, item))
+        if to_compute:
+            self._spawn(self._resubmit(to_compute))
+
+    async def _resubmit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
+        try:
+            await self._submit(to_compute)
+        except EngineClosedError:  # stopping: the records stay uncommitted
+            for _, item in to_compute:
+                self._computing.pop(item.item_id, None)
 
     def _send_reply(self, pending: Pending, record: OutRecord) -> None:
         self._queue_reply(pending, record, dedup=False)
@@ -445,8 +509,33 @@ class Pipeline:
         m.in_flight_records.set(self.flow.total_records)
         m.in_flight_tokens.set(self.flow.total_tokens)
         m.assigned_partitions.set(len(self.tracker.assigned))
-        for (topic, partition), lag in self.source.lag(self._committed).items():
-            m.lag.labels(topic, str(partition)).set(lag)
+        now = self._clock()
+        if self._lag_refresh is None and now >= self._next_lag_s:
+            self._next_lag_s = now + LAG_REFRESH_S
+            self._lag_refresh = asyncio.ensure_future(self.refresh_lag())
+            self._lag_refresh.add_done_callback(self._lag_refreshed)
+
+    def _lag_refreshed(self, task: asyncio.Future[None]) -> None:
+        self._lag_refresh = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("lag refresh failed: %r", task.exception())
+
+    async def refresh_lag(self) -> None:
+        """Set ``kbatch_consumer_lag`` of every assigned partition: log end offset (asked of
+        the broker, so a paused partition's value moves while its log grows) minus the
+        committed offset — or, before this group's first commit, the offset this member
+        started reading from (its first record taken, else its position). Run in the
+        background every :data:`LAG_REFRESH_S` by :meth:`run`."""
+        assigned = self.tracker.assigned
+        ends = await self.source.end_offsets(assigned)
+        for tp, end in ends.items():
+            base = self._committed.get(tp)
+            if base is None:  # nothing taken yet; its position may wait for an offset reset
+                with contextlib.suppress(TimeoutError):
+                    base = await asyncio.wait_for(self.source.position(tp), LAG_REFRESH_S)
+            if base is None or tp not in self.tracker.assigned:  # revoked meanwhile
+                continue
+            self._metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
 
     # ---- rebalance and shutdown -----------------------------------------------------------------
 
@@ -467,48 +556,69 @@ class Pipeline:
         log.info("assigned %s", sorted(tps))
 
     async def on_revoked(self, tps: frozenset[TopicPartition]) -> None:
-        """Finish, send and commit what revoked partitions hold, within the rebalance timeout."""
+        """Finish, send and commit what revoked partitions hold, within the revoke's share
+        (:data:`REVOKE_SHARE`) of the rebalance timeout; drop the rest, uncommitted."""
         self._metrics.rebalances.labels("revoked").inc()
         if not tps:
             return
-        timeout_s = self.settings.rebalance_timeout_ms / 1000 * 0.8
-        await self.finish(tps, timeout_s)
-        for tp in tps:
-            dropped = self.engine.cancel_group(tp)
-            for item_id in dropped:
-                self._computing.pop(item_id, None)
+        share_s = self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self.finish(tps, Deadline.after(share_s, loop.time))
+        for tp in tps:  # finish() dropped their unanswered work
             self.dedup.drop_partition(tp)
             self.tracker.revoke(tp)
             self.flow.revoke(tp)
             self._committed.pop(tp, None)
-        log.info("revoked %s", sorted(tps))
+            self._metrics.forget_partition(tp)
+        log.info("revoked %s in %.1f s", sorted(tps), loop.time() - started)
 
-    async def finish(self, tps: frozenset[TopicPartition] | None, timeout_s: float) -> bool:
-        """Flush the buckets, wait until ``tps`` (all when None) have nothing pending, commit.
+    async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:
+        """Answer what ``tps`` (all assigned when None) hold and commit, all by ``deadline``.
+
+        Every step is bounded by the one ``deadline`` (created once by the caller, on the
+        event loop's clock): the chunk being tokenized, forming batches of everything queued
+        (``engine.flush``), waiting for the answers to be acknowledged, and the commit, which
+        keeps the last :data:`COMMIT_RESERVE_S` (at most a quarter of what is left). When the
+        work steps run out of time, what is still queued is dropped (``engine.cancel_group``:
+        never formed into a batch) and what is running is forgotten (its late outcome is not
+        sent): those records stay uncommitted and are computed by the partition's next owner,
+        and nothing sent is computed again by it unless a lower offset was left unanswered.
 
         Returns:
-            True when everything finished within ``timeout_s``.
+            True when every record of ``tps`` was answered in time.
         """
-        if self._submitting is not None:  # its items then are queued: flush and cancel see them
-            await asyncio.wait({self._submitting})  # its error, if any, is run()'s to raise
-        await self.engine.flush()
-        loop = asyncio.get_running_loop()  # the waits below are asyncio's: so is this deadline
-        deadline = loop.time() + timeout_s
         targets = tps if tps is not None else self.tracker.assigned
+        work = deadline.sooner(min(COMMIT_RESERVE_S, deadline.remaining_s() / 4))
+        if self._submitting is not None:  # its items then are queued: flush and cancel see them
+            # Its error, if any, is run()'s to raise.
+            await asyncio.wait({self._submitting}, timeout=work.remaining_s())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.engine.flush(), work.remaining_s())
         done = False
         while True:
             done = all(self.tracker.pending(tp) == 0 for tp in targets)
-            remaining = deadline - loop.time()
-            if done or remaining <= 0:
+            if done or work.expired:
                 break
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), remaining)
-        await self.commit(only=frozenset(targets))
+                await asyncio.wait_for(self._progress.wait(), work.remaining_s())
+        if not done:
+            self._drop_unanswered(frozenset(targets))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.commit(only=frozenset(targets)), deadline.remaining_s())
         if not done:
             left = {tp: self.tracker.pending(tp) for tp in targets if self.tracker.pending(tp)}
             log.warning("drain deadline passed with records unanswered: %s", left)
         return done
+
+    def _drop_unanswered(self, tps: frozenset[TopicPartition]) -> None:
+        """Stop working for ``tps``: queued items are cancelled, running ones forgotten."""
+        for tp in tps:
+            self.engine.cancel_group(tp)
+        for item_id, pending in list(self._computing.items()):
+            if pending.record.tp in tps:
+                del self._computing[item_id]
 
 
 def _status_of(record: OutRecord) -> str:

@@ -3,7 +3,9 @@
 Pure (no I/O): builds :class:`schemas.records.OutRecord` values for the sink from
 :class:`consumer.batching.types.ItemOutcome` and the parsed request (CONTRACT.md §Reply record,
 §Dead letters). A dedup reply carries the result and timing of the computation that produced
-it, with its own key, reply address, correlation id and ``meta``.
+it, with its own key, reply address, correlation id and ``meta`` — and its own embed options
+(contract 1.1): each reply's ``result`` is shaped from the computation's full pooled vector for
+the options its request asked for (:func:`consumer.options.shape_result`).
 
 Replies are built by the server from its own values, so the serving path skips pydantic:
 :func:`schemas.models.reply_wire` gives the wire form directly (about 5 µs instead of 25 µs per
@@ -13,10 +15,12 @@ reply, plus the encoding), with the same bytes; whatever it cannot vouch for goe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.records import InRecord
+from consumer.options import EmbedOptions, ModelProfile, shape_result
 from schemas.errors import ErrorCode
 from schemas.models import (
     ErrorInfo,
@@ -24,6 +28,7 @@ from schemas.models import (
     Reply,
     Status,
     Timing,
+    Usage,
     reply_wire,
     result_from_map,
 )
@@ -38,10 +43,19 @@ from schemas.records import (
 
 
 class ReplyBuilder:
-    """Builds replies and dead letters for one served model and one dead-letter topic."""
+    """Builds replies and dead letters for one served model and one dead-letter topic.
 
-    def __init__(self, model: ModelInfo, dlq_topic: str) -> None:
+    ``profile`` is what the model offers the embed options (default: an embedder of unknown
+    dimension without prompts or normalisation).
+    """
+
+    _NO_OPTIONS = EmbedOptions()
+
+    def __init__(
+        self, model: ModelInfo, dlq_topic: str, profile: ModelProfile | None = None
+    ) -> None:
         self.model = model
+        self.profile = profile if profile is not None else ModelProfile()
         self._model_wire = model.model_dump()
         self._dlq_topic = dlq_topic
 
@@ -58,17 +72,25 @@ class ReplyBuilder:
                 the result).
             EncodeError: the reply cannot be encoded (e.g. an embedding value beyond float32).
         """
-        meta = parsed.request.meta
-        return self._record(parsed, self._wire(outcome, dedup, meta))
+        request = parsed.request
+        options = EmbedOptions.of(request) if request.has_embed_options else self._NO_OPTIONS
+        return self._record(parsed, self._wire(outcome, dedup, request.meta, options))
 
     def _wire(
-        self, outcome: ItemOutcome, dedup: bool, meta: dict[str, Any] | None
+        self,
+        outcome: ItemOutcome,
+        dedup: bool,
+        meta: dict[str, Any] | None,
+        options: EmbedOptions,
     ) -> dict[str, Any]:
         if outcome.status == "ok":
+            result: Mapping[str, Any] | None = outcome.result
+            if result is not None and options is not self._NO_OPTIONS:
+                result = shape_result(result, options, self.profile)
             wire = reply_wire(
                 "ok",
                 model=self._model_wire,
-                result=outcome.result,
+                result=result,
                 truncated=outcome.truncated,
                 dedup=dedup,
                 meta=meta,
@@ -78,6 +100,7 @@ class ReplyBuilder:
                     max(1, outcome.batch_size),
                     outcome.padded_len,
                 ),
+                usage_tokens=outcome.n_tokens,
             )
         else:
             code = ErrorCode(outcome.error_code or ErrorCode.INFERENCE_FAILED)
@@ -89,21 +112,32 @@ class ReplyBuilder:
                 dedup=dedup,
                 meta=meta,
             )
-        return wire if wire is not None else self.reply(outcome, dedup=dedup, meta=meta).to_wire()
+        if wire is None:
+            return self.reply(outcome, dedup=dedup, meta=meta, options=options).to_wire()
+        return wire
 
     def reply(
-        self, outcome: ItemOutcome, *, dedup: bool = False, meta: dict[str, Any] | None = None
+        self,
+        outcome: ItemOutcome,
+        *,
+        dedup: bool = False,
+        meta: dict[str, Any] | None = None,
+        options: EmbedOptions | None = None,
     ) -> Reply:
         """The contract's reply value for ``outcome`` (ok, error or expired), without a record
-        around it (``kbatch backfill`` writes it to its own output records).
+        around it (``kbatch backfill`` writes it to its own output records); ``options`` shape
+        an embedding (:func:`consumer.options.shape_result`).
 
         Raises:
             ValueError: ``outcome.error_code`` is not a contract error code.
         """
         if outcome.status == "ok":
+            result: Mapping[str, Any] | None = outcome.result
+            if result is not None and options is not None:
+                result = shape_result(result, options, self.profile)
             return Reply(
                 status="ok",
-                result=None if outcome.result is None else result_from_map(outcome.result),
+                result=None if result is None else result_from_map(result),
                 model=self.model,
                 truncated=outcome.truncated,
                 dedup=dedup,
@@ -114,6 +148,7 @@ class ReplyBuilder:
                     batch_size=max(1, outcome.batch_size),
                     padded_len=outcome.padded_len,
                 ),
+                usage=Usage(tokens=outcome.n_tokens),
             )
         code = ErrorCode(outcome.error_code or ErrorCode.INFERENCE_FAILED)
         return Reply(

@@ -21,11 +21,14 @@ other exception escapes (property-tested with arbitrary bytes, msgpack and JSON)
 
 On the msgpack wire the floats of ``result.embedding`` are msgpack float32 (5 bytes each);
 every other float is float64, so ``meta`` and scores are exact. JSON floats are exact (shortest
-round-trip repr). Both encodings write maps in the models' field order.
+round-trip repr). An embedding sent as bytes (``f32le``, ``f16le``, ``binary``; contract 1.1) is
+msgpack ``bin``, and in JSON a standard base64 string with padding. Both encodings write maps
+in the models' field order.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import threading
@@ -499,7 +502,16 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
         EncodeError: when ``meta`` holds something the encoding cannot carry.
     """
     wire: dict[str, Any] = {"v": request.v, "text": request.text}
-    for name in ("task", "deadline_ms", "truncate", "meta"):
+    for name in (
+        "task",
+        "deadline_ms",
+        "truncate",
+        "meta",
+        "dimensions",
+        "normalize",
+        "prompt_name",
+        "encoding_format",
+    ):
         field = getattr(request, name)
         if field is not None:
             wire[name] = field
@@ -523,7 +535,9 @@ def _pack_reply(wire: dict[str, Any]) -> bytes:
     result = wire.get("result")
     if not (isinstance(result, dict) and "embedding" in result):
         return f64.pack(wire)
-    embedding: list[float] = result["embedding"]
+    embedding: list[float] | bytes = result["embedding"]
+    if type(embedding) is bytes:
+        return f64.pack(wire)  # msgpack bin
     if embedding and (max(embedding) > FLOAT32_MAX or min(embedding) < -FLOAT32_MAX):
         raise ValueError("an embedding value does not fit a float32")
     parts = [f64.pack_map_header(len(wire))]
@@ -545,8 +559,8 @@ def _pack_reply(wire: dict[str, Any]) -> bytes:
 def encode_reply(reply: Reply, encoding: Encoding) -> bytes:
     """Encode a reply value in the request's encoding (CONTRACT.md §Reply record).
 
-    msgpack writes the embedding as float32 (values round to the nearest float32); JSON
-    writes exact floats.
+    msgpack writes a float embedding as float32 (values round to the nearest float32); JSON
+    writes exact floats. An embedding in bytes is msgpack ``bin`` / JSON base64.
 
     Raises:
         EncodeError: when ``meta`` holds something the encoding cannot carry, or an embedding
@@ -563,6 +577,11 @@ def encode_reply_wire(wire: dict[str, Any], encoding: Encoding) -> bytes:
     Raises:
         EncodeError: as :func:`encode_reply`.
     """
+    if encoding is Encoding.JSON:
+        result = wire.get("result")
+        if isinstance(result, dict) and type(result.get("embedding")) is bytes:
+            text = base64.b64encode(result["embedding"]).decode("ascii")
+            wire = {**wire, "result": {**result, "embedding": text}}
     return _encode(wire, encoding, _pack_reply)
 
 

@@ -40,7 +40,8 @@ MAX_MESSAGE_CHARS: Final = 1000
 
 
 class ErrorCode(StrEnum):
-    """The six error codes of CONTRACT.md §Reply record (``error.code``)."""
+    """The error codes of CONTRACT.md §Reply record (``error.code``) and §Additions in 1.1
+    (``invalid_option``)."""
 
     INVALID_REQUEST = "invalid_request"
     """Undecodable value, wrong or missing field, bad header, no key (a dead letter)."""
@@ -54,6 +55,10 @@ class ErrorCode(StrEnum):
     """``deadline_ms`` passed before compute (status ``expired``)."""
     INFERENCE_FAILED = "inference_failed"
     """The model raised while computing this request's batch."""
+    INVALID_OPTION = "invalid_option"
+    """A well-formed request asks for what this model cannot do (``dimensions`` above its
+    dimension, an unknown ``prompt_name``, an embed option on a classify model); not a dead
+    letter (contract 1.1)."""
 
 
 DEAD_LETTER_CODES: Final[frozenset[ErrorCode]] = frozenset(

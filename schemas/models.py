@@ -11,6 +11,8 @@ Limits that depend on configuration (``max_text_bytes``, ``max_meta_bytes``) or 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -19,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     field_serializer,
     model_validator,
 )
@@ -27,9 +30,12 @@ from pydantic.types import FiniteFloat
 from schemas.errors import ErrorCode
 
 __all__ = [
+    "CONTRACT_REVISION",
     "CONTRACT_VERSION",
+    "ENCODING_FORMATS",
     "ClassifyResult",
     "EmbedResult",
+    "EncodingFormat",
     "ErrorInfo",
     "ModelInfo",
     "Reply",
@@ -37,12 +43,18 @@ __all__ = [
     "Status",
     "Task",
     "Timing",
+    "Usage",
+    "embedding_bytes",
     "reply_wire",
     "result_from_map",
 ]
 
 CONTRACT_VERSION: Final = 1
 """The only version this code speaks (field ``v``)."""
+
+CONTRACT_REVISION: Final = "1.1"
+"""The contract revision this server implements, sent as ``model.contract`` in every reply
+(CONTRACT.md §Additions in 1.1; ``v`` stays 1)."""
 
 MAX_DEADLINE_MS: Final = 2**63 - 1
 """``deadline_ms`` must fit a signed 64-bit integer (Java ``long``)."""
@@ -52,6 +64,23 @@ Task = Literal["embed", "classify"]
 
 Status = Literal["ok", "error", "expired"]
 """Reply status, also sent as the ``kbatch-status`` header (CONTRACT.md §Reply record)."""
+
+EncodingFormat = Literal["float", "f32le", "f16le", "binary"]
+"""How ``result.embedding`` is sent (CONTRACT.md §Additions in 1.1, ``encoding_format``)."""
+
+ENCODING_FORMATS: Final[tuple[EncodingFormat, ...]] = ("float", "f32le", "f16le", "binary")
+
+_BYTES_PER_VALUE: Final = {"f32le": 4, "f16le": 2}
+
+
+def embedding_bytes(encoding_format: str, dim: int) -> int | None:
+    """Bytes of an embedding of ``dim`` dimensions sent as ``encoding_format``: ``4·dim``
+    (f32le), ``2·dim`` (f16le), ``⌈dim/8⌉`` (binary: one bit per dimension); None for
+    ``float`` (a list, not bytes)."""
+    if encoding_format == "binary":
+        return (dim + 7) // 8
+    per_value = _BYTES_PER_VALUE.get(encoding_format)
+    return None if per_value is None else per_value * dim
 
 
 def _not_bool(value: object) -> object:
@@ -108,31 +137,109 @@ class Request(BaseModel):
         default=CONTRACT_VERSION,
         description="Contract version; any other integer gets error unsupported_version.",
     )
+    # ---- contract 1.1: embed options (on a classify request: error invalid_option) ----------
+    dimensions: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="Keep the first N values of the pooled embedding (Matryoshka), then "
+        "L2-normalise if the embedding is normalised; more than the model's dimension is "
+        "invalid_option.",
+    )
+    normalize: bool | None = Field(
+        default=None,
+        description="L2-normalise (true) or not (false); absent: as the model's "
+        "sentence-transformers config says.",
+    )
+    prompt_name: str | None = Field(
+        default=None,
+        description="Prepend the model's prompt of that name (config_sentence_transformers.json "
+        "prompts) to the text before tokenizing; unknown: invalid_option; absent: the "
+        "server's default prompt, if any.",
+    )
+    encoding_format: EncodingFormat | None = Field(
+        default=None,
+        description='How result.embedding is sent: "float" (default, a list), "f32le" / '
+        '"f16le" (little-endian float32/float16 bytes), "binary" (1 bit per dimension, 1 '
+        "where > 0, most significant bit first); bytes are msgpack bin, JSON base64.",
+    )
+
+    @property
+    def has_embed_options(self) -> bool:
+        """Whether any of the four embed options is set (even to its default value)."""
+        return (
+            self.dimensions is not None
+            or self.normalize is not None
+            or self.prompt_name is not None
+            or self.encoding_format is not None
+        )
 
 
 class ModelInfo(BaseModel):
-    """The served model: ``name`` and ``revision`` (its version when known, else None)."""
+    """The served model: ``name``, ``revision`` (its version when known, else None) and the
+    ``contract`` revision the server implements (``"1.1"``)."""
 
     model_config = _FROZEN_STRICT
 
     name: str
     revision: str | None = None
+    contract: str | None = Field(
+        default=CONTRACT_REVISION,
+        description='The contract revision the server implements ("1.1"); absent from 1.0 servers.',
+    )
+
+
+_EmbeddingBytes = Annotated[
+    bytes,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "contentEncoding": "base64",
+            "description": "f32le/f16le/binary bytes: msgpack bin; in JSON standard base64 "
+            "with padding.",
+        }
+    ),
+]
 
 
 class EmbedResult(BaseModel):
-    """An embedding: ``embedding`` is ``(dim,)`` floats; float32 on the msgpack wire."""
+    """An embedding of ``dim`` dimensions (after ``dimensions``), sent as ``format``.
+
+    ``float``: ``embedding`` is ``dim`` floats (float32 on the msgpack wire); ``f32le`` /
+    ``f16le``: ``4·dim`` / ``2·dim`` little-endian bytes; ``binary``: ``⌈dim/8⌉`` bytes, one bit
+    per dimension, most significant bit first. Bytes are msgpack ``bin``; in JSON a standard
+    base64 string, which validation turns back into bytes.
+    """
 
     model_config = _FROZEN_STRICT
 
-    embedding: list[FiniteFloat]
+    embedding: list[FiniteFloat] | _EmbeddingBytes
     dim: Annotated[int, Field(ge=1)]
+    format: EncodingFormat = "float"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base64_to_bytes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("embedding"), str):
+            if data.get("format", "float") == "float":
+                raise ValueError('a "float" embedding is a list of numbers')
+            try:
+                raw = base64.b64decode(data["embedding"], validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("embedding is not valid base64") from None
+            return {**data, "embedding": raw}
+        return data
 
     @model_validator(mode="after")
     def _dim_matches(self) -> EmbedResult:
-        if self.dim != len(self.embedding):
-            raise ValueError(
-                f"dim is {self.dim} but the embedding has {len(self.embedding)} values"
-            )
+        size = embedding_bytes(self.format, self.dim)
+        if size is None:
+            if not isinstance(self.embedding, list):
+                raise ValueError('a "float" embedding is a list of numbers')
+            if self.dim != len(self.embedding):
+                raise ValueError(
+                    f"dim is {self.dim} but the embedding has {len(self.embedding)} values"
+                )
+        elif not isinstance(self.embedding, bytes) or len(self.embedding) != size:
+            raise ValueError(f"a {self.format} embedding of dim {self.dim} is {size} bytes")
         return self
 
 
@@ -181,12 +288,22 @@ class Timing(BaseModel):
     padded_len: Annotated[int, Field(ge=0)]
 
 
+class Usage(BaseModel):
+    """What an ``ok`` reply's computation used: ``tokens`` the model saw for this input,
+    special tokens and prompt included, after truncation (CONTRACT.md §Additions in 1.1)."""
+
+    model_config = _FROZEN_STRICT
+
+    tokens: Annotated[int, Field(ge=0)]
+
+
 class Reply(BaseModel):
     """The reply value (CONTRACT.md §Reply record).
 
     Invariants: ``ok`` has ``result`` and ``timing`` and no ``error``; ``error`` and ``expired``
-    have ``error`` and no ``result``; ``expired`` has code ``deadline_exceeded``. Optional
-    fields that are None (``result``, ``error``, ``meta``, ``timing``) are left off the wire.
+    have ``error`` and no ``result`` or ``usage``; ``expired`` has code ``deadline_exceeded``.
+    Optional fields that are None (``result``, ``error``, ``meta``, ``timing``, ``usage``) are
+    left off the wire.
 
     Raises:
         pydantic.ValidationError: on construction, when an invariant does not hold.
@@ -226,6 +343,9 @@ class Reply(BaseModel):
         default=None, description="The request's meta, verbatim; absent when it sent none."
     )
     timing: Timing | None = None
+    usage: Usage | None = Field(
+        default=None, description="ok replies of a 1.1 server: {tokens}; absent otherwise."
+    )
 
     @model_validator(mode="after")
     def _status_shape(self) -> Reply:
@@ -235,6 +355,8 @@ class Reply(BaseModel):
             if self.error is not None:
                 raise ValueError("an ok reply has no error")
         else:
+            if self.usage is not None:
+                raise ValueError(f"an {self.status} reply has no usage")
             if self.error is None:
                 raise ValueError(f"an {self.status} reply needs error")
             if self.result is not None:
@@ -261,6 +383,8 @@ class Reply(BaseModel):
             wire["meta"] = self.meta
         if self.timing is not None:
             wire["timing"] = self.timing.model_dump()
+        if self.usage is not None:
+            wire["usage"] = self.usage.model_dump()
         return wire
 
 
@@ -289,10 +413,21 @@ def _finite(value: object, minimum: float | None = None) -> float | None:
 
 
 def _result_wire(result: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``result`` as ``EmbedResult``/``ClassifyResult.model_dump()`` would give it, or None."""
+    """``result`` as ``EmbedResult``/``ClassifyResult.model_dump()`` would give it, or None.
+
+    Keys other than the contract's (the runner's ``pooled`` array) are left out.
+    """
     if "embedding" in result:
         embedding, dim = result["embedding"], result.get("dim")
-        if type(embedding) is not list or type(dim) is not int or dim < 1 or dim != len(embedding):
+        fmt = result.get("format", "float")
+        if type(dim) is not int or dim < 1:
+            return None
+        if fmt != "float":
+            size = embedding_bytes(fmt, dim) if type(fmt) is str else None
+            if size is None or type(embedding) is not bytes or len(embedding) != size:
+                return None
+            return {"embedding": embedding, "dim": dim, "format": fmt}
+        if type(embedding) is not list or dim != len(embedding):
             return None
         try:
             total = sum(embedding)  # finite sum ⇒ every value finite
@@ -300,7 +435,7 @@ def _result_wire(result: Mapping[str, Any]) -> dict[str, Any] | None:
             return None
         if _finite(total) is None and any(_finite(x) is None for x in embedding):
             return None  # a NaN/±Infinity (the sum alone can also overflow on finite values)
-        return {"embedding": embedding, "dim": dim}
+        return {"embedding": embedding, "dim": dim, "format": "float"}
     label, score, scores = result.get("label"), _finite(result.get("score")), result.get("scores")
     if type(label) is not str or score is None or type(scores) is not dict or label not in scores:
         return None
@@ -323,6 +458,7 @@ def reply_wire(
     dedup: bool = False,
     meta: dict[str, Any] | None = None,
     timing: tuple[float, float, int, int] | None = None,
+    usage_tokens: int | None = None,
 ) -> dict[str, Any] | None:
     """The wire form of a reply built by the server itself, without pydantic (~5 µs instead
     of ~25 µs): the dict ``Reply(...).to_wire()`` returns for the same arguments, or None when
@@ -336,6 +472,7 @@ def reply_wire(
         error: ``(code, message)`` (error and expired only).
         meta: the validated request's ``meta`` (trusted).
         timing: ``(queue_ms, infer_ms, batch_size, padded_len)`` (ok only).
+        usage_tokens: ``usage.tokens`` (ok only; None leaves ``usage`` off).
     """
     wire: dict[str, Any] = {"v": CONTRACT_VERSION, "status": status}
     if status == "ok":
@@ -357,6 +494,8 @@ def reply_wire(
         ):
             return None
         wire["error"] = {"code": code.value, "message": error[1]}
+        if usage_tokens is not None:
+            return None
     if type(truncated) is not bool or type(dedup) is not bool:
         return None
     wire["model"] = model
@@ -382,4 +521,8 @@ def reply_wire(
             "batch_size": batch_size,
             "padded_len": padded_len,
         }
+    if usage_tokens is not None:
+        if type(usage_tokens) is not int or usage_tokens < 0:
+            return None
+        wire["usage"] = {"tokens": usage_tokens}
     return wire

@@ -8,6 +8,7 @@ suite at another broker.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -45,6 +46,18 @@ async def new_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
         await delete_topics(kafka_bootstrap, created)
 
 
+def require_tool(name: str, package: str) -> str:
+    """The path of command-line tool ``name``; skips the test when it is missing, except under
+    CI (``CI`` set), where ``make tools`` should have installed Debian's ``package``: fails."""
+    path = shutil.which(name)
+    if path is None:
+        hint = f"`{name}` not installed (Debian: apt-get install {package}; or `make tools`)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{hint} under CI")
+        pytest.skip(hint)
+    return path
+
+
 def unique_group(prefix: str = "g") -> str:
     """A consumer-group id no other test uses."""
     return f"test.{prefix}.{uuid.uuid4().hex[:10]}"
@@ -65,6 +78,28 @@ def tiny_classify_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixtures.tiny_models import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("tiny-classify"))
+
+
+@pytest.fixture(scope="session")
+def tiny_prompt_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_embed_dir``'s model (same weights) with named prompts (``PROMPTS``)."""
+    from tests.fixtures.tiny_models import PROMPTS, build_tiny_embedder
+
+    return build_tiny_embedder(tmp_path_factory.mktemp("tiny-prompt-embed"), prompts=PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def tiny_raw_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights and prompts without a ``Normalize`` module, and ``query`` as the
+    model's ``default_prompt_name``."""
+    from tests.fixtures.tiny_models import PROMPTS, build_tiny_embedder
+
+    return build_tiny_embedder(
+        tmp_path_factory.mktemp("tiny-raw-embed"),
+        normalize=False,
+        prompts=PROMPTS,
+        default_prompt_name="query",
+    )
 
 
 @pytest.fixture(scope="session")

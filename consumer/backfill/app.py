@@ -25,11 +25,19 @@ from consumer.backfill.summary import BackfillSummary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
+from consumer.kafka.admin import ensure_topics
+from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import RangeSourceError, RangeSpecError
+from consumer.kafka.errors import (
+    KafkaUnavailableError,
+    RangeSourceError,
+    RangeSpecError,
+    TopicCreationError,
+)
 from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
 from consumer.model.loader import load_model
+from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
 from schemas.models import ModelInfo
 
@@ -51,10 +59,15 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     """Run one job to its end (or a SIGTERM/SIGINT); prints the summary (stderr, and one JSON
     object on stdout with ``json_summary``); returns the process exit code.
 
+    The output topic (as many partitions as the source) and the dead-letter topic (1) are
+    created when missing, as ``kbatch serve`` creates its topics.
+
     Raises:
-        RangeSourceError: the source topic does not exist or the broker cannot be reached.
+        RangeSourceError: the source topic does not exist, the broker cannot be reached, or
+            a missing output/dead-letter topic could not be created.
         RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
         FileNotFoundError: the model directory does not exist.
+        consumer.options.OptionError: an embed option this model cannot honour.
     """
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -84,6 +97,18 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             f" (resumed: group {group_id})" if r.resumed_from is not None else "",
         )
 
+    try:
+        created = await ensure_topics(
+            settings.bootstrap,
+            {settings.output_topic: len(plan), settings.dead_letter_topic: 1},
+            security=security_kwargs(settings),
+        )
+    except (KafkaUnavailableError, TopicCreationError) as err:
+        await source.stop()
+        raise RangeSourceError(str(err)) from err
+    if created:
+        log.info("created topics %s", created)
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +126,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
             runner, tokenizer, model_info = model.runner, model.tokenizer, model.info
+            admit_options(settings.embed_options, model.profile)  # OptionError: a bad flag
             cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
             if policy.max_batch_tokens < runner.max_length:
@@ -109,7 +135,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 settings,
                 source,
                 sink,
-                ReplyBuilder(model_info, settings.dead_letter_topic),
+                ReplyBuilder(model_info, settings.dead_letter_topic, model.profile),
                 _progress(settings),
                 stats=stats,
             )

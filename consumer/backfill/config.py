@@ -14,6 +14,7 @@ does not parse, or a combination that cannot work (the message names the values)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
@@ -24,6 +25,8 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, SettingsBase, project
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
+from consumer.options import EmbedOptions
+from schemas.models import EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -77,6 +80,20 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         "auto",
         description="Encoding of the values when --text-field is given; auto: the "
         'content-type header, else JSON when the value starts with {, [ or ", else msgpack.',
+    )
+
+    # ---- embed options of contract 1.1, applied to every record ----------------------------
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first N values of each embedding (then re-normalise)."
+    )
+    normalize: bool | None = Field(
+        None, description="L2-normalise or not; default: as the model's config says."
+    )
+    prompt_name: str | None = Field(
+        None, description="Prompt prepended to every text; default: --default-prompt-name."
+    )
+    encoding_format: EncodingFormat | None = Field(
+        None, description="float (default), f32le, f16le or binary."
     )
 
     # ---- reading and delivery --------------------------------------------------------------
@@ -133,6 +150,11 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     # ---- derived ---------------------------------------------------------------------------
 
     @property
+    def embed_options(self) -> EmbedOptions:
+        """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
+        return EmbedOptions(self.dimensions, self.normalize, self.prompt_name, self.encoding_format)
+
+    @property
     def from_bound(self) -> RangeBound:
         """``range_from`` parsed."""
         return parse_bound(self.range_from, "from")
@@ -151,21 +173,23 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     def effective_group_id(self) -> str:
         """``group_id``, or one derived from what defines the job's output.
 
-        Rerunning the same command resumes; changing the range, the text field, the model or
-        the task starts a new job from the range's start.
+        Rerunning the same command resumes; changing the range, the text field, the model,
+        the task or an embed option (prompt included) starts a new job from the range's start.
         """
         if self.group_id:
             return self.group_id
-        identity = "\0".join(
-            (
-                self.range_from,
-                self.range_to,
-                self.text_field or "",
-                self.model,
-                self.model_revision or "",
-                self.task,
-            )
-        )
+        parts = [
+            self.range_from,
+            self.range_to,
+            self.text_field or "",
+            self.model,
+            self.model_revision or "",
+            self.task,
+        ]
+        options = (self.default_prompt_name, *dataclasses.astuple(self.embed_options))
+        if any(option is not None for option in options):  # jobs without options keep their id
+            parts.extend("" if option is None else str(option) for option in options)
+        identity = "\0".join(parts)
         digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
         return f"kbatch-backfill.{self.source_topic}.{self.output_topic}.{digest}"
 

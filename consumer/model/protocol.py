@@ -46,6 +46,9 @@ class ModelBackend(Protocol):
         max_length: maximum tokens per item, special tokens included.
         prefetch: whether collation should run one batch ahead (true on CUDA).
         name / revision: the model's name and version for replies (revision may be None).
+        embedding_dim: the pooled embedding's dimension (embed; None for classify).
+        normalizes: whether ``embedding`` is L2-normalised (a sentence-transformers
+            ``Normalize`` module); an embed result's ``pooled`` is the vector before it.
     """
 
     task: Task
@@ -53,13 +56,16 @@ class ModelBackend(Protocol):
     prefetch: bool
     name: str
     revision: str | None
+    embedding_dim: int | None
+    normalizes: bool
 
     def prepare(self, items: Sequence[TokenizedItem], padded_len: int) -> object:
         """Collate ``items`` into ``(n, padded_len)`` int64 ids and mask on the device."""
         ...
 
     def forward(self, prepared: object) -> list[dict[str, Any]]:
-        """Compute a prepared batch; the contract's ``result`` map per item, in order."""
+        """Compute a prepared batch; the contract's ``result`` map per item, in order (embed:
+        plus ``pooled``, the ``(embedding_dim,)`` float32 vector before normalisation)."""
         ...
 
     def warmup(self, batch_size: int, seq_len: int) -> None:
@@ -79,7 +85,8 @@ class FakeBackend:
     """A deterministic, torch-free :class:`ModelBackend` for tests.
 
     ``embed`` answers a 4-dim L2-normalised vector that depends only on the item's token ids
-    (never on the batch); ``classify`` answers two labels. Failures are injectable:
+    (never on the batch), with its un-normalised ``pooled`` list; ``classify`` answers two
+    labels. Failures are injectable:
 
     Args:
         task: ``embed`` or ``classify``.
@@ -109,6 +116,8 @@ class FakeBackend:
         self.prefetch = False
         self.name = "fake"
         self.revision: str | None = None
+        self.embedding_dim: int | None = 4 if task == "embed" else None
+        self.normalizes = task == "embed"
         self.oom_above_padded_tokens = oom_above_padded_tokens
         self.fail_item_ids = set(fail_item_ids)
         self.gate = gate
@@ -160,4 +169,4 @@ class FakeBackend:
                     "scores": {"neg": 1 - p, "pos": p}}  # fmt: skip
         v = [float(len(ids)), float(sum(ids) % 97 + 1), float(ids[0] if ids else 1), 1.0]
         norm = math.sqrt(sum(x * x for x in v))
-        return {"embedding": [x / norm for x in v], "dim": 4}
+        return {"embedding": [x / norm for x in v], "dim": 4, "pooled": v}

@@ -4,7 +4,9 @@
 - ``embed``: ``AutoModel`` + the pooling the model's sentence-transformers config asks for
   (``modules.json`` → ``1_Pooling/config.json``: cls / mean / max / mean-sqrt-len; a
   ``Normalize`` module adds L2 normalisation — MiniLM: mean + normalise); without that config,
-  mean pooling and no normalisation (CONTRACT.md §Reply record).
+  mean pooling and no normalisation (CONTRACT.md §Reply record). Each result also carries the
+  full pooled vector before normalisation (``pooled``, float32 numpy), from which replies derive
+  the options of contract 1.1 (``dimensions``, ``normalize``, ``encoding_format``).
 - ``classify``: ``AutoModelForSequenceClassification``, softmax over ``config.id2label``.
 
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
@@ -183,6 +185,9 @@ class TorchBackend:
         pooling: for ``embed``.
         autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
         name / revision: reported in replies.
+        warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
+            the model's vocabulary (``load_runner`` takes it from the tokenizer, see
+            :func:`warmup_token_id`). Default: the padding id.
     """
 
     def __init__(
@@ -197,8 +202,10 @@ class TorchBackend:
         autocast: AutocastName | None = None,
         name: str = "model",
         revision: str | None = None,
+        warmup_token_id: int | None = None,
     ) -> None:
         self.model = model
+        self.warmup_token_id = pad_token_id if warmup_token_id is None else warmup_token_id
         self.task: Task = task
         self.max_length = max_length
         self.pad_token_id = pad_token_id
@@ -217,6 +224,9 @@ class TorchBackend:
         self.labels: list[str] = [str(id2label[i]) for i in sorted(id2label)]
         if task == "classify" and not self.labels:
             raise ValueError("a classify model needs config.id2label")
+        hidden = getattr(config, "hidden_size", None)
+        self.embedding_dim: int | None = int(hidden) if task == "embed" and hidden else None
+        self.normalizes = self.pooling.normalize
 
     # -- ModelBackend --------------------------------------------------------------------
 
@@ -244,10 +254,14 @@ class TorchBackend:
         with map_device_errors(), torch.inference_mode(), self._autocast():
             if self.task == "embed":
                 out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
-                emb = self._pool(out.last_hidden_state, prepared.mask)
-                rows: list[list[float]] = emb.float().cpu().tolist()
+                pooled = self._pool(out.last_hidden_state, prepared.mask)
+                emb = pooled
+                if self.pooling.normalize:
+                    emb = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+                rows: list[list[float]] = emb.cpu().tolist()
+                raw = pooled.cpu().numpy()
                 dim = emb.shape[-1]
-                return [{"embedding": r, "dim": dim} for r in rows]
+                return [{"embedding": r, "dim": dim, "pooled": raw[i]} for i, r in enumerate(rows)]
             out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
             probs = torch.softmax(out.logits.float(), dim=-1).cpu().tolist()
         labels = self.labels
@@ -265,9 +279,11 @@ class TorchBackend:
 
     def warmup(self, batch_size: int, seq_len: int) -> None:
         """One forward of ``(batch_size, seq_len)`` real (unpadded) tokens; on CUDA it also
-        synchronises so an out-of-memory error shows here."""
-        both = np.ones((2, batch_size, seq_len), dtype=np.int64)
-        both[0] = 1000
+        synchronises so an out-of-memory error shows here. Every token is
+        ``warmup_token_id`` (a real token of the model's own vocabulary: a fixed id such as
+        1000 is out of range for a small vocabulary, e.g. ESM-2's 33 tokens)."""
+        both = np.ones((2, batch_size, seq_len), dtype=np.int64)  # [0] ids, [1] mask
+        both[0] = self.warmup_token_id
         with map_device_errors():
             on_device = self._to_device(both)
             self.forward(_Prepared(on_device[0], on_device[1]))
@@ -297,7 +313,8 @@ class TorchBackend:
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 embeddings."""
+        """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 pooled embeddings,
+        not normalised."""
         h = hidden.float()
         m = mask.unsqueeze(-1).to(h.dtype)
         mode = self.pooling.mode
@@ -309,8 +326,6 @@ class TorchBackend:
             summed = (h * m).sum(dim=1)
             counts = m.sum(dim=1).clamp(min=1.0)
             pooled = summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
-        if self.pooling.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled
 
 

@@ -7,6 +7,7 @@ back from the reply topic, the service's state is read from its ``/metrics`` end
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -33,6 +34,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_pair() -> int:
+    """A port ``p`` with ``p + 1`` free too (a local broker and its controller listener)."""
+    for _ in range(50):
+        port = free_port()
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port + 1))
+            return port
+    raise AssertionError("no free port pair on 127.0.0.1")
 
 
 def poll_until(

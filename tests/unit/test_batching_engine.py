@@ -278,3 +278,33 @@ async def test_the_next_batch_starts_before_a_batchs_outcomes_go_out() -> None:
     assert len(h.outcomes) == 4  # drain returns only once every outcome is out
     assert in_pipeline_at_emit[:2] == [1, 1]  # batch 2 running while batch 1 is answered
     await h.engine.stop()
+
+
+async def test_a_queued_item_expires_at_its_deadline_while_a_batch_holds_the_model() -> None:
+    # Issue 12 #2: with the only model slot busy and no other arrival, an item whose deadline
+    # passed was answered expired only when the running batch ended.
+    gate = threading.Event()
+    h = Harness(FakeBackend(max_length=64, gate=gate), max_wait_ms=0.0)
+    expired = asyncio.Event()
+    record = h.on_outcome
+
+    def on_outcome(o: ItemOutcome) -> None:
+        record(o)
+        if o.status == "expired":
+            expired.set()
+
+    h.engine._on_outcome = on_outcome
+    await h.engine.start()
+    try:
+        await h.engine.submit(items(["long batch"]))  # runs, held by the gate
+        deadline_s = time.monotonic() + 0.2
+        await h.engine.submit(items(["short"], start=1, deadline_s=deadline_s))
+        await asyncio.wait_for(expired.wait(), timeout=10)
+        assert time.monotonic() >= deadline_s
+        assert not gate.is_set() and 0 not in h.outcomes  # the batch is still running
+        assert h.outcomes[1].error_code == ErrorCode.DEADLINE_EXCEEDED
+    finally:
+        gate.set()
+    assert await h.engine.drain(timeout_s=30)
+    await h.engine.stop()
+    assert h.outcomes[0].status == "ok" and 1 not in h.backend.computed

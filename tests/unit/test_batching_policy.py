@@ -402,3 +402,64 @@ def test_incremental_bucket_aggregates_match_a_rebuild() -> None:
             kept = (bucket.tokens, bucket.max_tokens, bucket.oldest_s, dict(bucket.lengths))
             bucket.recompute()
             assert kept == (bucket.tokens, bucket.max_tokens, bucket.oldest_s, bucket.lengths)
+
+
+@pytest.mark.parametrize(
+    ("backlog_tokens", "short_tokens"),
+    [
+        (60, 5),  # a's long texts and b's short ones sit in different buckets
+        (5, 5),  # the same bucket: b's items are behind a's backlog in it
+    ],
+)
+def test_a_backlog_on_one_partition_does_not_starve_another(
+    backlog_tokens: int, short_tokens: int
+) -> None:
+    # Issue 12 #7: batches formed in arrival order across partitions, so a burst on one
+    # partition held every other partition until it had drained. One model slot, each batch
+    # takes 10 ms (fake clock): b is served at the first free slot after it is due.
+    b = BucketBatcher(cfg(max_batch_size=4, max_batch_tokens=256), max_length=64)
+    for i in range(40):
+        b.add(tok(i, backlog_tokens, at_ms=0.0, group="a"), now=0.0)
+    b.add(tok(100, short_tokens, at_ms=1.0, group="b"), now=1 * MS)
+    b.add(tok(101, short_tokens, at_ms=1.0, group="b"), now=1 * MS)
+    served_ms: dict[int, float] = {}
+    order: list[str] = []
+    at_ms = 10.0
+    while b.queued_items:
+        for batch in b.pop_ready(at_ms * MS, max_batches=1).batches:
+            groups = {str(t.item.group) for t in batch.items}
+            order.append("".join(sorted(groups)))
+            served_ms.update((t.item.item_id, at_ms) for t in batch.items)
+        at_ms += 10.0
+    due_ms = 1.0 + 10.0  # b's arrival + max wait
+    assert served_ms[100] <= due_ms + 10.0 and served_ms[101] <= due_ms + 10.0
+    # The oldest first, then the partition not yet served (its batch may fill up with a's).
+    assert order[0] == "a" and "b" in order[1]
+    assert sorted(served_ms) == [*range(40), 100, 101]  # a's backlog still drains, once
+
+
+def test_partitions_with_due_work_take_turns_oldest_first() -> None:
+    b = BucketBatcher(cfg(max_batch_size=2, batch_overhead_tokens=0), max_length=64)
+    for i, (group, n, at) in enumerate(
+        [("a", 5, 0.0), ("a", 5, 0.0), ("a", 5, 0.0), ("a", 5, 0.0), ("b", 20, 2.0), ("c", 40, 1.0)]
+    ):
+        b.add(tok(i, n, at_ms=at, group=group), now=at * MS)
+    groups = [
+        next(str(t.item.group) for t in x.items)
+        for x in (b.pop_ready(20 * MS, max_batches=1).batches[0] for _ in range(4))
+    ]
+    assert groups == ["a", "c", "b", "a"]  # never-served c (older) before b, then a again
+
+
+def test_next_expiry_is_the_earliest_deadline_still_queued() -> None:
+    b = BucketBatcher(cfg(max_wait_ms=1000.0), max_length=64)
+    assert b.next_expiry() is None
+    b.add(tok(1, 5, deadline_ms=50.0, group="a"), now=0.0)
+    b.add(tok(2, 40, deadline_ms=30.0, group="b"), now=0.0)
+    b.add(tok(3, 20), now=0.0)
+    assert b.next_expiry() == pytest.approx(30 * MS)
+    b.cancel_group("b")
+    assert b.next_expiry() == pytest.approx(50 * MS)
+    ready = b.pop_ready(50 * MS)  # expired at its deadline, though no bucket is due
+    assert [t.item.item_id for t in ready.expired] == [1] and not ready.batches
+    assert b.next_expiry() is None and b.queued_items == 1

@@ -17,7 +17,12 @@ from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer, read_max_length
 from consumer.model.torch_backend import Pooling, TorchBackend, read_pooling
-from tests.fixtures.tiny_models import CLASSIFY_LABELS, minilm_dir
+from tests.fixtures.tiny_models import (
+    CLASSIFY_LABELS,
+    SMALL_VOCAB_SIZE,
+    build_small_vocab_embedder,
+    minilm_dir,
+)
 
 TEXTS = [
     "ok",
@@ -178,3 +183,28 @@ async def test_engine_end_to_end_on_the_tiny_embedder(
         ref = singles[text].result
         assert o.status == "ok" and o.result is not None and ref is not None
         assert cosine(o.result["embedding"], ref["embedding"]) >= 0.9999
+
+
+async def test_a_model_with_a_40_token_vocabulary_warms_up_and_serves(tmp_path: Path) -> None:
+    # Issue 12 #1: warm-up filled its batches with token id 1000, an IndexError in the
+    # embedding layer of any model with a vocabulary of 1000 tokens or fewer.
+    model_dir = build_small_vocab_embedder(tmp_path / "small-vocab")
+    runner = load_runner(model_dir, device="cpu")
+    outcomes: dict[int, ItemOutcome] = {}
+    engine = Engine(
+        runner,
+        HFTokenizer(model_dir),
+        BatchPolicyConfig(max_wait_ms=0.0, max_batch_tokens=256),
+        lambda o: outcomes.__setitem__(o.item_id, o),
+        warmup="all",
+    )
+    await engine.start()  # raised IndexError before the fix
+    backend = runner.backend
+    assert isinstance(backend, TorchBackend)
+    assert 0 <= backend.warmup_token_id < SMALL_VOCAB_SIZE
+    assert backend.warmup_token_id != backend.pad_token_id  # an ordinary token, not padding
+    await engine.submit([InferenceItem(0, "mkvlaagllg", arrival_s=0.0)])
+    assert await engine.drain(timeout_s=60)
+    await engine.stop()
+    assert outcomes[0].status == "ok" and outcomes[0].result is not None
+    assert outcomes[0].result["dim"] == 32

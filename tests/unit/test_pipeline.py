@@ -15,6 +15,7 @@ import pytest
 
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
+from consumer.deadline import Deadline
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
@@ -33,6 +34,8 @@ class FakeSource:
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
         self.paused: set[TopicPartition] = set()
+        self.ends: dict[TopicPartition, int] = {}
+        self.positions: dict[TopicPartition, int] = {}
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []
@@ -49,8 +52,11 @@ class FakeSource:
     def resume(self, tps: frozenset[TopicPartition]) -> None:
         self.paused -= tps
 
-    def lag(self, committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        return {}
+    async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.ends.get(tp, 0) for tp in tps}
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        return self.positions.get(tp)
 
 
 class FakeSink:
@@ -289,3 +295,129 @@ async def test_a_result_the_contract_cannot_carry_is_answered_inference_failed(
     await settle()
     await pipeline.commit()
     assert source.commits[-1] == {TP: 1}  # answered, so the offset moves on
+
+
+def expired(item: InferenceItem) -> ItemOutcome:
+    return dataclasses.replace(
+        ok(item),
+        status="expired",
+        result=None,
+        error_code=ErrorCode.DEADLINE_EXCEEDED,
+        error_message="the request's deadline passed before compute",
+    )
+
+
+def with_deadline(offset: int, key: bytes, deadline_ms: int) -> InRecord:
+    body = msgpack.packb({"text": f"text {offset}", "deadline_ms": deadline_ms})
+    return record(offset, key, body)
+
+
+async def test_a_retry_with_a_later_deadline_is_computed_not_answered_expired(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Issue 12 #6: the retry (same key, 60 s deadline) waited for the first copy (1 s
+    # deadline) and inherited its ``expired`` with dedup: true.
+    pipeline, source, sink, engine = parts
+    now_ms = 1_000_000  # the fixture's wall clock
+    await pipeline.take(
+        [
+            with_deadline(0, b"same", now_ms + 1_000),
+            with_deadline(1, b"same", now_ms + 60_000),
+            with_deadline(2, b"same", now_ms + 50_000),
+        ]
+    )
+    assert len(engine.items) == 1  # the copies wait for the first
+    pipeline.on_outcome(expired(engine.items[0]))
+    await settle()
+    assert len(engine.items) == 2  # the first copy still in time is computed
+    assert engine.items[1].deadline_s is not None
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert [(r.status, r.dedup) for r in replies] == [("expired", False)]  # the first only
+    pipeline.on_outcome(ok(engine.items[1]))
+    await settle()
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert sorted((r.status, r.dedup) for r in replies[1:]) == [("ok", False), ("ok", True)]
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 3}
+
+
+async def test_a_waiting_copy_past_its_own_deadline_is_answered_expired(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, _, sink, engine = parts
+    now_ms = 1_000_000
+    await pipeline.take(
+        [with_deadline(0, b"k", now_ms + 1_000), with_deadline(1, b"k", now_ms + 5)]
+    )
+    pipeline._wall_ms = lambda: now_ms + 2_000  # both deadlines have passed
+    pipeline.on_outcome(expired(engine.items[0]))
+    await settle()
+    assert len(engine.items) == 1  # nothing recomputed
+    replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    assert [r.status for r in replies] == ["expired", "expired"]
+
+
+class HungFlushEngine(FakeEngine):
+    """A flush that forms batches only as fast as a model that never finishes: it never
+    returns (the old ``finish`` waited for it without limit)."""
+
+    async def flush(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_answered() -> None:
+    # Issue 12 #3: ``finish`` first waited, without limit, for every queued item to be formed
+    # into a batch; a 5 s drain with ~1,450 buffered ran 29.9 s and exited 0.
+    settings = ServeSettings()
+    sink = FakeSink()
+    pipeline = Pipeline(
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
+        Metrics(),
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    source, engine = FakeSource(), HungFlushEngine()
+    pipeline.bind(source, engine)
+    await pipeline.on_assigned(frozenset({TP}))
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(4)])
+    pipeline.on_outcome(ok(engine.items[0]))  # offset 0 answered
+    await settle()
+    sink.acks[0].set_result(None)
+    await settle()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    drained = await asyncio.wait_for(pipeline.finish(None, Deadline.after(0.5, loop.time)), 5)
+    assert not drained
+    assert loop.time() - started < 1.0  # the one deadline bounds flush, wait and commit
+    assert engine.cancelled == [TP]  # what is queued is dropped, never formed into a batch
+    assert source.commits == [{TP: 1}]  # the answered offset, not the dropped ones
+    pipeline.on_outcome(ok(engine.items[1]))  # a batch running at the deadline ends
+    await settle()
+    assert len(sink.sent) == 1  # forgotten: its record is answered by the next owner
+
+
+async def test_lag_counts_every_assigned_partition_from_the_log_end(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Issue 12 #5: a partition without a commit had no series; a paused one was frozen.
+    pipeline, source, _, _ = parts
+    other: TopicPartition = ("req", 1)
+    await pipeline.on_assigned(frozenset({other}))
+    await pipeline.take([record(i, f"k{i}".encode()) for i in range(5, 8)])  # never committed
+    source.ends = {TP: 50, other: 30}
+    source.positions = {other: 12}  # nothing taken from it yet: it starts reading at 12
+    await pipeline.refresh_lag()
+    lag = pipeline._metrics.lag
+    assert lag.labels("req", "0")._value.get() == 50 - 5
+    assert lag.labels("req", "1")._value.get() == 30 - 12
+    source.ends = {TP: 90, other: 30}  # the log grows while the partition is paused
+    await pipeline.refresh_lag()
+    assert lag.labels("req", "0")._value.get() == 90 - 5
+    await pipeline.on_revoked(frozenset({other}))
+    samples = {s.labels["partition"] for m in lag.collect() for s in m.samples}
+    assert samples == {"0"}  # the revoked partition's series is gone

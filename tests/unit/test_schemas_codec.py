@@ -30,7 +30,7 @@ from schemas.codec import (
     encode_request,
     max_request_bytes,
 )
-from schemas.errors import DecodeError, EncodeError, ErrorCode
+from schemas.errors import DEAD_LETTER_CODES, DecodeError, EncodeError, ErrorCode
 from schemas.models import (
     ClassifyResult,
     EmbedResult,
@@ -124,6 +124,10 @@ def test_full_request_decodes_every_field(encoding: Encoding) -> None:
         "truncate": False,
         "meta": {"trace": "t-1", "n": [1, 2.5, None, True]},
         "v": 1,
+        "dimensions": 8,
+        "normalize": False,
+        "prompt_name": "query",
+        "encoding_format": "f16le",
     }
     request = decode_request(enc(raw, encoding), encoding)
     assert request.model_dump() == raw
@@ -537,7 +541,8 @@ def test_ok_embed_reply_fields(encoding: Encoding) -> None:
     assert list(out) == ["v", "status", "result", "model", "truncated", "dedup", "meta", "timing"]
     assert out["v"] == 1 and out["status"] == "ok"
     assert out["result"]["dim"] == 2 and len(out["result"]["embedding"]) == 2
-    assert out["model"] == {"name": MODEL.name, "revision": "abc123"}
+    assert out["result"]["format"] == "float"
+    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.1"}
     assert out["truncated"] is True and out["dedup"] is True
     assert out["meta"] == {"id": 1}
     assert out["timing"] == {"queue_ms": 1.5, "infer_ms": 3.25, "batch_size": 8, "padded_len": 32}
@@ -573,7 +578,7 @@ def test_expired_reply_has_deadline_exceeded(encoding: Encoding) -> None:
     assert out["meta"] == {"id": 3}
 
 
-def test_error_codes_are_the_contracts_six() -> None:
+def test_error_codes_are_the_contracts() -> None:
     assert [code.value for code in ErrorCode] == [
         "invalid_request",
         "unsupported_task",
@@ -581,13 +586,15 @@ def test_error_codes_are_the_contracts_six() -> None:
         "input_too_long",
         "deadline_exceeded",
         "inference_failed",
+        "invalid_option",
     ]
+    assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES  # an error reply, not a dead letter
 
 
 @BOTH
 def test_model_revision_null_when_unknown(encoding: Encoding) -> None:
     reply = error_reply(model=ModelInfo(name="m"))
-    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None}
+    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.1"}
 
 
 @pytest.mark.parametrize(

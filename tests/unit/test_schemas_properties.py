@@ -31,6 +31,7 @@ from schemas.codec import (
 )
 from schemas.errors import DecodeError, ErrorCode
 from schemas.models import (
+    ENCODING_FORMATS,
     ClassifyResult,
     EmbedResult,
     ErrorInfo,
@@ -38,6 +39,8 @@ from schemas.models import (
     Reply,
     Request,
     Timing,
+    Usage,
+    embedding_bytes,
     reply_wire,
 )
 from schemas.records import (
@@ -82,9 +85,18 @@ requests = st.builds(
     deadline_ms=st.none() | st.integers(0, 2**63 - 1),
     truncate=st.none() | st.booleans(),
     meta=st.none() | meta_maps,
+    dimensions=st.none() | st.integers(1, 2**40),
+    normalize=st.none() | st.booleans(),
+    prompt_name=st.none() | unicode_text,
+    encoding_format=st.none() | st.sampled_from(ENCODING_FORMATS),
 )
 
-models = st.builds(ModelInfo, name=unicode_text, revision=st.none() | unicode_text)
+models = st.builds(
+    ModelInfo,
+    name=unicode_text,
+    revision=st.none() | unicode_text,
+    contract=st.none() | st.just("1.1"),
+)
 timings = st.builds(
     Timing,
     queue_ms=st.floats(0, 1e9),
@@ -96,8 +108,15 @@ timings = st.builds(
 
 @st.composite
 def embed_results(draw: st.DrawFn, values: st.SearchStrategy[float]) -> EmbedResult:
-    embedding = draw(st.lists(values, min_size=1, max_size=64))
-    return EmbedResult(embedding=embedding, dim=len(embedding))
+    fmt = draw(st.sampled_from(ENCODING_FORMATS))
+    if fmt == "float":
+        embedding = draw(st.lists(values, min_size=1, max_size=64))
+        return EmbedResult(embedding=embedding, dim=len(embedding))
+    dim = draw(st.integers(1, 64))
+    size = embedding_bytes(fmt, dim)
+    assert size is not None
+    raw = draw(st.binary(min_size=size, max_size=size))
+    return EmbedResult(embedding=raw, dim=dim, format=fmt)
 
 
 @st.composite
@@ -118,7 +137,8 @@ def replies(draw: st.DrawFn, embed_values: st.SearchStrategy[float]) -> Reply:
     }
     if status == "ok":
         result = draw(embed_results(embed_values) | classify_results())
-        return Reply(status="ok", result=result, timing=draw(timings), **common)
+        usage = draw(st.none() | st.builds(Usage, tokens=st.integers(0, 100_000)))
+        return Reply(status="ok", result=result, timing=draw(timings), usage=usage, **common)
     if status == "expired":
         info = ErrorInfo(code=ErrorCode.DEADLINE_EXCEEDED, message=draw(unicode_text))
         return Reply(status="expired", error=info, **common)
@@ -173,7 +193,7 @@ def test_reply_wire_takes_finite_values_whose_sum_overflows() -> None:
         result={"embedding": big, "dim": 2},
         timing=(0.0, 0.0, 1, 1),
     )
-    assert wire is not None and wire["result"] == {"embedding": big, "dim": 2}
+    assert wire is not None and wire["result"] == {"embedding": big, "dim": 2, "format": "float"}
 
 
 @fuzz(400)
@@ -195,6 +215,7 @@ def test_the_serving_paths_reply_wire_is_the_models(reply: Reply, encoding: Enco
         dedup=reply.dedup,
         meta=reply.meta,
         timing=timing,
+        usage_tokens=None if reply.usage is None else reply.usage.tokens,
     )
     assert wire == reply.to_wire()
     assert list(wire) == list(reply.to_wire())  # wire order too
@@ -202,6 +223,7 @@ def test_the_serving_paths_reply_wire_is_the_models(reply: Reply, encoding: Enco
     if (
         encoding is MSGPACK
         and isinstance(typed, EmbedResult)
+        and isinstance(typed.embedding, list)
         and max(map(abs, typed.embedding)) > 3.4028234663852886e38
     ):
         return  # not encodable in msgpack either way

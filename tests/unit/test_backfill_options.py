@@ -1,0 +1,76 @@
+"""``kbatch backfill``'s embed option flags (contract 1.1), applied to every record; with the
+fakes of ``test_backfill_job``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumer.backfill.job import BackfillJob
+from consumer.options import ModelProfile
+from consumer.replies import ReplyBuilder
+from schemas.codec import Encoding, decode_reply
+from schemas.embedding import decode_embedding
+from schemas.models import EmbedResult, ModelInfo
+from tests.unit.test_backfill_job import FakeEngine, FakeSink, FakeSource, _record, _settings
+
+PROFILE = ModelProfile(dim=2, normalizes=True, prompts={"query": "query: ", "doc": "doc: "})
+
+
+def _run(**flags: object) -> tuple[FakeSink, FakeEngine]:
+    source = FakeSource({0: [_record(0, o, f"text {o}".encode()) for o in range(3)]}, {0: 3})
+    sink = FakeSink()
+    settings = _settings(**flags)
+    job = BackfillJob(settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE))
+    engine = FakeEngine(job)
+    job.bind(engine)
+    summary = asyncio.run(job.run(asyncio.Event()))
+    assert summary.complete
+    return sink, engine
+
+
+def test_every_record_gets_the_prompt_and_the_encoding() -> None:
+    sink, engine = _run(prompt_name="doc", encoding_format="f16le", dimensions=1)
+    assert [it.text for it in engine.submitted] == [f"doc: text {o}" for o in range(3)]
+    for out in sink.to("scores"):
+        reply = decode_reply(out.value or b"", Encoding.MSGPACK)
+        assert isinstance(reply.result, EmbedResult)
+        assert (reply.result.format, reply.result.dim) == ("f16le", 1)
+        assert decode_embedding(reply.result.embedding, "f16le", 1).tolist() == [1.0]
+        assert reply.usage is not None and reply.usage.tokens == 3
+
+
+def test_the_default_prompt_name_applies_without_flags() -> None:
+    profile_default = ModelProfile(dim=2, prompts={"query": "q: "}, default_prompt_name="query")
+    source = FakeSource({0: [_record(0, 0, b"hi")]}, {0: 1})
+    job = BackfillJob(
+        _settings(), source, FakeSink(), ReplyBuilder(ModelInfo(name="m"), "d", profile_default)
+    )
+    engine = FakeEngine(job)
+    job.bind(engine)
+    asyncio.run(job.run(asyncio.Event()))
+    assert [it.text for it in engine.submitted] == ["q: hi"]
+
+
+def test_options_change_the_jobs_group_but_a_job_without_options_keeps_its_own() -> None:
+    plain = _settings().effective_group_id
+    assert _settings(dimensions=8).effective_group_id != plain
+    assert _settings(default_prompt_name="query").effective_group_id != plain
+    assert (
+        _settings(normalize=False).effective_group_id
+        != _settings(normalize=True).effective_group_id
+    )
+    # the id a job without options had before contract 1.1
+    import hashlib
+
+    s = _settings()
+    identity = "\0".join((s.range_from, s.range_to, "", s.model, "", s.task))
+    assert plain.endswith(hashlib.sha256(identity.encode()).hexdigest()[:10])
+
+
+def test_a_bad_option_value_is_refused_by_the_settings() -> None:
+    with pytest.raises(ValueError):
+        _settings(dimensions=0)
+    with pytest.raises(ValueError):
+        _settings(encoding_format="base64")

@@ -1,0 +1,212 @@
+"""Contract 1.1 options in the pipeline, with the fakes of ``test_pipeline``: what is answered
+``invalid_option`` (no dead letter), what is ``invalid_request`` (dead letter), the prompt in the
+model's input, and dedup that respects options."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.config import ServeSettings
+from consumer.kafka.records import InRecord
+from consumer.metrics import Metrics
+from consumer.options import ModelProfile
+from consumer.pipeline import Pipeline
+from consumer.replies import ReplyBuilder
+from schemas import headers as H
+from schemas.codec import Encoding, decode_reply
+from schemas.embedding import decode_embedding
+from schemas.errors import ErrorCode
+from schemas.models import EmbedResult, ModelInfo, Reply
+from tests.unit.test_pipeline import TP, FakeEngine, FakeSink, FakeSource, settle
+
+DLQ = "kbatch.requests.dlq"
+PROFILE = ModelProfile(task="embed", dim=2, normalizes=True, prompts={"query": "query: "})
+Parts = tuple[Pipeline, FakeSink, FakeEngine]
+
+
+def request(offset: int, key: bytes = b"k", **fields: Any) -> InRecord:
+    value = msgpack.packb({"text": "hello there", **fields})
+    return InRecord("req", 0, offset, key, value, (), 0)
+
+
+def ok(item: InferenceItem) -> ItemOutcome:
+    """The runner's answer: normalised [0.6, 0.8] from the pooled [3, 4], 7 tokens."""
+    return ItemOutcome(
+        item_id=item.item_id,
+        status="ok",
+        result={"embedding": [0.6, 0.8], "dim": 2, "pooled": np.array([3.0, 4.0], np.float32)},
+        error_code=None,
+        error_message=None,
+        truncated=False,
+        n_tokens=7,
+        queue_ms=1.0,
+        infer_ms=2.0,
+        batch_size=1,
+        padded_len=7,
+    )
+
+
+async def make(profile: ModelProfile, task: str = "embed") -> Parts:
+    settings = ServeSettings(task=task)  # type: ignore[arg-type]
+    sink, engine = FakeSink(), FakeEngine()
+    pipeline = Pipeline(
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic, profile),
+        Metrics(),
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    pipeline.bind(FakeSource(), engine)
+    await pipeline.on_assigned(frozenset({TP}))
+    return pipeline, sink, engine
+
+
+@pytest.fixture
+async def parts() -> Parts:
+    return await make(PROFILE)
+
+
+def replies(sink: FakeSink) -> list[Reply]:
+    return [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent if r.topic != DLQ]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"dimensions": 3}, {"prompt_name": "passage"}],
+    ids=["dimensions-above-model", "unknown-prompt"],
+)
+async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_letter(
+    parts: Parts, fields: dict[str, Any]
+) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take([request(0, **fields)])
+    await settle()
+    assert engine.items == []  # not computed
+    assert all(r.topic != DLQ for r in sink.sent)
+    (reply,) = replies(sink)
+    assert reply.status == "error" and reply.error is not None
+    assert reply.error.code is ErrorCode.INVALID_OPTION
+    assert reply.model.contract == "1.1"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"encoding_format": "float"}, {"normalize": True}, {"dimensions": 1}, {"prompt_name": "q"}],
+)
+async def test_any_embed_option_on_a_classify_model_is_invalid_option(
+    fields: dict[str, Any],
+) -> None:
+    pipeline, sink, engine = await make(ModelProfile(task="classify"), task="classify")
+    await pipeline.take([request(0, **fields)])
+    await settle()
+    (reply,) = replies(sink)
+    assert reply.error is not None and reply.error.code is ErrorCode.INVALID_OPTION
+    assert engine.items == [] and all(r.topic != DLQ for r in sink.sent)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"dimensions": "8"},
+        {"dimensions": 0},
+        {"dimensions": 2.0},
+        {"normalize": 1},
+        {"prompt_name": 5},
+        {"encoding_format": "base64"},
+    ],
+)
+async def test_a_wrong_type_or_value_is_invalid_request_and_a_dead_letter(
+    parts: Parts, fields: dict[str, Any]
+) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take([request(0, **fields)])
+    await settle()
+    (dlq,) = [r for r in sink.sent if r.topic == DLQ]
+    assert dict(dlq.headers)[H.ERROR_CODE] == b"invalid_request"
+    sink.acks[0].set_result(None)  # the dead letter first, then the client's error reply
+    await settle()
+    (reply,) = replies(sink)
+    assert reply.error is not None and reply.error.code is ErrorCode.INVALID_REQUEST
+    assert engine.items == []
+
+
+async def test_the_prompt_is_part_of_the_models_input_and_the_default_applies() -> None:
+    profile = dataclasses.replace(PROFILE, default_prompt_name="query")
+    pipeline, _, engine = await make(
+        dataclasses.replace(profile, prompts={"query": "q: ", "p": "p: "})
+    )
+    await pipeline.take([request(0, b"a"), request(1, b"b", prompt_name="p")])
+    assert [i.text for i in engine.items] == ["q: hello there", "p: hello there"]
+
+
+async def test_usage_and_format_on_ok_replies(parts: Parts) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take([request(0)])
+    pipeline.on_outcome(ok(engine.items[0]))
+    await settle()
+    (reply,) = replies(sink)
+    assert reply.usage is not None and reply.usage.tokens == 7
+    assert isinstance(reply.result, EmbedResult) and reply.result.format == "float"
+    assert reply.result.embedding == pytest.approx([0.6, 0.8])
+
+
+async def test_copies_with_other_options_are_derived_from_one_computation(parts: Parts) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take(
+        [
+            request(0, b"same"),
+            request(1, b"same", dimensions=1, encoding_format="f32le"),  # derived: dedup
+            request(2, b"same", normalize=False),  # derived: dedup
+            request(3, b"same", prompt_name="query"),  # another input: computed
+        ]
+    )
+    assert [i.text for i in engine.items] == ["hello there", "query: hello there"]
+    for item in engine.items:
+        pipeline.on_outcome(ok(item))
+    await settle()
+    got = replies(sink)
+    assert len(got) == 4
+    computed = [r for r in got if not r.dedup]
+    derived = {_tag(r): r for r in got if r.dedup}
+    assert len(computed) == 2 and sorted(derived) == ["f32le", "float"]
+    f32 = derived["f32le"].result
+    assert isinstance(f32, EmbedResult) and f32.dim == 1
+    assert decode_embedding(f32.embedding, "f32le", 1).tolist() == [1.0]  # [3] renormalised
+    unnormalised = derived["float"].result
+    assert isinstance(unnormalised, EmbedResult) and unnormalised.embedding == [3.0, 4.0]
+    assert all(r.usage is not None and r.usage.tokens == 7 for r in got)
+
+
+def _tag(reply: Reply) -> str:
+    assert isinstance(reply.result, EmbedResult)
+    return reply.result.format
+
+
+async def test_a_finished_key_answers_a_later_copy_with_its_own_options(parts: Parts) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take([request(0, b"done")])
+    pipeline.on_outcome(ok(engine.items[0]))
+    await settle()
+    await pipeline.take([request(1, b"done", encoding_format="binary")])
+    await settle()
+    assert len(engine.items) == 1
+    later = replies(sink)[-1]
+    assert later.dedup and isinstance(later.result, EmbedResult)
+    assert later.result.format == "binary" and later.result.embedding == bytes([0b11000000])
+
+
+async def test_a_classify_reply_carries_usage_too() -> None:
+    pipeline, sink, engine = await make(ModelProfile(task="classify"), task="classify")
+    await pipeline.take([request(0)])
+    result = {"label": "pos", "score": 0.75, "scores": {"neg": 0.25, "pos": 0.75}}
+    pipeline.on_outcome(dataclasses.replace(ok(engine.items[0]), result=result, n_tokens=5))
+    await settle()
+    (reply,) = replies(sink)
+    assert reply.status == "ok" and reply.usage is not None and reply.usage.tokens == 5
