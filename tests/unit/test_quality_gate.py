@@ -154,3 +154,26 @@ def test_load_model_refuses_a_lossy_backend_at_start_up(
     allowed = settings.model_copy(update={"allow_lossy": True})
     loaded = loader.load_model(allowed, NullStats(), max_length=None, truncate=True)
     assert loaded.device == "cpu"
+
+
+@pytest.mark.parametrize("command", ["serve", "backfill"])
+def test_the_cli_exits_1_with_the_gate_s_message(
+    command: str, tiny_embed_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from consumer import app
+    from consumer.backfill import app as backfill_app
+    from consumer.cli import cli
+
+    async def refused(*_a: object, **_k: object) -> int:
+        raise LossyBackendError("--backend onnx --quantize int8 answers too far (min cosine 0.97)")
+
+    monkeypatch.setattr(app, "serve", refused)
+    monkeypatch.setattr(backfill_app, "run_backfill", refused)
+    args = [command, "--model", str(tiny_embed_dir), "--backend", "onnx", "--quantize", "int8"]
+    if command == "backfill":
+        args += ["--source-topic", "s", "--output-topic", "o"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert "min cosine 0.97" in result.output
