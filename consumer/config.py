@@ -115,7 +115,20 @@ class ModelSettings(BaseModel):
         "float32", description="Autocast dtype on CUDA; the CPU always runs float32."
     )
     torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch (default: cores)."
+        None, ge=1, description="CPU threads for torch and ONNX Runtime (default: cores)."
+    )
+    backend: Literal["torch", "onnx"] = Field(
+        "torch",
+        description="What runs the network: torch, or onnx (ONNX Runtime on the CPU; exported "
+        "once into the cache).",
+    )
+    quantize: Literal["none", "int8"] = Field(
+        "none", description="int8: ONNX Runtime dynamic int8 (needs --backend onnx; lossy)."
+    )
+    allow_lossy: bool = Field(
+        False,
+        description="Serve a backend/precision that fails the start-up quality gate (min "
+        "cosine against torch fp32 below 0.999, or 0.99 for int8/bf16/fp16).",
     )
     max_length: int | None = Field(
         None, ge=2, description="Token cap; default: the model's maximum."
@@ -139,6 +152,14 @@ class ModelSettings(BaseModel):
         description="Prompt (config_sentence_transformers.json) of requests that name none; "
         "default: the model's default_prompt_name, else none.",
     )
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> ModelSettings:
+        if self.quantize != "none" and self.backend != "onnx":
+            raise ValueError(f"quantize={self.quantize} needs backend=onnx")
+        if self.backend == "onnx" and self.device not in ("auto", "cpu"):
+            raise ValueError(f"backend=onnx runs on the CPU, not device={self.device}")
+        return self
 
 
 class RunSettings(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -100,3 +100,13 @@ def tiny_raw_embed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         prompts=PROMPTS,
         default_prompt_name="query",
     )
+
+
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private ``KBATCH_CACHE_DIR`` for the whole session: each tiny model is exported to
+    ONNX once, whichever test asks first; yields the ``onnx`` cache directory."""
+    root = tmp_path_factory.mktemp("kbatch-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KBATCH_CACHE_DIR", str(root))
+        yield root / "onnx"

@@ -387,21 +387,29 @@ class Engine:
         await self._notify()
 
     async def _watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:
-        done, _ = await asyncio.wait({fut}, timeout=self._batch_timeout_s)
-        if done:
-            return fut.result()
-        self._stalled += 1
-        self._stats.on_watchdog()
-        log.error(
-            "batch of %d × %d tokens running longer than %.1f s: engine unhealthy",
-            len(batch.items),
-            batch.padded_len,
-            self._batch_timeout_s,
-        )
+        """Await the model thread's ``fut``; a timer (one handle, no extra task or future per
+        batch) marks the engine unhealthy while it runs past ``batch_timeout_s``."""
+        tripped = False
+
+        def trip() -> None:
+            nonlocal tripped
+            tripped = True
+            self._stalled += 1
+            self._stats.on_watchdog()
+            log.error(
+                "batch of %d × %d tokens running longer than %.1f s: engine unhealthy",
+                len(batch.items),
+                batch.padded_len,
+                self._batch_timeout_s,
+            )
+
+        timer = asyncio.get_running_loop().call_later(self._batch_timeout_s, trip)
         try:
             return await fut
         finally:
-            self._stalled -= 1
+            timer.cancel()
+            if tripped:
+                self._stalled -= 1
 
     def _expire(self, items: list[TokenizedItem], now: float) -> None:
         self._stats.on_expired(len(items))

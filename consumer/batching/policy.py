@@ -62,13 +62,22 @@ class Ready:
 
 
 class _Bucket:
-    """One length bucket: FIFO queue plus cached aggregates and a decayed arrival rate."""
+    """One length bucket: FIFO queue plus cached aggregates and a decayed arrival rate.
+
+    The aggregates are kept incrementally, so forming a batch costs O(items taken), not
+    O(items queued) (a backlog of thousands in one bucket made every batch rescan them all):
+    ``tokens`` and ``groups`` by subtraction, ``max_tokens`` from a count per length (a bucket
+    spans a few lengths), ``oldest_s`` from the FIFO head while the queue is in arrival order
+    (``in_order``; a full scan otherwise, e.g. after :func:`_put_group_first` reordered it).
+    """
 
     __slots__ = (
         "edge",
         "groups",
+        "in_order",
         "index",
         "items",
+        "lengths",
         "max_tokens",
         "oldest_s",
         "rate_t",
@@ -84,14 +93,64 @@ class _Bucket:
         self.max_tokens = 0  # longest queued item
         self.oldest_s = math.inf  # min arrival_s queued
         self.groups: Counter[Hashable | None] = Counter()  # queued items per group
+        self.lengths: dict[int, int] = {}  # n_tokens → queued items of that length
+        self.in_order = True  # arrival_s non-decreasing along the queue
         self.rate_x = 0.0  # exponentially decayed arrival count
         self.rate_t = -math.inf  # time of the last decay update
 
+    def append(self, t: TokenizedItem) -> None:
+        """Queue ``t`` at the tail and update the aggregates."""
+        if self.items and t.item.arrival_s < self.items[-1].item.arrival_s:
+            self.in_order = False
+        self.items.append(t)
+        self.tokens += t.n_tokens
+        self.max_tokens = max(self.max_tokens, t.n_tokens)
+        self.oldest_s = min(self.oldest_s, t.item.arrival_s)
+        self.groups[t.item.group] += 1
+        self.lengths[t.n_tokens] = self.lengths.get(t.n_tokens, 0) + 1
+
+    def pop_head(self, k: int) -> None:
+        """Remove the first ``k`` queued items and update the aggregates."""
+        lost_max = False
+        for _ in range(k):
+            t = self.items.popleft()
+            self.tokens -= t.n_tokens
+            g = t.item.group
+            if self.groups[g] > 1:
+                self.groups[g] -= 1
+            else:
+                del self.groups[g]
+            left = self.lengths[t.n_tokens] - 1
+            if left:
+                self.lengths[t.n_tokens] = left
+            else:
+                del self.lengths[t.n_tokens]
+                lost_max = lost_max or t.n_tokens == self.max_tokens
+        if not self.items:
+            self.recompute()
+            return
+        if lost_max:
+            self.max_tokens = max(self.lengths)
+        if self.in_order:
+            self.oldest_s = self.items[0].item.arrival_s
+        else:
+            self.oldest_s = min(t.item.arrival_s for t in self.items)
+
+    def note_reordered(self) -> None:
+        """The queue's order changed: re-derive ``in_order`` (O(n), like the reorder)."""
+        arrivals = (t.item.arrival_s for t in self.items)
+        self.in_order = all(a <= b for a, b in itertools.pairwise(arrivals))
+
     def recompute(self) -> None:
+        """Rebuild every aggregate from the queue (after items left from its middle)."""
         self.tokens = sum(t.n_tokens for t in self.items)
         self.max_tokens = max((t.n_tokens for t in self.items), default=0)
         self.oldest_s = min((t.item.arrival_s for t in self.items), default=math.inf)
         self.groups = Counter(t.item.group for t in self.items)
+        self.lengths = {}
+        for t in self.items:
+            self.lengths[t.n_tokens] = self.lengths.get(t.n_tokens, 0) + 1
+        self.note_reordered()
 
     def rate_per_s(self, now: float, window_s: float) -> float:
         """Arrivals per second, exponentially decayed with time constant ``window_s``."""
@@ -175,11 +234,7 @@ class BucketBatcher:
         ``[1, max_length]``.
         """
         b = self._buckets[self.bucket_of(item.n_tokens)]
-        b.items.append(item)
-        b.tokens += item.n_tokens
-        b.max_tokens = max(b.max_tokens, item.n_tokens)
-        b.oldest_s = min(b.oldest_s, item.item.arrival_s)
-        b.groups[item.item.group] += 1
+        b.append(item)
         b.note_arrival(now, self.config.rate_window_s)
         self._queued_items += 1
         self._queued_tokens += item.n_tokens
@@ -355,9 +410,7 @@ class BucketBatcher:
                 plan = _trim_plan(plan, keep)
                 taken = taken[:keep]
         for bucket, head in plan:
-            for _ in head:
-                bucket.items.popleft()
-            bucket.recompute()
+            bucket.pop_head(len(head))
         self._account_removed(taken)
         for bucket, _ in plan:
             self._update_due(bucket, now)
@@ -430,6 +483,7 @@ def _put_group_first(b: _Bucket, group: Hashable | None) -> None:
         return
     mine = [t for t in b.items if t.item.group == group]
     b.items = deque([*mine, *(t for t in b.items if t.item.group != group)])
+    b.note_reordered()
 
 
 def _trim_plan(

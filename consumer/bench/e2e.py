@@ -2,9 +2,13 @@
 
 Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 
-- ``naive`` — an aiokafka consumer that scores one record at a time and commits after each
-  poll (:mod:`consumer.bench.e2e_workers`, its own process): the "before" picture;
+- ``naive`` — the consumer a user writes without kbatch: an aiokafka loop that decodes each
+  record with msgpack, embeds it alone with plain transformers (tokenizer + model + mean
+  pooling, :mod:`consumer.model.baselines`) and commits after each poll
+  (:mod:`consumer.bench.e2e_workers`, its own process): the honest "before" picture;
 - ``kbatch`` — a real ``kbatch serve`` process with the model;
+- ``kbatch_onnx`` — the same with ``--backend onnx`` (ONNX Runtime; the export is cached, and
+  the start-up quality gate runs before it is ready);
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
   ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
@@ -30,6 +34,8 @@ seconds of the consumer's process tree (the supervisor and its replicas) between
 ``t_end``, and for a simulated device the model seconds summed from ``/metrics``
 (``kbatch_inference_seconds_sum``) over the same span (a real model on this machine shares the
 CPU with the rest, so its time is no device's).
+``backend`` (``--backend``, default torch) is what ``kbatch`` and ``engine`` run;
+``kbatch_onnx`` always runs onnx, ``naive`` plain torch.
 
 **Throughput** (``seq_per_s``), per Kafka variant, on fresh topics (one partition each) and a
 fresh consumer group:
@@ -81,6 +87,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumer.bench.e2e_report import (
     REPLICATED,
+    SERVED,
     VARIANTS,
     cpu_device_figures,
     latency_rate,
@@ -125,6 +132,7 @@ class E2EBenchOptions:
     max_wait_ms: float = 10.0
     variants: tuple[str, ...] = VARIANTS
     seed: int = 0
+    backend: str = "torch"
     log_dir: Path | None = None
     ready_timeout_s: float = 240.0
     drain_timeout_s: float = 900.0
@@ -232,7 +240,13 @@ tokens and 64 items, would make a GPU wait on launch overhead)."""
 
 
 def _serve_process(
-    name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path, replicas: int
+    name: str,
+    model: str,
+    topics: _Topics,
+    opts: E2EBenchOptions,
+    log_dir: Path,
+    replicas: int,
+    extra: Sequence[str] = (),
 ) -> tuple[_Process, str]:
     port = _free_port()
     args = [
@@ -249,6 +263,7 @@ def _serve_process(
         "--metrics-port", str(port),
         "--replicas", str(replicas),
         *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
+        *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
@@ -433,9 +448,11 @@ async def _kafka_variant(
     await create_topics(opts.bootstrap, [topics.reply, topics.dlq], partitions=1)
     metrics_url: str | None = None
     model: str | None = None
-    if name in REPLICATED:
+    if name in SERVED:
         model = "noop" if name == "passthrough" else (opts.serve_model or str(opts.model_dir))
-        proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas)
+        backend = "onnx" if name == "kbatch_onnx" else opts.backend
+        extra = ("--backend", backend) if name != "passthrough" else ()
+        proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
@@ -505,8 +522,8 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
     from consumer.model.torch_backend import configure_threads, describe_runner
 
     texts = list(opts.texts)
-    configure_threads(opts.threads)
-    runner = load_runner(opts.model_dir)
+    threads = configure_threads(opts.threads)
+    runner = load_runner(opts.model_dir, backend=opts.backend, threads=threads)  # type: ignore[arg-type]
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")
     eopts = EngineBenchOptions(
@@ -604,6 +621,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "texts": len(opts.texts),
         **_token_stats(opts.model_dir, opts.texts),
         "torch_threads": opts.threads,
+        "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
         "load_fraction": opts.load_fraction,
         "max_latency_rate_per_s": opts.max_latency_rate_per_s,

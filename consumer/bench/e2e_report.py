@@ -51,12 +51,24 @@ __all__ = [
 REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 """The variants ``--replicas`` applies to (``kbatch serve`` processes)."""
 
-VARIANTS: tuple[str, ...] = ("naive", "kbatch", "engine", "passthrough", "raw_loop")
+SERVED: tuple[str, ...] = ("kbatch", "kbatch_onnx", "passthrough")
+"""The variants that run a ``kbatch serve`` process (``kbatch_onnx`` at one replica only)."""
+
+VARIANTS: tuple[str, ...] = (
+    "naive",
+    "kbatch",
+    "kbatch_onnx",
+    "engine",
+    "passthrough",
+    "raw_loop",
+)
 """Every variant, in report order."""
 
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_vs_naive", "kbatch", "naive"),
     ("ratio_kbatch_vs_engine", "kbatch", "engine"),
+    ("ratio_kbatch_onnx_vs_kbatch", "kbatch_onnx", "kbatch"),
+    ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""
@@ -90,7 +102,7 @@ def latency_rate(seq_per_s: float, fraction: float, cap_per_s: float | None) -> 
 
 
 def ratios(report: Mapping[str, Any]) -> dict[str, float | None]:
-    """The three throughput ratios of :data:`RATIOS` from the variants' ``seq_per_s``."""
+    """The throughput ratios of :data:`RATIOS` from the variants' ``seq_per_s``."""
     out: dict[str, float | None] = {}
     for key, num, den in RATIOS:
         a, b = report.get(num), report.get(den)

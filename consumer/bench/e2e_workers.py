@@ -8,10 +8,12 @@ the benchmark releases its pre-filled requests by committing a transaction), in 
 at most ``--max-records`` (500, ``kbatch serve``'s ``poll_max_records``), and write one reply
 per request to the reply topic with the request's key and ``kafka_correlationId``:
 
-- ``naive`` — the "before" picture: each record of a poll is decoded, tokenized and scored on
-  its own (``HFTokenizer.tokenize`` and ``ModelRunner.run`` on one item, in a worker thread so
-  the consumer's heartbeats go on), its reply built with :class:`consumer.replies.ReplyBuilder`
-  and sent; after the poll's records, every send is awaited and the poll's offsets committed.
+- ``naive`` — the honest "before" picture, written as a user writes it without kbatch: each
+  record of a poll is decoded with msgpack, embedded on its own with plain transformers
+  (:class:`consumer.model.baselines.PlainModel`: tokenizer, model, mean pooling, normalise),
+  called inline; its reply (``{"status": "ok", "result": {"embedding", "dim"}}`` in msgpack,
+  the correlation id and ``kbatch-status`` headers) sent; after the poll's records, every send
+  is awaited and the poll's offsets committed.
 - ``raw_loop`` — the Kafka ceiling: no decode, no model; each record is answered with one
   constant, valid ``ok`` reply (built once at start), the poll's sends awaited, then a commit.
 
@@ -84,50 +86,39 @@ def _raw_scorer() -> Scorer:
     return score
 
 
-def _naive_scorer(model_dir: Path, threads: int, dlq_topic: str) -> Scorer:
-    """Load the model and return a scorer that computes each record alone (batch of one)."""
-    from consumer.batching.types import Batch, InferenceItem, ItemOutcome, Rejected
-    from consumer.model.loader import load_runner
-    from consumer.model.tokenize import HFTokenizer
-    from consumer.model.torch_backend import configure_threads
-    from consumer.replies import ReplyBuilder
-    from schemas.records import RecordDecodeError, parse_request_record
+def _naive_scorer(model_dir: Path, threads: int) -> Scorer:
+    """The loop a user writes without kbatch: msgpack in, plain transformers (tokenizer, model,
+    mean pooling, normalise: :class:`consumer.model.baselines.PlainModel`) on each text alone,
+    msgpack out. No kbatch batching, tokenizer, runner or reply builder."""
+    import msgpack
 
-    configure_threads(threads)
-    runner = load_runner(model_dir)
-    tokenizer = HFTokenizer(model_dir, max_length=runner.max_length)
-    runner.warmup(1, runner.max_length)
-    runner.warmup(1, 16)
-    replies = ReplyBuilder(ModelInfo(name=model_dir.name, revision=None), dlq_topic)
-    ids = iter(range(1 << 62))
+    from consumer.model.baselines import PlainModel
+
+    model = PlainModel(model_dir, threads=threads)
+    model.embed(["warm up"])
 
     def score(record: ConsumerRecord[bytes, bytes]) -> OutRecord | None:
-        try:
-            parsed = parse_request_record(record.key, record.value, tuple(record.headers))
-        except RecordDecodeError:
-            return None  # the benchmark sends only valid requests
-        now = time.monotonic()
-        item = InferenceItem(next(ids), parsed.request.text, parsed.request.truncate, now)
-        (tok,) = tokenizer.tokenize([item])
-        if isinstance(tok, Rejected):
-            outcome = ItemOutcome(
-                item.item_id, "error", None, str(tok.error_code), tok.error_message,
-                False, tok.n_tokens, 0.0, 0.0, 0, 0,
-            )  # fmt: skip
-        else:
-            (run,) = runner.run(Batch([tok], tok.n_tokens, now))
-            ok = run.result is not None and run.error_code is None
-            outcome = ItemOutcome(
-                item.item_id, "ok" if ok else "error", run.result,
-                None if ok else str(run.error_code), run.error_message, tok.truncated,
-                tok.n_tokens, 0.0, run.infer_ms, run.batch_size, run.padded_len,
-            )  # fmt: skip
-        return replies.from_outcome(parsed, outcome, dedup=False)
+        start = time.perf_counter()
+        request = msgpack.unpackb(record.value)
+        vector = model.embed([request["text"]])[0].tolist()
+        infer_ms = (time.perf_counter() - start) * 1000.0
+        # The contract's ok reply (docs/CONTRACT.md), written out by hand.
+        reply = {
+            "status": "ok",
+            "result": {"embedding": vector, "dim": len(vector)},
+            "model": {"name": model_dir.name, "revision": None},
+            "truncated": False,
+            "dedup": False,
+            "timing": {"queue_ms": 0.0, "infer_ms": infer_ms, "batch_size": 1, "padded_len": 0},
+        }
+        headers = [(k, v) for k, v in record.headers if k == H.CORRELATION_ID]
+        headers += [(H.STATUS, b"ok"), (H.CONTENT_TYPE, b"application/msgpack")]
+        return OutRecord(None, None, record.key, msgpack.packb(reply), headers)
 
     return score
 
 
-async def _serve(args: argparse.Namespace, score: Scorer, in_thread: bool) -> None:
+async def _serve(args: argparse.Namespace, score: Scorer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,7 +149,7 @@ async def _serve(args: argparse.Namespace, score: Scorer, in_thread: bool) -> No
                 continue
             acks: list[asyncio.Future[Any]] = []
             for record in records:
-                out = await asyncio.to_thread(score, record) if in_thread else score(record)
+                out = score(record)
                 if out is None:
                     continue
                 acks.append(
@@ -201,10 +192,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker == "naive":
         if args.model is None:
             raise SystemExit("naive needs --model")
-        scorer = _naive_scorer(args.model, args.threads, args.dlq_topic)
-        asyncio.run(_serve(args, scorer, in_thread=True))
+        # A user's loop calls the model inline, blocking the event loop for one forward
+        # (≈ 10-20 ms; aiokafka's heartbeats tolerate that).
+        asyncio.run(_serve(args, _naive_scorer(args.model, args.threads)))
     else:
-        asyncio.run(_serve(args, _raw_scorer(), in_thread=False))
+        asyncio.run(_serve(args, _raw_scorer()))
 
 
 if __name__ == "__main__":

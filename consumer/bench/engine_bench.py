@@ -11,8 +11,10 @@ Two phases per strategy, identical for all three:
 
 1. **backlog** — all ``n`` texts arrive at once (a consumer catching up, a backfill):
    ``seq_per_s``, ``tokens_per_s`` (real tokens) and ``padding_efficiency`` (real / padded).
-   The backlog runs in ``rounds`` slices, interleaved across the strategies, so a noisy
-   neighbour on a shared machine slows all three alike.
+   ``cpu_ms_per_seq``: process CPU time (every thread) per text — steadier than wall time
+   on a shared machine, and it counts threads that spin. The backlog runs in ``rounds``
+   slices, interleaved across the strategies, so a noisy neighbour on a shared machine slows
+   all three alike.
 2. **paced** — Poisson arrivals at ``rate_per_s`` for ``seconds``: ``p50_ms``/``p99_ms`` from
    arrival to answer, and ``paced_model_busy_fraction`` (model time / phase length). Default
    rate: ``rate_fraction`` (0.5) × the ``single`` strategy's backlog throughput — a stream the
@@ -27,6 +29,25 @@ Two phases per strategy, identical for all three:
    busy whatever the policy, and any server queues for many batch times there; the latency
    bound (max wait + two batch times) is a claim about a server below that knee.
 
+Baselines, backlog only (the same texts, the same rounds, the same torch threads):
+
+- ``plain_loop``: plain transformers, one text at a time (``AutoTokenizer`` + ``AutoModel``,
+  mean pooling, normalise; no kbatch code: :mod:`consumer.model.baselines`) — what ``single``
+  must match (``ratio_single_vs_plain_loop``);
+- ``sorted_offline``: the whole backlog sorted by token length and cut greedily under the
+  bucketed strategy's token budget and batch-size cap, plain transformers — the best an offline
+  script can do with perfect knowledge (``ratio_bucketed_vs_sorted_offline``);
+- ``runner_loop``: kbatch's tokenizer and :class:`~consumer.model.batch_runner.ModelRunner` on
+  batches of one in a plain loop, no engine — ``single``'s per-batch model time must be within
+  10 % of it (``ratio_single_batch_ms_vs_runner_loop``, backlog ``batch_ms_p50`` of each).
+  It also runs the paced phase's arrivals in its plain loop (sleeping until each one):
+  ``paced_batch_ms_p50`` against ``single``'s paced ``batch_ms_p50``
+  (``ratio_single_paced_batch_ms_vs_runner_loop``) — the same idle gaps on both sides, so a
+  batch that is slower after idle time is told apart from a batch slowed by the engine.
+
+``--backend onnx`` runs the engine strategies and ``runner_loop`` on ONNX Runtime; the plain
+baselines stay plain torch (what a user has without kbatch).
+
 Texts: a seeded uniform sample of the VADER corpus (``producer_tools.corpus``: tweets, movie,
 NYT and Amazon snippets, plus whole NYT/Amazon documents for the long tail).
 """
@@ -35,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import statistics
 import time
@@ -45,8 +67,9 @@ from typing import Any
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, WarmupMode
-from consumer.batching.stats import EngineStats
-from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.batching.stats import EngineStats, NullStats
+from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
+from consumer.model.baselines import BaselineRun, PlainModel, plain_loop, sorted_offline
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
@@ -55,6 +78,8 @@ from consumer.model.torch_backend import configure_threads, describe_runner
 __all__ = ["EngineBenchOptions", "run_engine_bench"]
 
 STRATEGIES = ("single", "fixed", "bucketed")
+BASELINES = ("plain_loop", "sorted_offline", "runner_loop")
+"""Backlog-only references (see the module docstring); any of them may join ``strategies``."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,9 @@ class EngineBenchOptions:
     rounds: int = 1
     batch_overhead_tokens: int | None = None
     seed: int = 0
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = STRATEGIES + BASELINES
+    backend: str = "torch"
+    quantize: str = "none"
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -173,6 +200,7 @@ class _Strategy:
             runner, tokenizer, config, self.collect, stats=self.stats, warmup=warmup
         )
         self.backlog_s = 0.0
+        self.backlog_cpu_s = 0.0
         self.backlog_items = 0
         self.failed = 0
 
@@ -181,12 +209,14 @@ class _Strategy:
         self.runner.stats = self.stats
         self.collect.reset(len(texts))
         t0 = time.monotonic()
+        cpu0 = time.process_time()
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
             await self.engine.submit(
                 [InferenceItem(start + i, t, arrival_s=t0) for i, t in enumerate(part)]
             )
         await self.collect.all_done.wait()
+        self.backlog_cpu_s += time.process_time() - cpu0
         self.backlog_s += max(self.collect.done_at.values()) - t0
         self.backlog_items += len(texts)
         self.failed += sum(1 for o in self.collect.outcomes.values() if o.status != "ok")
@@ -215,6 +245,7 @@ class _Strategy:
         ]
         paced_s = max(self.collect.done_at.values(), default=t1) - t1
         batch_ms = list(s.infer_ms)[batches:]
+        backlog_ms = list(s.infer_ms)[:batches]
         paced_sizes = list(s.batch_sizes)[batches:]
         span = self.backlog_s
         return {
@@ -224,6 +255,7 @@ class _Strategy:
             "p50_ms": round(_percentile(latencies, 50), 1),
             "p99_ms": round(_percentile(latencies, 99), 1),
             "backlog_s": round(span, 2),
+            "cpu_ms_per_seq": round(1000.0 * self.backlog_cpu_s / self.backlog_items, 2),
             "backlog_batches": batches,
             "backlog_mean_batch_size": round(self.backlog_items / max(batches, 1), 1),
             "padded_tokens_per_s": round(padded / span, 1),
@@ -233,6 +265,7 @@ class _Strategy:
             "paced_model_busy_fraction": (
                 round(sum(batch_ms) / 1000.0 / paced_s, 3) if paced_s > 0 else 0.0
             ),
+            "backlog_batch_ms_p50": round(_percentile(backlog_ms, 50), 2),
             "batch_ms_p50": round(_percentile(batch_ms, 50), 1),
             "batch_ms_p99": round(_percentile(batch_ms, 99), 1),
             "batch_ms_max": round(max(batch_ms, default=float("nan")), 1),
@@ -240,14 +273,145 @@ class _Strategy:
         }
 
 
+def _runner_loop(runner: ModelRunner, tokenizer: HFTokenizer, texts: Sequence[str]) -> BaselineRun:
+    """kbatch's tokenizer and runner on one text at a time, in a plain loop (no engine)."""
+    runner.stats = NullStats()
+    times: list[float] = []
+    real = 0
+    t0 = time.perf_counter()
+    for i, text in enumerate(texts):
+        (tok,) = tokenizer.tokenize([InferenceItem(i, text)])
+        if not isinstance(tok, TokenizedItem):
+            continue
+        (run,) = runner.run(Batch([tok], tok.n_tokens, 0.0))
+        times.append(run.infer_ms)
+        real += tok.n_tokens
+    return BaselineRun(len(texts), time.perf_counter() - t0, real, real, len(times), tuple(times))
+
+
+class _Baselines:
+    """The backlog-only references of ``names``, accumulated over the rounds."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        opts: EngineBenchOptions,
+        runner: ModelRunner,
+        tokenizer: HFTokenizer,
+        config: BatchPolicyConfig,
+    ) -> None:
+        self.names = [n for n in BASELINES if n in names]
+        self.runner, self.tokenizer, self.config = runner, tokenizer, config
+        plain = {"plain_loop", "sorted_offline"} & set(self.names)
+        if plain and runner.task != "embed":
+            raise ValueError(f"{sorted(plain)} need an embed model")
+        self.plain = None
+        if plain:  # on a GPU in the engine's dtype, as a user would cast it
+            device = str(describe_runner(runner).get("device", "cpu"))
+            self.plain = PlainModel(
+                opts.model_dir, runner.max_length, device=device, dtype=opts.autocast
+            )
+        self.runs: dict[str, list[BaselineRun]] = {n: [] for n in self.names}
+        self.cpu_s: dict[str, float] = dict.fromkeys(self.names, 0.0)
+
+    def run(self, texts: Sequence[str]) -> None:
+        """One backlog slice through every baseline (blocking: nothing else runs meanwhile)."""
+        for name in self.names:
+            cpu0 = time.process_time()
+            if name == "runner_loop":
+                result = _runner_loop(self.runner, self.tokenizer, texts)
+            elif name == "plain_loop":
+                assert self.plain is not None
+                result = plain_loop(self.plain, texts)
+            else:
+                assert self.plain is not None
+                result = sorted_offline(
+                    self.plain,
+                    texts,
+                    max_batch_tokens=self.config.max_batch_tokens,
+                    max_batch_size=self.config.max_batch_size,
+                )
+            self.runs[name].append(result)
+            self.cpu_s[name] += time.process_time() - cpu0
+
+    def paced(self, paced: list[tuple[float, str]]) -> list[float]:
+        """``runner_loop`` at the paced phase's arrival times (a plain loop that sleeps until
+        each arrival, then tokenizes and runs it): its per-batch ms, for comparison with
+        ``single``'s ``batch_ms_p50`` after the same idle gaps. Empty without runner_loop."""
+        if "runner_loop" not in self.names:
+            return []
+        self.runner.stats = NullStats()
+        times: list[float] = []
+        t1 = time.monotonic()
+        for i, (offset, text) in enumerate(paced):
+            delay = t1 + offset - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            (tok,) = self.tokenizer.tokenize([InferenceItem(i, text)])
+            if isinstance(tok, TokenizedItem):
+                (run,) = self.runner.run(Batch([tok], tok.n_tokens, 0.0))
+                times.append(run.infer_ms)
+        return times
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per baseline: ``seq_per_s``, ``tokens_per_s``, ``padding_efficiency``,
+        ``backlog_s``, ``backlog_batches`` and ``backlog_batch_ms_p50``/``_p99``."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, runs in self.runs.items():
+            span = sum(r.seconds for r in runs)
+            real = sum(r.real_tokens for r in runs)
+            padded = sum(r.padded_tokens for r in runs)
+            ms = [m for r in runs for m in r.batch_ms]
+            out[name] = {
+                "seq_per_s": round(sum(r.texts for r in runs) / span, 1),
+                "tokens_per_s": round(real / span, 1),
+                "padding_efficiency": round(real / padded, 4) if padded else 1.0,
+                "backlog_s": round(span, 2),
+                "cpu_ms_per_seq": round(1000.0 * self.cpu_s[name] / sum(r.texts for r in runs), 2),
+                "backlog_batches": sum(r.batches for r in runs),
+                "backlog_batch_ms_p50": round(_percentile(ms, 50), 2),
+                "backlog_batch_ms_p99": round(_percentile(ms, 99), 2),
+            }
+        return out
+
+
+RATIOS: tuple[tuple[str, str, str, str], ...] = (
+    ("ratio_bucketed_vs_single", "bucketed", "single", "seq_per_s"),
+    ("ratio_bucketed_vs_fixed", "bucketed", "fixed", "seq_per_s"),
+    ("ratio_single_vs_plain_loop", "single", "plain_loop", "seq_per_s"),
+    ("ratio_bucketed_vs_plain_loop", "bucketed", "plain_loop", "seq_per_s"),
+    ("ratio_bucketed_vs_sorted_offline", "bucketed", "sorted_offline", "seq_per_s"),
+    ("ratio_single_batch_ms_vs_runner_loop", "single", "runner_loop", "backlog_batch_ms_p50"),
+)
+_PACED_RATIO = "ratio_single_paced_batch_ms_vs_runner_loop"
+"""``single``'s paced ``batch_ms_p50`` / ``runner_loop``'s ``paced_batch_ms_p50``: the model
+time of a batch of one after the same idle gaps, inside the engine and in a plain loop."""
+"""(report key, numerator, denominator, figure): each ratio present when both sides ran."""
+
+
+def ratios(report: dict[str, Any]) -> dict[str, float]:
+    """The :data:`RATIOS` whose two sides are in ``report``, rounded to 2 (3 for batch ms)."""
+    out: dict[str, float] = {}
+    for key, num, den, figure in RATIOS:
+        a, b = report.get(num), report.get(den)
+        if isinstance(a, dict) and isinstance(b, dict) and b.get(figure):
+            out[key] = round(a[figure] / b[figure], 3 if "batch_ms" in key else 2)
+    single, loop = report.get("single"), report.get("runner_loop")
+    if isinstance(single, dict) and isinstance(loop, dict) and loop.get("paced_batch_ms_p50"):
+        out[_PACED_RATIO] = round(single["batch_ms_p50"] / loop["paced_batch_ms_p50"], 3)
+    return out
+
+
 async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-able report (see the module docstring).
 
     Raises ``ValueError`` for an unknown strategy or too few texts.
     """
-    unknown = set(opts.strategies) - set(STRATEGIES)
+    unknown = set(opts.strategies) - set(STRATEGIES) - set(BASELINES)
     if unknown or "bucketed" not in opts.strategies:
-        raise ValueError(f"strategies must include 'bucketed' and be among {STRATEGIES}")
+        raise ValueError(
+            f"strategies must include 'bucketed' and be among {STRATEGIES + BASELINES}"
+        )
     if not opts.texts:
         raise ValueError("no texts")
     threads = configure_threads(opts.threads)
@@ -255,6 +419,9 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         opts.model_dir,
         device=opts.device,
         autocast=opts.autocast,  # type: ignore[arg-type]
+        backend=opts.backend,  # type: ignore[arg-type]
+        quantize=opts.quantize,  # type: ignore[arg-type]
+        threads=threads,
     )
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     info = describe_runner(runner)
@@ -264,7 +431,8 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
     warmup: WarmupMode = "all" if cuda else "largest"
 
     # One engine per strategy (one shared runner); the warm-up runs once, up front.
-    order = ["bucketed", *[n for n in opts.strategies if n != "bucketed"]]
+    order = ["bucketed", *[n for n in opts.strategies if n in STRATEGIES and n != "bucketed"]]
+    baselines = _Baselines(opts.strategies, opts, runner, tokenizer, configs["bucketed"])
     strategies = {
         n: _Strategy(runner, tokenizer, configs[n], warmup if n == "bucketed" else "none")
         for n in order
@@ -272,6 +440,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
     for n in order:
         await strategies[n].engine.start()
     report: dict[str, Any] = {}
+    load_start = [round(x, 2) for x in os.getloadavg()]
     try:
         # Backlog rounds, interleaved: a noisy neighbour on a shared machine slows every
         # strategy alike instead of one of them.
@@ -279,6 +448,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         for lo, hi in itertools.pairwise(bounds):
             for n in order:
                 await strategies[n].backlog(texts[lo:hi], opts.chunk)
+            baselines.run(texts[lo:hi])
         # Paced phase: the same Poisson arrivals for every strategy, by default at half the
         # single strategy's throughput (see the module docstring).
         if "single" in strategies:
@@ -290,17 +460,16 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         paced = poisson_arrivals(texts, rate, opts.seconds, opts.seed + 1)
         for n in order:
             report[n] = await strategies[n].paced(paced)
+        paced_ms = baselines.paced(paced)
     finally:
         for st in strategies.values():
             await st.engine.stop()
 
+    report.update(baselines.report())
+    if paced_ms:
+        report["runner_loop"]["paced_batch_ms_p50"] = round(_percentile(paced_ms, 50), 2)
+    report.update(ratios(report))
     b = report["bucketed"]
-    if "single" in report:
-        report["ratio_bucketed_vs_single"] = round(
-            b["seq_per_s"] / report["single"]["seq_per_s"], 2
-        )
-    if "fixed" in report:
-        report["ratio_bucketed_vs_fixed"] = round(b["seq_per_s"] / report["fixed"]["seq_per_s"], 2)
     # The issue's bound: max wait + two batch times (the batch running when an item's bucket
     # flushes, then its own). As a worst case it takes the longest batch of the paced phase;
     # the stricter variant takes the p99 batch time instead.
@@ -337,6 +506,11 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         "bucketed_batch_overhead_tokens": configs["bucketed"].batch_overhead_tokens,
         "fixed_batch_size": opts.fixed_batch_size,
         "torch_threads": threads,
+        "backend": opts.backend,
+        "quantize": opts.quantize,
+        "baselines": baselines.names,
+        "loadavg_1_5_15_start": load_start,
+        "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
         **info,
     }
     return report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from consumer.cli.backfill import backfill_command
@@ -30,6 +32,21 @@ cli.add_command(demo_command)
 cli.add_command(topics_group)
 
 
+THREAD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Set for the process (and the processes it starts) unless the environment already says.
+
+``OMP_WAIT_POLICY=PASSIVE``: torch's OpenMP threads sleep at the end of a parallel region
+instead of spin-waiting. With the event loop, the tokenizer thread, Kafka I/O or another
+process wanting the same cores, spinning threads take the CPU from the thread a parallel region
+is waiting for: measured on the 2-core machine under load (MiniLM, a batch of one, 2 torch
+threads), 505-546 ms wall and 180-238 ms CPU per text with the default policy against
+42-45 ms wall and 18 ms CPU with PASSIVE (BENCHMARKS.md §Model path). libgomp reads it once,
+when torch loads, so it is set here, before anything imports torch. ONNX Runtime gets the same
+from its session options (``session.intra_op.allow_spinning=0``)."""
+
+
 def main() -> None:
     """Entry point of the ``kbatch`` console script."""
+    for name, value in THREAD_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     cli()

@@ -28,6 +28,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         raise click.UsageError(str(err)) from err
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import RangeSourceError, RangeSpecError
+    from consumer.model.errors import LossyBackendError
     from consumer.model.loader import resolve_model
     from consumer.model.prompts import resolve_default_prompt
     from consumer.options import OptionError
@@ -41,7 +42,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))
     except (RangeSpecError, OptionError) as err:
         raise click.UsageError(str(err)) from err
-    except (RangeSourceError, FileNotFoundError) as err:
+    except (RangeSourceError, FileNotFoundError, LossyBackendError) as err:
         raise click.ClickException(str(err)) from err
     sys.exit(code)
 

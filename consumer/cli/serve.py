@@ -45,7 +45,13 @@ def _serve(config: Path | None, **flags: Any) -> None:
         from consumer.replicas import supervise
 
         sys.exit(asyncio.run(supervise(settings)))
-    sys.exit(asyncio.run(serve(settings)))
+    from consumer.model.errors import LossyBackendError
+
+    try:
+        code = asyncio.run(serve(settings))
+    except LossyBackendError as err:  # the start-up quality gate (consumer/model/quality.py)
+        raise click.ClickException(str(err)) from err
+    sys.exit(code)
 
 
 serve_command = click.Command(

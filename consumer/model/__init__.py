@@ -1,4 +1,5 @@
-"""The model layer: the only package that imports torch and transformers.
+"""The model layer: the only package that imports torch, transformers, ONNX Runtime and
+sentence-transformers.
 
 =======================  ==========================================================================
 module                   what is there
@@ -12,7 +13,11 @@ module                   what is there
                          that sleeps a device's time per batch and answers unit vectors
 ``tokenize``             the fast tokenizer stage (and the word-count stand-in of ``noop``)
 ``loader``               the one loader of serve, backfill and the benches: ``resolve_model``,
-                         ``load_model``, ``load_runner``
+                         ``load_model``, ``load_runner`` (``--backend``, ``--quantize``, the gate)
+``onnx_backend``         ``--backend onnx``: the export cache (:func:`ensure_onnx`) and
+                         :class:`OrtNetwork`, an ORT session inside :class:`TorchBackend`
+``quality``              the quality gate against torch fp32 (start-up and ``bench quality``)
+``baselines``            plain transformers without kbatch: the benches' honest baselines
 ``errors``               the layer's error tree (``ModelError``), torch's OOM translated at the edge
 =======================  ==========================================================================
 """

@@ -5,6 +5,8 @@
     ModelError                      base of what consumer.model raises
      ├── ModelNotFoundError         --model names no model directory (also a FileNotFoundError);
      │                              not retriable
+     ├── LossyBackendError          the backend/precision failed the start-up quality gate
+     │                              (consumer.model.quality); not retriable: --allow-lossy
      └── DeviceOutOfMemoryError     the device cannot hold a batch of this shape (also a
           │                         MemoryError); retriable with a smaller batch: the runner
           │                         splits it, the engine's warm-up lowers the token budget
@@ -29,6 +31,7 @@ from typing import ClassVar
 __all__ = [
     "DeviceOutOfMemoryError",
     "FakeOOMError",
+    "LossyBackendError",
     "ModelError",
     "ModelNotFoundError",
     "map_device_errors",
@@ -43,6 +46,11 @@ class ModelError(Exception):
 
 class ModelNotFoundError(ModelError, FileNotFoundError):
     """``--model`` is neither a known alias nor a ``save_pretrained`` directory."""
+
+
+class LossyBackendError(ModelError):
+    """A backend or precision answers too far from torch fp32 on the start-up probe texts
+    (:func:`consumer.model.quality.check_gate`); ``--allow-lossy`` serves it anyway."""
 
 
 class DeviceOutOfMemoryError(ModelError, MemoryError):

@@ -22,7 +22,7 @@ from consumer.batching.stats import StatsSink
 from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
-from consumer.model.protocol import AutocastName, Task
+from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
 from consumer.model.sim_backend import SimBackend, parse_sim
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
@@ -114,12 +114,17 @@ def load_model(
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import configure_threads, default_device
 
-    configure_threads(settings.torch_threads)
+    threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
     prompts, default_prompt = resolve_default_prompt(
         model_dir, settings.task, settings.default_prompt_name
     )
     device = default_device() if settings.device == "auto" else settings.device
+    if settings.backend == "onnx":
+        device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
+    autocast: AutocastName | None = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}[
+        settings.dtype
+    ]
     runner: ModelRunner
     if settings.model == NOOP_MODEL:
         from consumer.model.protocol import FakeBackend
@@ -137,11 +142,14 @@ def load_model(
             model_dir,
             task=settings.task,
             device=device,
-            autocast={"float32": None, "bfloat16": "bf16", "float16": "fp16"}[settings.dtype],
+            autocast=autocast,
             max_length=max_length,
             stats=stats,
             name=info.name,
             revision=info.revision,
+            backend=settings.backend,
+            quantize=settings.quantize,
+            threads=threads,
         )
     tokenizer: TokenizerLike
     if settings.model == NOOP_MODEL:
@@ -157,7 +165,36 @@ def load_model(
         prompts=prompts,
         default_prompt_name=default_prompt,
     )
+    cuda_autocast = autocast is not None and device.startswith("cuda")
+    lossy_path = settings.backend != "torch" or settings.quantize != "none" or cuda_autocast
+    if lossy_path and settings.model != NOOP_MODEL and parse_sim(settings.model) is None:
+        _quality_gate(runner, tokenizer, model_dir, settings, device)
     return LoadedModel(runner, tokenizer, info, device, profile)
+
+
+def _quality_gate(
+    runner: ModelRunner,
+    tokenizer: TokenizerLike,
+    model_dir: Path,
+    settings: ModelSettings,
+    device: str,
+) -> None:
+    """Compare ``runner`` with the same model in torch fp32 on the probe texts
+    (:func:`consumer.model.quality.probe_gate`); raises ``LossyBackendError``."""
+    from consumer.model.quality import probe_gate
+
+    reference = load_runner(
+        model_dir, task=runner.task, device=device, max_length=runner.max_length
+    )
+    what = f"--backend {settings.backend} --quantize {settings.quantize} --dtype {settings.dtype}"
+    probe_gate(
+        runner,
+        reference,
+        tokenizer,
+        what=what,
+        reduced_precision=settings.quantize != "none" or settings.dtype != "float32",
+        allow_lossy=settings.allow_lossy,
+    )
 
 
 def _detect_task(model_dir: Path) -> Task:
@@ -179,6 +216,9 @@ def load_runner(
     stats: StatsSink | None = None,
     name: str | None = None,
     revision: str | None = None,
+    backend: BackendName = "torch",
+    quantize: Quantize = "none",
+    threads: int | None = None,
 ) -> ModelRunner:
     """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
 
@@ -193,11 +233,17 @@ def load_runner(
         max_length: default :func:`consumer.model.tokenize.read_max_length`.
         stats: counters sink for the runner.
         name / revision: default the directory name / ``None``.
+        backend: ``torch`` (eager) or ``onnx`` (ONNX Runtime on the CPU, exported once into
+            the cache: :mod:`consumer.model.onnx_backend`).
+        quantize: ``int8`` (ORT dynamic int8; ``onnx`` only) or ``none``.
+        threads: ORT intra-op threads (default: torch's thread count).
 
     Raises:
-        OSError / ValueError: from transformers when the directory is not a model.
+        OSError / ValueError: from transformers when the directory is not a model;
+            ``ValueError`` for ``onnx`` on a non-CPU device or ``int8`` without ``onnx``.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from consumer.model.tokenize import read_max_length
@@ -207,12 +253,28 @@ def load_runner(
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     task = task or _detect_task(path)
     dev = device or default_device()
-    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
-    model = cls.from_pretrained(str(path))
-    model.eval().to(dev)
-    cfg = model.config
+    model: torch.nn.Module
+    if backend == "onnx":
+        from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
+
+        if torch.device(dev).type != "cpu":
+            raise ValueError(f"--backend onnx runs on the CPU, not on {dev}")
+        onnx_path = ensure_onnx(path, task, quantize)
+        cfg = AutoConfig.from_pretrained(str(path))
+        model = OrtNetwork(onnx_path, task, cfg, threads or torch.get_num_threads())
+    else:
+        if quantize != "none":
+            raise ValueError(f"--quantize {quantize} needs --backend onnx")
+        cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
+        model = cls.from_pretrained(str(path))
+        model.eval().to(dev)
+        if autocast is not None and torch.device(dev).type == "cuda":
+            # Weights in the autocast dtype: no per-op casts of fp32 weights (pooling and
+            # softmax still run in fp32; the start-up gate compares with fp32).
+            model.to(torch.bfloat16 if autocast == "bf16" else torch.float16)
+        cfg = model.config
     pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
-    backend = TorchBackend(
+    net_backend = TorchBackend(
         model,
         task,
         max_length=max_length or read_max_length(path),
@@ -222,9 +284,9 @@ def load_runner(
         autocast=autocast,
         name=name or path.name,
         revision=revision,
-        warmup_token_id=warmup_token_id(path, model.get_input_embeddings().num_embeddings),
+        warmup_token_id=warmup_token_id(path, int(cfg.vocab_size)),
     )
-    return ModelRunner(backend, stats=stats)
+    return ModelRunner(net_backend, stats=stats)
 
 
 WARMUP_TEXT = "warm up the model"

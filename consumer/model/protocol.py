@@ -15,13 +15,27 @@ from typing import Any, Literal, Protocol
 from consumer.batching.types import TokenizedItem
 from consumer.model.errors import FakeOOMError
 
-__all__ = ["AutocastName", "FakeBackend", "FakeOOMError", "ModelBackend", "Task"]
+__all__ = [
+    "AutocastName",
+    "BackendName",
+    "FakeBackend",
+    "FakeOOMError",
+    "ModelBackend",
+    "Quantize",
+    "Task",
+]
 
 Task = Literal["embed", "classify"]
 """What a model computes: ``embed`` (a vector) or ``classify`` (labels and scores)."""
 
 AutocastName = Literal["bf16", "fp16"]
 """A CUDA autocast dtype (``--dtype bfloat16`` / ``float16``)."""
+
+BackendName = Literal["torch", "onnx"]
+"""What runs the network (``--backend``): torch eager, or ONNX Runtime on the CPU."""
+
+Quantize = Literal["none", "int8"]
+"""``--quantize``: ``none`` (the model's own precision) or ``int8`` (ORT dynamic int8)."""
 
 
 class ModelBackend(Protocol):

@@ -10,8 +10,9 @@
 - ``classify``: ``AutoModelForSequenceClassification``, softmax over ``config.id2label``.
 
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
-changes an answer. On CUDA: optional bf16/fp16 autocast, pinned host buffers, non-blocking
-copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
+changes an answer. On CUDA: bf16/fp16 weights and autocast (``--dtype``; the start-up quality
+gate checks them against fp32), reused pinned host buffers (:class:`_PinnedStaging`),
+non-blocking copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
 An out-of-memory error leaves :meth:`TorchBackend.forward` and :meth:`TorchBackend.warmup` as
 :class:`consumer.model.errors.DeviceOutOfMemoryError`.
 
@@ -24,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,45 @@ def configure_threads(num_threads: int | None = None) -> int:
     return n
 
 
+class _PinnedStaging:
+    """Reusable pinned host buffers for host→device copies on CUDA, used in turn.
+
+    ``Tensor.pin_memory()`` per batch allocates page-locked memory each time (a
+    ``cudaHostAlloc``, slower than the copy it serves); here ``slots`` buffers grow to the
+    largest batch seen and are reused. A buffer is rewritten only after the copy that last
+    read it has finished (a CUDA event per buffer), so a batch prepared one ahead never
+    overwrites one still in flight. One batch's ids and mask travel in one ``(2, n, L)`` copy.
+    """
+
+    def __init__(self, device: torch.device, slots: int = 3) -> None:
+        self.device = device
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._events: list[Any] = [None] * slots
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def to_device(self, a: np.ndarray[Any, Any]) -> torch.Tensor:
+        """Copy int64 ``a`` to the device without blocking; returns the device tensor."""
+        with self._lock:
+            k = self._next
+            self._next = (k + 1) % len(self._buffers)
+        event = self._events[k]
+        if event is not None:
+            event.synchronize()  # the previous copy out of this buffer is done
+        buf = self._buffers[k]
+        if buf is None or buf.numel() < a.size:
+            buf = torch.empty(max(a.size, 2 * (buf.numel() if buf is not None else 0)),
+                              dtype=torch.int64, pin_memory=True)  # fmt: skip
+            self._buffers[k] = buf
+        staged = buf[: a.size].view(a.shape)
+        staged.numpy()[...] = a
+        out = staged.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(self.device))
+        self._events[k] = event
+        return out
+
+
 @dataclass(slots=True)
 class _Prepared:
     ids: torch.Tensor  # (n, padded_len) int64, on the device
@@ -174,6 +215,7 @@ class TorchBackend:
         self.revision = revision
         self.cuda = self.device.type == "cuda"
         self.prefetch = self.cuda
+        self._staging = _PinnedStaging(self.device) if self.cuda else None
         self.autocast_dtype: torch.dtype | None = None
         if autocast is not None and self.cuda:
             self.autocast_dtype = torch.bfloat16 if autocast == "bf16" else torch.float16
@@ -193,14 +235,17 @@ class TorchBackend:
         copy them to the device without blocking. Raises ``ValueError`` for an item longer
         than ``padded_len``."""
         n = len(items)
-        ids = np.full((n, padded_len), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((n, padded_len), dtype=np.int64)
+        both = np.zeros((2, n, padded_len), dtype=np.int64)  # [0] ids, [1] mask
+        ids, mask = both[0], both[1]
+        if self.pad_token_id:
+            ids.fill(self.pad_token_id)
         for i, t in enumerate(items):
             if t.n_tokens > padded_len:
                 raise ValueError(f"item of {t.n_tokens} tokens > padded_len {padded_len}")
             ids[i, : t.n_tokens] = t.input_ids
             mask[i, : t.n_tokens] = 1
-        return _Prepared(self._to_device(ids), self._to_device(mask))
+        on_device = self._to_device(both)
+        return _Prepared(on_device[0], on_device[1])
 
     def forward(self, prepared: object) -> list[dict[str, Any]]:
         """Compute a batch from :meth:`prepare`; one contract ``result`` map per row."""
@@ -237,10 +282,11 @@ class TorchBackend:
         synchronises so an out-of-memory error shows here. Every token is
         ``warmup_token_id`` (a real token of the model's own vocabulary: a fixed id such as
         1000 is out of range for a small vocabulary, e.g. ESM-2's 33 tokens)."""
-        ids = np.full((batch_size, seq_len), self.warmup_token_id, dtype=np.int64)
-        mask = np.ones((batch_size, seq_len), dtype=np.int64)
+        both = np.ones((2, batch_size, seq_len), dtype=np.int64)  # [0] ids, [1] mask
+        both[0] = self.warmup_token_id
         with map_device_errors():
-            self.forward(_Prepared(self._to_device(ids), self._to_device(mask)))
+            on_device = self._to_device(both)
+            self.forward(_Prepared(on_device[0], on_device[1]))
             if self.cuda:
                 torch.cuda.synchronize(self.device)
 
@@ -257,10 +303,9 @@ class TorchBackend:
     # -- internals -----------------------------------------------------------------------
 
     def _to_device(self, a: np.ndarray[Any, Any]) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        if not self.cuda:
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        if self._staging is None:
+            return torch.from_numpy(a)
+        return self._staging.to_device(a)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:

@@ -70,6 +70,8 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
     assert ratios(report) == {
         "ratio_kbatch_vs_naive": 3.0,
         "ratio_kbatch_vs_engine": 0.96,
+        "ratio_kbatch_onnx_vs_kbatch": None,
+        "ratio_kbatch_onnx_vs_naive": None,
         "ratio_passthrough_vs_raw": None,
     }
 
@@ -177,3 +179,23 @@ def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
     result = CliRunner().invoke(cli, ["bench", "e2e", *args, "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_naive_worker_answers_a_valid_reply_with_plain_transformers(
+    tiny_embed_dir: Path,
+) -> None:
+    from aiokafka.structs import ConsumerRecord
+
+    from consumer.bench.e2e_workers import _naive_scorer
+
+    ((key, value, headers),) = prefill_records(["a plain text"], "bench.replies", "n")
+    record = ConsumerRecord("t", 0, 0, 0, 0, key, value, None, len(key), len(value), tuple(headers))
+    out = _naive_scorer(tiny_embed_dir, threads=1)(record)
+    assert out is not None and out.key == key
+    reply = decode_reply(out.value, Encoding.MSGPACK)
+    assert reply.status == "ok"
+    embedding = reply.result.embedding  # type: ignore[union-attr]
+    assert len(embedding) == 32 and math.isclose(sum(x * x for x in embedding), 1.0, rel_tol=1e-4)
+    got = dict(out.headers)
+    assert got[H.CORRELATION_ID] == dict(headers)[H.CORRELATION_ID]
+    assert got[H.STATUS] == b"ok"

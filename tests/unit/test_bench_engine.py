@@ -57,6 +57,68 @@ def test_bench_engine_json_reports_every_strategy_and_the_bound(
     assert report["bucketed"]["paced_model_busy_fraction"] >= 0.0
 
 
+def test_bench_engine_baselines_and_their_ratios(tiny_embed_dir: Path, tmp_path: Path) -> None:
+    texts = _texts(tmp_path / "texts.txt")
+    args = f"bench engine --n 60 --seconds 0.3 --threads 1 --json --texts {texts}".split()
+    result = CliRunner().invoke(
+        cli,
+        [*args, "--model", str(tiny_embed_dir), "--strategies",
+         "single,plain_loop,sorted_offline,runner_loop", "--max-batch-tokens", "256"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert "fixed" not in report and "ratio_bucketed_vs_fixed" not in report
+    plain, offline, loop = report["plain_loop"], report["sorted_offline"], report["runner_loop"]
+    assert plain["backlog_batches"] == 60 and loop["backlog_batches"] == 60
+    assert plain["padding_efficiency"] == 1.0
+    # Sorted by length, cut by the same budget: padding only between neighbours in length,
+    # and never more than the budget per batch.
+    assert offline["padding_efficiency"] >= report["bucketed"]["padding_efficiency"] - 0.05
+    assert offline["backlog_batches"] >= 60 * 10 // 256
+    for key, num, den, figure in (
+        ("ratio_single_vs_plain_loop", "single", "plain_loop", "seq_per_s"),
+        ("ratio_bucketed_vs_sorted_offline", "bucketed", "sorted_offline", "seq_per_s"),
+        ("ratio_bucketed_vs_plain_loop", "bucketed", "plain_loop", "seq_per_s"),
+        ("ratio_single_batch_ms_vs_runner_loop", "single", "runner_loop", "backlog_batch_ms_p50"),
+    ):
+        digits = 3 if "batch_ms" in key else 2
+        assert report[key] == round(report[num][figure] / report[den][figure], digits), key
+    assert report["ratio_single_paced_batch_ms_vs_runner_loop"] == round(
+        report["single"]["batch_ms_p50"] / loop["paced_batch_ms_p50"], 3
+    )
+    assert report["setup"]["baselines"] == ["plain_loop", "sorted_offline", "runner_loop"]
+    assert report["setup"]["backend"] == "torch"
+
+
+def test_sorted_offline_cuts_sorted_batches_under_the_budget(tiny_embed_dir: Path) -> None:
+    from consumer.model.baselines import PlainModel, sorted_offline
+
+    model = PlainModel(tiny_embed_dir, max_length=64)
+    texts = ["word " * n for n in (30, 1, 12, 5, 30, 2, 8)]
+    run = sorted_offline(model, texts, max_batch_tokens=64, max_batch_size=3)
+    lengths = model.lengths(texts)
+    assert run.real_tokens == sum(lengths)
+    assert run.padded_tokens >= run.real_tokens
+    assert run.batches == len(run.batch_ms) >= 3  # 7 texts, at most 3 per batch
+    # Each batch's padded size stays within the budget: rows × its longest ≤ 64.
+    assert run.padded_tokens <= 64 * run.batches
+
+
+def test_plain_model_matches_kbatch_embeddings(tiny_embed_dir: Path) -> None:
+    from consumer.model.baselines import PlainModel
+    from consumer.model.loader import load_runner
+    from consumer.model.quality import compare_results, score_texts
+    from consumer.model.tokenize import HFTokenizer
+
+    texts = ["a", "the plot was slow but the ending was great", "meh"]
+    plain = PlainModel(tiny_embed_dir, max_length=64).embed(texts)
+    runner = load_runner(tiny_embed_dir, device="cpu")
+    ours = score_texts(runner, HFTokenizer(tiny_embed_dir, max_length=64), texts)
+    theirs = [{"embedding": row.tolist()} for row in plain]
+    assert compare_results(ours, theirs).min_cosine > 0.99999
+
+
 def test_bench_engine_rejects_an_unknown_strategy(tiny_embed_dir: Path, tmp_path: Path) -> None:
     texts = _texts(tmp_path / "t.txt", 5)
     args = f"bench engine --texts {texts} --strategies single,bogus".split()

@@ -22,6 +22,8 @@ ONLY_UNDER = {
     "aiokafka": ("consumer/kafka", "producer_tools", "consumer/bench"),
     "torch": ("consumer/model",),
     "transformers": ("consumer/model",),
+    "onnxruntime": ("consumer/model",),
+    "sentence_transformers": ("consumer/model",),
 }
 
 

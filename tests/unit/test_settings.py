@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import click
@@ -185,3 +186,23 @@ def test_environment_names_stay_flat(monkeypatch: pytest.MonkeyPatch) -> None:
         60_000,
         "h:9",
     )
+
+
+def test_kbatch_main_sets_passive_omp_waits_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Spin-waiting OpenMP threads took the cores from the threads a parallel region waited
+    # for: 10x slower batches of one under load (BENCHMARKS.md §Model path).
+    import sys
+
+    from consumer import cli
+
+    monkeypatch.setattr(sys, "argv", ["kbatch", "--help"])
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
