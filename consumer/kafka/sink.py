@@ -9,6 +9,16 @@ One way in: :meth:`KafkaSink.send` queues a batch of records at once (a single r
 batch of one) and returns one future each: no task, timeout context or retry set-up per record
 on the path where nothing fails (~10 µs per record instead of ~40 µs); a record that fails
 retriably is handed to a retry task of its own.
+
+The records of one ``send`` whose topic's partitions the producer already knows are built into
+aiokafka record batches directly (``create_batch``/``send_batch``: one batch per topic and
+partition, a full batch starts the next), the partition chosen by :func:`partition_by_key` as
+the producer's own ``send`` would (≈ 3 µs per record instead of ≈ 19 µs); the batch's one
+future acknowledges each of its records. Idempotence holds: aiokafka numbers a batch's
+sequence when its sender takes the batch, however it was queued. The rest — a topic without
+metadata yet, a null key (a random partition), a value over :data:`BATCH_VALUE_LIMIT` — take
+the producer's ``send`` as before. Order is kept per partition within one ``send`` on the
+batched path; a record that falls back may overtake or trail the batch of its partition.
 """
 
 from __future__ import annotations
@@ -31,6 +41,10 @@ from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
 
+BATCH_VALUE_LIMIT = 64 * 1024
+"""Value bytes above which a record is sent alone (``producer.send`` checks its size against
+``max_request_size``; a batch does not, and one refused record would fail its whole batch)."""
+
 
 def _retriable(err: BaseException) -> bool:
     if isinstance(err, TimeoutError | KafkaTimeoutError):
@@ -46,6 +60,16 @@ class _Waiting:
     def __init__(self) -> None:
         self.count = 0
         self.timer: asyncio.TimerHandle | None = None
+
+
+class _Batch:
+    """One aiokafka batch being filled for a topic and partition, and its records' acks."""
+
+    __slots__ = ("builder", "members")
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+        self.members: list[tuple[asyncio.Future[None], OutRecord]] = []
 
 
 class KafkaSink:
@@ -108,11 +132,37 @@ class KafkaSink:
             SinkClosedError: the sink closed before the record was acknowledged.
         """
         loop = asyncio.get_running_loop()
-        acks: list[asyncio.Future[None]] = []
+        acks: list[asyncio.Future[None]] = [loop.create_future() for _ in records]
         waiting = _Waiting()
-        for record in records:
-            ack: asyncio.Future[None] = loop.create_future()
-            acks.append(ack)
+        alone: list[tuple[asyncio.Future[None], OutRecord]] = []
+        batches: dict[tuple[str, int], _Batch] = {}
+        partitions: dict[str, tuple[int, ...] | None] = {}
+        default_topic = self._default_topic
+        for ack, record in zip(acks, records, strict=True):
+            topic = record.topic or default_topic
+            parts = partitions.get(topic, ())
+            if parts == ():
+                parts = partitions[topic] = self._known_partitions(topic)
+            partition = record.partition
+            if partition is None and parts and record.key is not None:
+                partition = partition_by_key(record.key, parts, parts)
+            if (
+                not parts
+                or partition not in parts
+                or (record.value is not None and len(record.value) > BATCH_VALUE_LIMIT)
+            ):
+                alone.append((ack, record))
+                continue
+            batch = batches.get((topic, partition))
+            if batch is None or not self._append(batch, record):
+                if batch is not None:  # full (and closed): queue it, start the next
+                    await self._submit(batch, topic, partition, waiting)
+                batch = batches[topic, partition] = _Batch(self._producer.create_batch())
+                self._append(batch, record)  # an empty batch takes any record
+            batch.members.append((ack, record))
+        for (topic, partition), batch in batches.items():
+            await self._submit(batch, topic, partition, waiting)
+        for ack, record in alone:
             try:
                 future = await self._enqueue(record)
             except Exception as err:  # DeliveryError, or what the producer raised
@@ -123,6 +173,46 @@ class KafkaSink:
         if waiting.count:
             waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, acks, records)
         return acks
+
+    def _known_partitions(self, topic: str) -> tuple[int, ...] | None:
+        """The topic's partitions (sorted, as aiokafka's partitioner sees them) when the
+        producer's metadata has them; None sends the topic's records the producer's way."""
+        found = self._producer.client.cluster.partitions_for_topic(topic)
+        return tuple(sorted(found)) if found else None
+
+    @staticmethod
+    def _append(batch: _Batch, record: OutRecord) -> bool:
+        """Add ``record`` to ``batch``; False when the batch is full (and now closed)."""
+        return (
+            batch.builder.append(
+                timestamp=None, key=record.key, value=record.value, headers=record.headers
+            )
+            is not None
+        )
+
+    async def _submit(self, batch: _Batch, topic: str, partition: int, waiting: _Waiting) -> None:
+        """Queue ``batch`` in the producer; its delivery acknowledges (or fails) each member."""
+        batch.builder.close()  # nothing but these records: ``producer.send`` appends elsewhere
+        try:
+            future: asyncio.Future[Any] = await self._producer.send_batch(
+                batch.builder, topic, partition=partition
+            )
+        except Exception as err:
+            err = self._refused(err, topic, partition)
+            for ack, record in batch.members:
+                self._settle(ack, record, err)
+            return
+        waiting.count += len(batch.members)
+        future.add_done_callback(functools.partial(self._batch_acked, batch.members, waiting))
+
+    def _batch_acked(
+        self,
+        members: list[tuple[asyncio.Future[None], OutRecord]],
+        waiting: _Waiting,
+        future: asyncio.Future[Any],
+    ) -> None:
+        for ack, record in members:
+            self._acked(ack, record, waiting, future)
 
     def _acked(
         self,
@@ -211,8 +301,16 @@ class KafkaSink:
                 partition=record.partition,
                 headers=record.headers,
             )
-        except (AssertionError, ValueError, TypeError) as err:
-            raise DeliveryError(f"cannot send to {topic}[{record.partition}]: {err}") from err
-        except UnknownTopicOrPartitionError as err:
-            raise DeliveryError(f"topic {topic} does not exist (no metadata in time)") from err
+        except Exception as err:
+            raise self._refused(err, topic, record.partition) from err
         return future
+
+    @staticmethod
+    def _refused(err: Exception, topic: str, partition: int | None) -> Exception:
+        """``err`` from queueing in the producer, as :class:`DeliveryError` where aiokafka
+        refused the record itself or the topic does not exist (see :meth:`_enqueue`)."""
+        if isinstance(err, AssertionError | ValueError | TypeError):
+            return DeliveryError(f"cannot send to {topic}[{partition}]: {err}")
+        if isinstance(err, UnknownTopicOrPartitionError):
+            return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
+        return err
