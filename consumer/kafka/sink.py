@@ -10,20 +10,25 @@ batch of one) and returns one future each: no task, timeout context or retry set
 on the path where nothing fails (~10 µs per record instead of ~40 µs); a record that fails
 retriably is handed to a retry task of its own.
 
-The records of one ``send`` whose topic's partitions the producer already knows are built into
-aiokafka record batches directly (``create_batch``/``send_batch``: one batch per topic and
-partition, a full batch starts the next), the partition chosen by :func:`partition_by_key` as
-the producer's own ``send`` would (≈ 3 µs per record instead of ≈ 19 µs); the batch's one
-future acknowledges each of its records. Idempotence holds: aiokafka numbers a batch's
-sequence when its sender takes the batch, however it was queued. The rest — a topic without
-metadata yet, a null key (a random partition), a value over :data:`BATCH_VALUE_LIMIT` — take
-the producer's ``send`` as before. Order is kept per partition within one ``send`` on the
-batched path; a record that falls back may overtake or trail the batch of its partition.
+Records whose topic's partitions the producer already knows are built into aiokafka record
+batches directly (``create_batch``/``send_batch``), the partition chosen by
+:func:`partition_by_key` as the producer's own ``send`` would (≈ 3 µs per record instead of
+≈ 19 µs); the batch's one future acknowledges each of its records. Per topic and partition the
+sink keeps a queue of batches and one task that hands them to the producer in order: the
+producer takes a partition's next batch once the one before it left for the broker, so
+everything ``send`` queued meanwhile (several calls' records) travels in one batch, as the
+producer's own accumulator would merge them; a full batch starts the next. Idempotence holds:
+aiokafka numbers a batch's sequence when its sender takes the batch, however it was queued.
+The rest — a topic without metadata yet, a null key (a random partition), a value over
+:data:`BATCH_VALUE_LIMIT` — take the producer's ``send`` as before. Order is kept per
+partition on the batched path, across calls too; a record that falls back may overtake or
+trail the batches of its partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import Sequence
@@ -62,14 +67,18 @@ class _Waiting:
         self.timer: asyncio.TimerHandle | None = None
 
 
+_Member = tuple[asyncio.Future[None], OutRecord, _Waiting]
+"""A record in a batch: its ack, itself, and the waiting count of the ``send`` it came in."""
+
+
 class _Batch:
-    """One aiokafka batch being filled for a topic and partition, and its records' acks."""
+    """One aiokafka batch being filled for a topic and partition, and its records."""
 
     __slots__ = ("builder", "members")
 
     def __init__(self, builder: Any) -> None:
         self.builder = builder
-        self.members: list[tuple[asyncio.Future[None], OutRecord]] = []
+        self.members: list[_Member] = []
 
 
 class KafkaSink:
@@ -90,6 +99,8 @@ class KafkaSink:
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
         self._handed_over: set[asyncio.Future[None]] = set()  # acks that _send_into owns
+        self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
+        self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -116,6 +127,8 @@ class KafkaSink:
     async def stop(self) -> None:
         """Flush what is buffered and close; sends still retrying give up (idempotent)."""
         self._closed = True
+        if self._flushers:  # hand the queued batches to the producer, which flushes them
+            await asyncio.wait(list(self._flushers.values()))
         await self._producer.stop()
 
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
@@ -125,7 +138,7 @@ class KafkaSink:
         A retriable failure, or no acknowledgement within ``send_timeout_ms``, hands the
         record to a retry task (exponential backoff until it is acknowledged or the sink
         closes), and its future follows that. Returns once every record is queued (it waits
-        only when the producer's buffer for a partition is full).
+        only for records that take the producer's own ``send``, see the module docstring).
 
         A record's future raises:
             DeliveryError: the record can never be delivered (bad topic, partition, size).
@@ -135,7 +148,6 @@ class KafkaSink:
         acks: list[asyncio.Future[None]] = [loop.create_future() for _ in records]
         waiting = _Waiting()
         alone: list[tuple[asyncio.Future[None], OutRecord]] = []
-        batches: dict[tuple[str, int], _Batch] = {}
         partitions: dict[str, tuple[int, ...] | None] = {}
         default_topic = self._default_topic
         for ack, record in zip(acks, records, strict=True):
@@ -153,15 +165,16 @@ class KafkaSink:
             ):
                 alone.append((ack, record))
                 continue
-            batch = batches.get((topic, partition))
-            if batch is None or not self._append(batch, record):
-                if batch is not None:  # full (and closed): queue it, start the next
-                    await self._submit(batch, topic, partition, waiting)
-                batch = batches[topic, partition] = _Batch(self._producer.create_batch())
-                self._append(batch, record)  # an empty batch takes any record
-            batch.members.append((ack, record))
-        for (topic, partition), batch in batches.items():
-            await self._submit(batch, topic, partition, waiting)
+            tp = (topic, partition)
+            queue = self._queued.get(tp)
+            if queue is None:
+                queue = self._queued[tp] = collections.deque()
+                self._flushers[tp] = asyncio.ensure_future(self._flush(tp, queue))
+            if not queue or not self._append(queue[-1], record):  # none yet, or full
+                queue.append(_Batch(self._producer.create_batch()))
+                self._append(queue[-1], record)  # an empty batch takes any record
+            queue[-1].members.append((ack, record, waiting))
+            waiting.count += 1
         for ack, record in alone:
             try:
                 future = await self._enqueue(record)
@@ -190,29 +203,41 @@ class KafkaSink:
             is not None
         )
 
-    async def _submit(self, batch: _Batch, topic: str, partition: int, waiting: _Waiting) -> None:
-        """Queue ``batch`` in the producer; its delivery acknowledges (or fails) each member."""
-        batch.builder.close()  # nothing but these records: ``producer.send`` appends elsewhere
+    async def _flush(self, tp: tuple[str, int], queue: collections.deque[_Batch]) -> None:
+        """Hand ``tp``'s queued batches to the producer in order until none is left."""
+        try:
+            while queue:
+                await self._submit(queue.popleft(), tp)
+        finally:
+            del self._queued[tp], self._flushers[tp]
+
+    async def _submit(self, batch: _Batch, tp: tuple[str, int]) -> None:
+        """Queue ``batch`` in the producer (it waits until the partition's batch before it
+        left); its delivery acknowledges (or fails) each member."""
+        batch.builder.close()  # complete: ``producer.send`` appends elsewhere, so does ``send``
+        topic, partition = tp
         try:
             future: asyncio.Future[Any] = await self._producer.send_batch(
                 batch.builder, topic, partition=partition
             )
         except Exception as err:
-            err = self._refused(err, topic, partition)
-            for ack, record in batch.members:
-                self._settle(ack, record, err)
+            refused = self._refused(err, topic, partition)
+            for ack, record, waiting in batch.members:
+                self._release(waiting)
+                self._settle(ack, record, refused)
             return
-        waiting.count += len(batch.members)
-        future.add_done_callback(functools.partial(self._batch_acked, batch.members, waiting))
+        future.add_done_callback(functools.partial(self._batch_acked, batch.members))
 
-    def _batch_acked(
-        self,
-        members: list[tuple[asyncio.Future[None], OutRecord]],
-        waiting: _Waiting,
-        future: asyncio.Future[Any],
-    ) -> None:
-        for ack, record in members:
+    def _batch_acked(self, members: list[_Member], future: asyncio.Future[Any]) -> None:
+        for ack, record, waiting in members:
             self._acked(ack, record, waiting, future)
+
+    @staticmethod
+    def _release(waiting: _Waiting) -> None:
+        """One record of a ``send`` needs its deadline no more; the last cancels the timer."""
+        waiting.count -= 1
+        if waiting.count == 0 and waiting.timer is not None:
+            waiting.timer.cancel()  # drops its references to the batch's records at once
 
     def _acked(
         self,
@@ -221,9 +246,7 @@ class KafkaSink:
         waiting: _Waiting,
         future: asyncio.Future[Any],
     ) -> None:
-        waiting.count -= 1
-        if waiting.count == 0 and waiting.timer is not None:
-            waiting.timer.cancel()  # drops its references to the batch's records at once
+        self._release(waiting)
         if ack.done() or ack in self._handed_over:
             return  # answered already, or being retried after a timeout
         if future.cancelled():

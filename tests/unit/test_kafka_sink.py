@@ -50,9 +50,13 @@ class FakeProducer:
         self.metadata: dict[str, set[int]] = {}
         self.batches: list[tuple[str, int, list[bytes | None]]] = []
         self.batch_capacity = 100
+        self.gate: asyncio.Event | None = None  # send_batch waits for it (a batch in flight)
         self.client = SimpleNamespace(
             cluster=SimpleNamespace(partitions_for_topic=self.metadata.get)
         )
+
+    async def stop(self) -> None:
+        self.batches_at_stop = list(self.batches)
 
     def create_batch(self) -> FakeBuilder:
         return FakeBuilder(self.batch_capacity)
@@ -62,6 +66,8 @@ class FakeProducer:
     ) -> asyncio.Future[None]:
         if topic in self.raise_for:
             raise self.raise_for[topic]
+        if self.gate is not None:
+            await self.gate.wait()
         assert batch.closed
         self.batches.append((topic, partition, batch.keys))
         delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -75,6 +81,12 @@ class FakeProducer:
         delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.deliveries.append(delivery)
         return delivery
+
+
+async def turns(n: int = 5) -> None:
+    """Let the sink's flusher tasks run."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def record(key: bytes, topic: str | None = None) -> OutRecord:
@@ -164,6 +176,7 @@ async def test_known_topics_go_in_one_batch_per_partition_by_key(
     producer.metadata["kbatch.replies"] = {0, 1, 2}
     keys = [b"k%d" % i for i in range(12)]
     acks = await s.send([record(k) for k in keys])
+    await turns()
     assert producer.sent == []  # nothing took the producer's per-record send
     by_partition = {p: ks for _, p, ks in producer.batches}
     assert len(producer.batches) == len(by_partition)  # one batch per partition
@@ -189,11 +202,41 @@ async def test_a_full_batch_starts_the_next_and_explicit_partitions_are_kept(
     producer.batch_capacity = 2
     records = [OutRecord(None, 1, b"k%d" % i, b"v", []) for i in range(5)]
     await s.send(records)
+    await turns()
     assert producer.batches == [
         ("kbatch.replies", 1, [b"k0", b"k1"]),
         ("kbatch.replies", 1, [b"k2", b"k3"]),
         ("kbatch.replies", 1, [b"k4"]),
     ]
+
+
+async def test_sends_queued_while_the_producer_is_busy_travel_in_one_batch(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    producer.gate = asyncio.Event()
+    first = await s.send([record(b"a")])
+    await turns()  # "a" is being handed over; the producer waits for its batch before
+    later = await s.send([record(b"b")]) + await s.send([record(b"c")])
+    producer.gate.set()
+    await turns()
+    assert producer.batches == [("kbatch.replies", 0, [b"a"]), ("kbatch.replies", 0, [b"b", b"c"])]
+    producer.deliveries[1].set_result(None)
+    await turns()
+    assert [a.done() for a in first + later] == [False, True, True]
+    producer.deliveries[0].set_result(None)
+    await asyncio.wait_for(first[0], 1)
+
+
+async def test_stop_hands_queued_batches_to_the_producer_first(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    await s.send([record(b"a")])
+    await s.stop()
+    assert producer.batches_at_stop == [("kbatch.replies", 0, [b"a"])]
 
 
 async def test_unusual_records_take_the_producers_send(
@@ -204,6 +247,7 @@ async def test_unusual_records_take_the_producers_send(
     big = OutRecord(None, None, b"big", b"x" * (BATCH_VALUE_LIMIT + 1), [])
     unknown_partition = OutRecord(None, 7, b"p7", b"v", [])
     await s.send([record(b"a"), record(None), big, unknown_partition, record(b"t", "new")])  # type: ignore[arg-type]
+    await turns()
     assert producer.batches == [("kbatch.replies", 0, [b"a"])]
     assert producer.sent == [
         ("kbatch.replies", None),
@@ -221,6 +265,7 @@ async def test_a_failed_batch_retries_each_record_and_refusals_are_delivery_erro
     producer.metadata["bad"] = {0}
     producer.raise_for["bad"] = AssertionError("Unrecognized partition")
     acks = await s.send([record(b"a"), record(b"b"), record(b"c", "bad")])
+    await turns()
     with pytest.raises(DeliveryError, match=r"cannot send to bad\[0\]"):
         await acks[2]
     producer.deliveries[0].set_exception(KafkaTimeoutError())
