@@ -128,8 +128,10 @@ class KafkaSink:
         """Flush what is buffered and close; sends still retrying give up (idempotent)."""
         self._closed = True
         if self._flushers:  # hand the queued batches to the producer, which flushes them
-            await asyncio.wait(list(self._flushers.values()))
+            await asyncio.wait(list(self._flushers.values()), timeout=self._attempt_timeout_s)
         await self._producer.stop()
+        for flusher in list(self._flushers.values()):  # the broker did not take them in time:
+            flusher.cancel()  # their records' deadline timers fail them (SinkClosedError)
 
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
