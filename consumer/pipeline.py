@@ -86,6 +86,12 @@ class EngineLike(Protocol):
     async def flush(self) -> None: ...
 
 
+FIRST_POLL_RECORDS = 64
+"""``max_records`` of the first poll after start-up or an empty poll; each non-empty poll doubles
+it up to ``poll_max_records`` (a 500-record first chunk delayed the first reply by its whole
+decode)."""
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
     """One request record between poll and broker acknowledgement."""
@@ -161,9 +167,13 @@ class Pipeline:
         """Poll, feed and commit until ``stop`` is set; then drain (see :meth:`drain`)."""
         s = self.settings
         next_commit = self._clock() + s.commit_interval_ms / 1000
+        chunk = min(FIRST_POLL_RECORDS, s.poll_max_records)
         while not stop.is_set():
             beat()
-            records = await self.source.poll(s.poll_max_records, s.poll_timeout_ms)
+            records = await self.source.poll(chunk, s.poll_timeout_ms)
+            # Start small after start-up or an idle spell: the first records are answered
+            # sooner; double up to poll_max_records while a backlog keeps polls full.
+            chunk = min(chunk * 2 if records else FIRST_POLL_RECORDS, s.poll_max_records)
             if records:
                 to_compute = self._accept(records)
                 if to_compute:

@@ -9,11 +9,26 @@ One way in: :meth:`KafkaSink.send` queues a batch of records at once (a single r
 batch of one) and returns one future each: no task, timeout context or retry set-up per record
 on the path where nothing fails (~10 µs per record instead of ~40 µs); a record that fails
 retriably is handed to a retry task of its own.
+
+Records whose topic's partitions the producer already knows are built into aiokafka record
+batches directly (``create_batch``/``send_batch``), the partition chosen by
+:func:`partition_by_key` as the producer's own ``send`` would (≈ 3 µs per record instead of
+≈ 19 µs); the batch's one future acknowledges each of its records. Per topic and partition the
+sink keeps a queue of batches and one task that hands them to the producer in order: the
+producer takes a partition's next batch once the one before it left for the broker, so
+everything ``send`` queued meanwhile (several calls' records) travels in one batch, as the
+producer's own accumulator would merge them; a full batch starts the next. Idempotence holds:
+aiokafka numbers a batch's sequence when its sender takes the batch, however it was queued.
+The rest — a topic without metadata yet, a null key (a random partition), a value over
+:data:`BATCH_VALUE_LIMIT` — take the producer's ``send`` as before. Order is kept per
+partition on the batched path, across calls too; a record that falls back may overtake or
+trail the batches of its partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import Sequence
@@ -31,6 +46,10 @@ from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
 
+BATCH_VALUE_LIMIT = 64 * 1024
+"""Value bytes above which a record is sent alone (``producer.send`` checks its size against
+``max_request_size``; a batch does not, and one refused record would fail its whole batch)."""
+
 
 def _retriable(err: BaseException) -> bool:
     if isinstance(err, TimeoutError | KafkaTimeoutError):
@@ -46,6 +65,20 @@ class _Waiting:
     def __init__(self) -> None:
         self.count = 0
         self.timer: asyncio.TimerHandle | None = None
+
+
+_Member = tuple[asyncio.Future[None], OutRecord, _Waiting]
+"""A record in a batch: its ack, itself, and the waiting count of the ``send`` it came in."""
+
+
+class _Batch:
+    """One aiokafka batch being filled for a topic and partition, and its records."""
+
+    __slots__ = ("builder", "members")
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+        self.members: list[_Member] = []
 
 
 class KafkaSink:
@@ -66,6 +99,8 @@ class KafkaSink:
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
         self._handed_over: set[asyncio.Future[None]] = set()  # acks that _send_into owns
+        self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
+        self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -92,7 +127,11 @@ class KafkaSink:
     async def stop(self) -> None:
         """Flush what is buffered and close; sends still retrying give up (idempotent)."""
         self._closed = True
+        if self._flushers:  # hand the queued batches to the producer, which flushes them
+            await asyncio.wait(list(self._flushers.values()), timeout=self._attempt_timeout_s)
         await self._producer.stop()
+        for flusher in list(self._flushers.values()):  # the broker did not take them in time:
+            flusher.cancel()  # their records' deadline timers fail them (SinkClosedError)
 
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
@@ -101,18 +140,44 @@ class KafkaSink:
         A retriable failure, or no acknowledgement within ``send_timeout_ms``, hands the
         record to a retry task (exponential backoff until it is acknowledged or the sink
         closes), and its future follows that. Returns once every record is queued (it waits
-        only when the producer's buffer for a partition is full).
+        only for records that take the producer's own ``send``, see the module docstring).
 
         A record's future raises:
             DeliveryError: the record can never be delivered (bad topic, partition, size).
             SinkClosedError: the sink closed before the record was acknowledged.
         """
         loop = asyncio.get_running_loop()
-        acks: list[asyncio.Future[None]] = []
+        acks: list[asyncio.Future[None]] = [loop.create_future() for _ in records]
         waiting = _Waiting()
-        for record in records:
-            ack: asyncio.Future[None] = loop.create_future()
-            acks.append(ack)
+        alone: list[tuple[asyncio.Future[None], OutRecord]] = []
+        partitions: dict[str, tuple[int, ...] | None] = {}
+        default_topic = self._default_topic
+        for ack, record in zip(acks, records, strict=True):
+            topic = record.topic or default_topic
+            parts = partitions.get(topic, ())
+            if parts == ():
+                parts = partitions[topic] = self._known_partitions(topic)
+            partition = record.partition
+            if partition is None and parts and record.key is not None:
+                partition = partition_by_key(record.key, parts, parts)
+            if (
+                not parts
+                or partition not in parts
+                or (record.value is not None and len(record.value) > BATCH_VALUE_LIMIT)
+            ):
+                alone.append((ack, record))
+                continue
+            tp = (topic, partition)
+            queue = self._queued.get(tp)
+            if queue is None:
+                queue = self._queued[tp] = collections.deque()
+                self._flushers[tp] = asyncio.ensure_future(self._flush(tp, queue))
+            if not queue or not self._append(queue[-1], record):  # none yet, or full
+                queue.append(_Batch(self._producer.create_batch()))
+                self._append(queue[-1], record)  # an empty batch takes any record
+            queue[-1].members.append((ack, record, waiting))
+            waiting.count += 1
+        for ack, record in alone:
             try:
                 future = await self._enqueue(record)
             except Exception as err:  # DeliveryError, or what the producer raised
@@ -124,6 +189,58 @@ class KafkaSink:
             waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, acks, records)
         return acks
 
+    def _known_partitions(self, topic: str) -> tuple[int, ...] | None:
+        """The topic's partitions (sorted, as aiokafka's partitioner sees them) when the
+        producer's metadata has them; None sends the topic's records the producer's way."""
+        found = self._producer.client.cluster.partitions_for_topic(topic)
+        return tuple(sorted(found)) if found else None
+
+    @staticmethod
+    def _append(batch: _Batch, record: OutRecord) -> bool:
+        """Add ``record`` to ``batch``; False when the batch is full (and now closed)."""
+        return (
+            batch.builder.append(
+                timestamp=None, key=record.key, value=record.value, headers=record.headers
+            )
+            is not None
+        )
+
+    async def _flush(self, tp: tuple[str, int], queue: collections.deque[_Batch]) -> None:
+        """Hand ``tp``'s queued batches to the producer in order until none is left."""
+        try:
+            while queue:
+                await self._submit(queue.popleft(), tp)
+        finally:
+            del self._queued[tp], self._flushers[tp]
+
+    async def _submit(self, batch: _Batch, tp: tuple[str, int]) -> None:
+        """Queue ``batch`` in the producer (it waits until the partition's batch before it
+        left); its delivery acknowledges (or fails) each member."""
+        batch.builder.close()  # complete: ``producer.send`` appends elsewhere, so does ``send``
+        topic, partition = tp
+        try:
+            future: asyncio.Future[Any] = await self._producer.send_batch(
+                batch.builder, topic, partition=partition
+            )
+        except Exception as err:
+            refused = self._refused(err, topic, partition)
+            for ack, record, waiting in batch.members:
+                self._release(waiting)
+                self._settle(ack, record, refused)
+            return
+        future.add_done_callback(functools.partial(self._batch_acked, batch.members))
+
+    def _batch_acked(self, members: list[_Member], future: asyncio.Future[Any]) -> None:
+        for ack, record, waiting in members:
+            self._acked(ack, record, waiting, future)
+
+    @staticmethod
+    def _release(waiting: _Waiting) -> None:
+        """One record of a ``send`` needs its deadline no more; the last cancels the timer."""
+        waiting.count -= 1
+        if waiting.count == 0 and waiting.timer is not None:
+            waiting.timer.cancel()  # drops its references to the batch's records at once
+
     def _acked(
         self,
         ack: asyncio.Future[None],
@@ -131,9 +248,7 @@ class KafkaSink:
         waiting: _Waiting,
         future: asyncio.Future[Any],
     ) -> None:
-        waiting.count -= 1
-        if waiting.count == 0 and waiting.timer is not None:
-            waiting.timer.cancel()  # drops its references to the batch's records at once
+        self._release(waiting)
         if ack.done() or ack in self._handed_over:
             return  # answered already, or being retried after a timeout
         if future.cancelled():
@@ -211,8 +326,16 @@ class KafkaSink:
                 partition=record.partition,
                 headers=record.headers,
             )
-        except (AssertionError, ValueError, TypeError) as err:
-            raise DeliveryError(f"cannot send to {topic}[{record.partition}]: {err}") from err
-        except UnknownTopicOrPartitionError as err:
-            raise DeliveryError(f"topic {topic} does not exist (no metadata in time)") from err
+        except Exception as err:
+            raise self._refused(err, topic, record.partition) from err
         return future
+
+    @staticmethod
+    def _refused(err: Exception, topic: str, partition: int | None) -> Exception:
+        """``err`` from queueing in the producer, as :class:`DeliveryError` where aiokafka
+        refused the record itself or the topic does not exist (see :meth:`_enqueue`)."""
+        if isinstance(err, AssertionError | ValueError | TypeError):
+            return DeliveryError(f"cannot send to {topic}[{partition}]: {err}")
+        if isinstance(err, UnknownTopicOrPartitionError):
+            return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
+        return err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,17 +16,63 @@ from hypothesis import strategies as st
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.partitioner import murmur2, partition_by_key
-from consumer.kafka.sink import DeliveryError, KafkaSink, SinkClosedError
+from consumer.kafka.sink import BATCH_VALUE_LIMIT, DeliveryError, KafkaSink, SinkClosedError
 from schemas.records import OutRecord
 
 
+class FakeBuilder:
+    """aiokafka's ``BatchBuilder`` in small: holds ``capacity`` records, then refuses."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.keys: list[bytes | None] = []
+        self.closed = False
+
+    def append(self, *, timestamp: None, key: bytes | None, value: bytes, headers: Any) -> Any:
+        if self.closed or (len(self.keys) >= self.capacity and self.keys):
+            self.closed = True
+            return None
+        self.keys.append(key)
+        return object()
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeProducer:
-    """``send`` returns a delivery future the test resolves; ``fail`` makes a topic raise."""
+    """``send``/``send_batch`` return a delivery future the test resolves; ``raise_for`` makes
+    a topic raise; ``metadata`` holds the partitions the producer knows (else ``send``)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None]] = []
         self.deliveries: list[asyncio.Future[None]] = []
         self.raise_for: dict[str, BaseException] = {}
+        self.metadata: dict[str, set[int]] = {}
+        self.batches: list[tuple[str, int, list[bytes | None]]] = []
+        self.batch_capacity = 100
+        self.gate: asyncio.Event | None = None  # send_batch waits for it (a batch in flight)
+        self.client = SimpleNamespace(
+            cluster=SimpleNamespace(partitions_for_topic=self.metadata.get)
+        )
+
+    async def stop(self) -> None:
+        self.batches_at_stop = list(self.batches)
+
+    def create_batch(self) -> FakeBuilder:
+        return FakeBuilder(self.batch_capacity)
+
+    async def send_batch(
+        self, batch: FakeBuilder, topic: str, *, partition: int
+    ) -> asyncio.Future[None]:
+        if topic in self.raise_for:
+            raise self.raise_for[topic]
+        if self.gate is not None:
+            await self.gate.wait()
+        assert batch.closed
+        self.batches.append((topic, partition, batch.keys))
+        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.deliveries.append(delivery)
+        return delivery
 
     async def send(self, topic: str, **kw: Any) -> asyncio.Future[None]:
         if topic in self.raise_for:
@@ -34,6 +81,12 @@ class FakeProducer:
         delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.deliveries.append(delivery)
         return delivery
+
+
+async def turns(n: int = 5) -> None:
+    """Let the sink's flusher tasks run."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def record(key: bytes, topic: str | None = None) -> OutRecord:
@@ -114,6 +167,117 @@ async def test_failures_after_close_are_sink_closed(sink: tuple[KafkaSink, FakeP
     producer.deliveries[0].set_exception(KafkaTimeoutError())
     with pytest.raises(SinkClosedError):
         await ack
+
+
+async def test_known_topics_go_in_one_batch_per_partition_by_key(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0, 1, 2}
+    keys = [b"k%d" % i for i in range(12)]
+    acks = await s.send([record(k) for k in keys])
+    await turns()
+    assert producer.sent == []  # nothing took the producer's per-record send
+    by_partition = {p: ks for _, p, ks in producer.batches}
+    assert len(producer.batches) == len(by_partition)  # one batch per partition
+    for k in keys:  # the partition the producer's own partitioner would pick, order kept
+        assert k in by_partition[partition_by_key(k, [0, 1, 2], [0, 1, 2])]
+    assert sorted(k for ks in by_partition.values() for k in ks) == sorted(keys)
+    for ks in by_partition.values():
+        assert ks == [k for k in keys if k in ks]
+    first = producer.batches[0][2]
+    producer.deliveries[0].set_result(None)
+    await asyncio.sleep(0)
+    assert [a.done() for a in acks] == [k in first for k in keys]
+    for d in producer.deliveries[1:]:
+        d.set_result(None)
+    await asyncio.gather(*acks)
+
+
+async def test_a_full_batch_starts_the_next_and_explicit_partitions_are_kept(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0, 1}
+    producer.batch_capacity = 2
+    records = [OutRecord(None, 1, b"k%d" % i, b"v", []) for i in range(5)]
+    await s.send(records)
+    await turns()
+    assert producer.batches == [
+        ("kbatch.replies", 1, [b"k0", b"k1"]),
+        ("kbatch.replies", 1, [b"k2", b"k3"]),
+        ("kbatch.replies", 1, [b"k4"]),
+    ]
+
+
+async def test_sends_queued_while_the_producer_is_busy_travel_in_one_batch(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    producer.gate = asyncio.Event()
+    first = await s.send([record(b"a")])
+    await turns()  # "a" is being handed over; the producer waits for its batch before
+    later = await s.send([record(b"b")]) + await s.send([record(b"c")])
+    producer.gate.set()
+    await turns()
+    assert producer.batches == [("kbatch.replies", 0, [b"a"]), ("kbatch.replies", 0, [b"b", b"c"])]
+    producer.deliveries[1].set_result(None)
+    await turns()
+    assert [a.done() for a in first + later] == [False, True, True]
+    producer.deliveries[0].set_result(None)
+    await asyncio.wait_for(first[0], 1)
+
+
+async def test_stop_hands_queued_batches_to_the_producer_first(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    await s.send([record(b"a")])
+    await s.stop()
+    assert producer.batches_at_stop == [("kbatch.replies", 0, [b"a"])]
+
+
+async def test_unusual_records_take_the_producers_send(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    big = OutRecord(None, None, b"big", b"x" * (BATCH_VALUE_LIMIT + 1), [])
+    unknown_partition = OutRecord(None, 7, b"p7", b"v", [])
+    await s.send([record(b"a"), record(None), big, unknown_partition, record(b"t", "new")])  # type: ignore[arg-type]
+    await turns()
+    assert producer.batches == [("kbatch.replies", 0, [b"a"])]
+    assert producer.sent == [
+        ("kbatch.replies", None),
+        ("kbatch.replies", b"big"),
+        ("kbatch.replies", b"p7"),
+        ("new", b"t"),
+    ]
+
+
+async def test_a_failed_batch_retries_each_record_and_refusals_are_delivery_errors(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0}
+    producer.metadata["bad"] = {0}
+    producer.raise_for["bad"] = AssertionError("Unrecognized partition")
+    acks = await s.send([record(b"a"), record(b"b"), record(b"c", "bad")])
+    await turns()
+    with pytest.raises(DeliveryError, match=r"cannot send to bad\[0\]"):
+        await acks[2]
+    producer.deliveries[0].set_exception(KafkaTimeoutError())
+    for _ in range(20):  # each record of the batch is sent again on its own
+        await asyncio.sleep(0)
+        if len(producer.sent) == 2:
+            break
+    assert producer.sent == [("kbatch.replies", b"a"), ("kbatch.replies", b"b")]
+    assert not acks[0].done()
+    for d in producer.deliveries[1:]:
+        d.set_result(None)
+    await asyncio.wait_for(asyncio.gather(acks[0], acks[1]), 1)
 
 
 @settings(max_examples=300, deadline=None, database=None)

@@ -19,7 +19,7 @@ from consumer.delivery import DEAD_LETTER_CUT_BYTES
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline
+from consumer.pipeline import FIRST_POLL_RECORDS, Pipeline
 from consumer.replies import ReplyBuilder
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
@@ -353,3 +353,46 @@ async def test_lag_counts_every_assigned_partition_from_the_log_end(
     await pipeline.on_revoked(frozenset({other}))
     samples = {s.labels["partition"] for m in lag.collect() for s in m.samples}
     assert samples == {"0"}  # the revoked partition's series is gone
+
+
+class BacklogSource(FakeSource):
+    """Serves ``backlog`` records in the chunks asked for, then idles; stops the run after
+    ``polls`` polls; keeps every ``max_records`` asked for."""
+
+    def __init__(self, backlog: int, polls: int, stop: asyncio.Event) -> None:
+        super().__init__()
+        self.backlog, self.polls, self.stop = backlog, polls, stop
+        self.asked: list[int] = []
+        self.offset = 0
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        self.asked.append(max_records)
+        if len(self.asked) == self.polls:
+            self.stop.set()
+        n = min(max_records, self.backlog)
+        self.backlog -= n
+        out = [record(self.offset + i, key=b"k%d" % (self.offset + i)) for i in range(n)]
+        self.offset += n
+        return out
+
+
+async def test_polls_start_small_and_double_while_a_backlog_keeps_them_full() -> None:
+    settings = ServeSettings(
+        poll_max_records=500, max_total_records=100_000, max_partition_records=100_000
+    )
+    pipeline = Pipeline(
+        settings,
+        FakeSink(),
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
+        Metrics(),
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    stop = asyncio.Event()
+    source = BacklogSource(backlog=FIRST_POLL_RECORDS * 15, polls=8, stop=stop)
+    pipeline.bind(source, FakeEngine())
+    await pipeline.on_assigned(frozenset({TP}))
+    await pipeline.run(stop)
+    first = FIRST_POLL_RECORDS
+    # 64 + 128 + 256 + 500 of 960; the last 12; an empty poll starts over at 64
+    assert source.asked == [first, 2 * first, 4 * first, 500, 500, 500, first, first]
