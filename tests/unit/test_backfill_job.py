@@ -45,6 +45,7 @@ class FakeSource:
         self._done = {p for p, r in self._plan.items() if r.remaining == 0}
         self._chunk = chunk
         self.commits: list[dict[int, int]] = []
+        self.metadata: list[dict[int, str]] = []
         self.stop_after_polls: int | None = None
         self.stop: asyncio.Event | None = None
         self._polls = 0
@@ -71,8 +72,11 @@ class FakeSource:
         await asyncio.sleep(0)
         return out
 
-    async def commit(self, offsets: Mapping[int, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.metadata.append(dict(metadata or {}))
 
     def last_committed(self) -> dict[int, int]:
         merged: dict[int, int] = {}

@@ -16,6 +16,7 @@ import pytest
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
+from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
@@ -33,6 +34,9 @@ TP: TopicPartition = ("req", 0)
 class FakeSource:
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.metadata: list[dict[TopicPartition, str]] = []
+        # What the group had committed before: (offset, metadata) per partition.
+        self.stored: dict[TopicPartition, tuple[int | None, str]] = {}
         self.paused: set[TopicPartition] = set()
         self.ends: dict[TopicPartition, int] = {}
         self.positions: dict[TopicPartition, int] = {}
@@ -40,11 +44,14 @@ class FakeSource:
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: dict[TopicPartition, int], metadata: dict[TopicPartition, str]
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.metadata.append(dict(metadata))
 
-    async def committed(self, tp: TopicPartition) -> int | None:
-        return None
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]:
+        return self.stored.get(tp, (None, ""))
 
     def pause(self, tps: frozenset[TopicPartition]) -> None:
         self.paused |= tps
@@ -154,15 +161,19 @@ async def test_commit_waits_for_the_lowest_unanswered_offset(
     sink.acks[0].set_result(None)  # offset 12 acknowledged first
     await settle()
     await pipeline.commit()
-    assert source.commits == []  # 10 and 11 still unanswered: nothing is safe
+    # 10 and 11 still unanswered: the offset stays at 10, 12 travels in its metadata
+    assert source.commits == [{TP: 10}]
+    assert decode_completed(source.metadata[-1][TP]) == (10, frozenset({12}))
     sink.acks[2].set_result(None)  # offset 10
     await settle()
     await pipeline.commit()
-    assert source.commits == [{TP: 11}]
+    assert source.commits[-1] == {TP: 11}
+    assert decode_completed(source.metadata[-1][TP]) == (11, frozenset({12}))
     sink.acks[1].set_result(None)  # offset 11
     await settle()
     await pipeline.commit()
     assert source.commits[-1] == {TP: 13}
+    assert source.metadata[-1] == {TP: ""}  # nothing finished above 13
 
 
 async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
