@@ -122,10 +122,10 @@ def _run_lengths(relative: list[int]) -> bytes:
 
 
 def _bitmap(relative: list[int]) -> bytes:
-    bits = 0
+    out = bytearray(relative[-1] // 8 + 1) if relative else bytearray()
     for r in relative:
-        bits |= 1 << r
-    return bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+        out[r >> 3] |= 1 << (r & 7)
+    return bytes(out)
 
 
 def _text(kind: int, base: int, body: bytes) -> str:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.offsets import OffsetTracker, TopicPartition
 
 TP: TopicPartition = ("requests", 0)
@@ -238,3 +239,83 @@ def test_stale_completions_never_move_the_commit(
     for offset in order:
         tracker.complete(TP, offset, new)
     assert tracker.committable() == {TP: offsets[-1] + 1}
+
+
+# ---- finished offsets above the commit (commit metadata) -------------------------------------
+
+
+def test_commit_metadata_holds_the_finished_offsets_above_the_commit() -> None:
+    tracker, gen = tracker_with([10, 11, 12, 13, 15], [12, 13, 15])
+    offsets = tracker.committable()
+    assert offsets == {TP: 10}
+    encoded = tracker.commit_metadata(offsets)[TP]
+    assert decode_completed(encoded.text) == (10, frozenset({12, 13, 15}))
+    tracker.complete(TP, 10, gen)
+    offsets = tracker.committable()
+    assert offsets == {TP: 11}
+    assert decode_completed(tracker.commit_metadata(offsets)[TP].text)[1] == {12, 13, 15}
+    tracker.complete(TP, 11, gen)
+    offsets = tracker.committable()
+    assert offsets == {TP: 16}
+    assert tracker.commit_metadata(offsets)[TP].text == ""
+
+
+def test_commit_metadata_truncates_to_the_cap() -> None:
+    tracker, _ = tracker_with(list(range(0, 2000, 2)), list(range(2, 2000, 4)))
+    offsets = tracker.committable()
+    encoded = tracker.commit_metadata(offsets, max_bytes=40)[TP]
+    assert encoded.truncated and len(encoded.text) <= 40
+    assert decode_completed(encoded.text)[1] == set(range(2, 2000, 4)[: encoded.kept])
+
+
+def test_offsets_finished_earlier_are_skipped_and_the_commit_passes_them() -> None:
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    assert tracker.add_completed(TP, [101, 102, 104]) == 3
+    tracker.track(TP, 100)  # unfinished at the crash
+    assert tracker.skip_completed(TP, 101)
+    assert tracker.skip_completed(TP, 102)
+    assert not tracker.skip_completed(TP, 103)  # not finished earlier: compute it
+    tracker.track(TP, 103)
+    assert tracker.pending(TP) == 2
+    # still carried in the metadata, 104 too although it has not arrived yet
+    offsets = tracker.committable()
+    assert offsets == {TP: 100}
+    assert decode_completed(tracker.commit_metadata(offsets)[TP].text)[1] == {101, 102, 104}
+    tracker.mark_committed(offsets)
+    tracker.complete(TP, 100, gen)
+    tracker.complete(TP, 103, gen)
+    assert tracker.committable() == {TP: 104}  # the skipped ones finished with them
+    assert tracker.skip_completed(TP, 104)
+    assert tracker.committable() == {TP: 105}
+    assert tracker.pending(TP) == 0
+
+
+def test_add_completed_ignores_offsets_taken_already_and_unassigned_partitions() -> None:
+    tracker, _ = tracker_with([5, 6], [])
+    assert tracker.add_completed(TP, [4, 6, 7]) == 1  # only 7 is still to come
+    assert not tracker.skip_completed(TP, 6)
+    assert tracker.add_completed(TP2, [1]) == 0
+    assert not tracker.skip_completed(TP2, 1)
+
+
+def test_a_skipped_offset_below_one_taken_is_a_redelivery() -> None:
+    tracker = OffsetTracker()
+    tracker.assign(TP)
+    tracker.add_completed(TP, [3])
+    tracker.track(TP, 5)  # 3 never came (a compaction gap)
+    with pytest.raises(ValueError, match="increasing"):
+        tracker.skip_completed(TP, 3)
+
+
+def test_earlier_offsets_in_a_gap_are_forgotten_once_the_commit_passes_them() -> None:
+    tracker = OffsetTracker()
+    gen = tracker.assign(TP)
+    tracker.add_completed(TP, [3, 9])
+    tracker.track(TP, 5)
+    tracker.complete(TP, 5, gen)
+    offsets = tracker.committable()
+    assert offsets == {TP: 6}
+    assert decode_completed(tracker.commit_metadata(offsets)[TP].text)[1] == {9}
+    tracker.mark_committed(offsets)
+    assert tracker.committable() == {}

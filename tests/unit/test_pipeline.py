@@ -16,7 +16,7 @@ import pytest
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
-from consumer.kafka.offset_metadata import decode_completed
+from consumer.kafka.offset_metadata import decode_completed, encode_completed
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
@@ -174,6 +174,42 @@ async def test_commit_waits_for_the_lowest_unanswered_offset(
     await pipeline.commit()
     assert source.commits[-1] == {TP: 13}
     assert source.metadata[-1] == {TP: ""}  # nothing finished above 13
+
+
+async def test_offsets_answered_before_a_crash_are_skipped_on_assignment(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.on_revoked(frozenset({TP}))
+    # The previous owner committed 10 and had answered 11 and 13 above it.
+    source.stored[TP] = (10, encode_completed(10, [11, 13]).text)
+    await pipeline.on_assigned(frozenset({TP}))
+    keys = [b"a", b"b", b"c", b"d"]
+    await pipeline.take([record(10 + i, k) for i, k in enumerate(keys)])
+    assert [i.text for i in engine.items] == ["text 10", "text 12"]  # not 11 and 13
+    assert pipeline._metrics.skipped_completed._value.get() == 2
+    for item in engine.items:
+        pipeline.on_outcome(ok(item))
+    await settle()
+    assert len(sink.sent) == 2  # no reply again for 11 and 13
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 14}
+
+
+@pytest.mark.parametrize("metadata", ["not ours", "kb1:@@@", "kb9:AAA"])
+async def test_foreign_commit_metadata_is_ignored_and_everything_computed(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine], metadata: str
+) -> None:
+    pipeline, source, _, engine = parts
+    await pipeline.on_revoked(frozenset({TP}))
+    source.stored[TP] = (10, metadata)
+    await pipeline.on_assigned(frozenset({TP}))
+    await pipeline.take([record(10, b"a"), record(11, b"b")])
+    assert len(engine.items) == 2
+    assert pipeline._metrics.skipped_completed._value.get() == 0
 
 
 async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
