@@ -1,0 +1,163 @@
+"""Issue 17 #1 on the real broker: what a crashed ``kbatch serve`` answered above its committed
+offset travels in the commit's metadata, so its successor neither recomputes nor re-answers it;
+foreign or corrupt metadata is ignored.
+
+Figures (skipped, recomputed, replies repeated) are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient
+
+from consumer.kafka.offset_metadata import decode_completed, encode_completed
+from tests.conftest import TopicFactory, unique_group
+from tests.integration.harness import (
+    Req,
+    ServeProcess,
+    kill,
+    poll_until,
+    produce,
+    read_topic,
+    request,
+)
+
+SKIPPED = "kbatch_records_skipped_completed_total"
+OK = 'kbatch_replies_total{status="ok"}'
+
+
+async def committed_points(bootstrap: str, group: str) -> dict[int, tuple[int, str]]:
+    """The group's committed (offset, metadata) per partition, asked of the broker."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        found = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: (om.offset, om.metadata) for tp, om in found.items()}
+
+
+async def commit_raw(
+    bootstrap: str, group: str, topic: str, points: dict[int, tuple[int, str]]
+) -> None:
+    """Commit (offset, metadata) per partition for ``group`` as another tool would."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = {p: KafkaTP(topic, p) for p in points}
+        consumer.assign(list(tps.values()))
+        await consumer.commit({tps[p]: point for p, point in points.items()})
+    finally:
+        await consumer.stop()
+
+
+def serve(tmp_path: Path, bootstrap: str, topics: tuple[str, str, str], group: str, model: Path,
+          name: str, extra: list[str]) -> ServeProcess:  # fmt: skip
+    req, rep, dlq = topics
+    return ServeProcess.start(
+        tmp_path, bootstrap=bootstrap, request_topic=req, reply_topic=rep, dlq_topic=dlq,
+        group_id=group, model=str(model), name=name, extra=extra,
+    )  # fmt: skip
+
+
+async def test_sigkill_with_a_held_head_request_recomputes_only_what_was_in_flight(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    # The head request is a long text alone in its bucket, held for its 60 s max wait (buckets
+    # never mix, no adaptive flush); the 500 short ones behind it fill batches of 20 and are
+    # answered. The committed offset stays at the head; the 500 travel in its metadata.
+    topics = (await new_topic("req", 1), await new_topic("rep"), await new_topic("dlq"))
+    req, rep, _ = topics
+    group = unique_group("noreplay")
+    n = 500
+    head = request("head", "long " * 40)
+    await produce(
+        kafka_bootstrap, req, [head, *(request(f"r-{i}", f"short {i}") for i in range(n))]
+    )
+    holding = ["--max-wait-ms", "60000", "--no-adaptive-wait", "--batch-overhead-tokens", "0",
+               "--max-batch-size", "20", "--max-partition-records", "600"]  # fmt: skip
+    first = serve(tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "first", holding)
+    try:
+        first.wait_ready()
+        poll_until(lambda: first.metrics().get(OK, 0) >= n, 120, f"{n} replies")
+
+        def carried() -> int:
+            points = asyncio.run(committed_points(kafka_bootstrap, group))
+            _, metadata = points.get(0, (-1, ""))
+            return len(decode_completed(metadata)[1]) if metadata else 0
+
+        await asyncio.to_thread(poll_until, lambda: carried() >= n, 30, "metadata with 500")
+        answered_before = first.metrics().get(OK, 0)
+        kill(first)
+    finally:
+        first.stop()
+    offset, metadata = (await committed_points(kafka_bootstrap, group))[0]
+    assert offset == 0  # the head, unanswered, holds the committed offset
+    second = serve(tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "second", [])
+    try:
+        second.wait_ready()
+        replies = await read_topic(
+            kafka_bootstrap, rep, lambda rs: b"head" in {r.key for r in rs}, 120
+        )
+        poll_until(lambda: second.metrics().get(OK, 0) >= 1, 30, "the head's reply counted")
+        after = second.metrics()
+    finally:
+        second.stop()
+    keys = [r.key for r in replies]
+    repeated = len(keys) - len(set(keys))
+    print(
+        f"\nno replay: {answered_before:.0f} answered before SIGKILL (committed offset 0, "
+        f"{len(decode_completed(metadata)[1])} offsets in its {len(metadata)}-byte metadata); "
+        f"after restart {after.get(SKIPPED, 0):.0f} skipped, {after.get(OK, 0):.0f} computed, "
+        f"{repeated} replies repeated"
+    )
+    assert set(keys) == {b"head", *(f"r-{i}".encode() for i in range(n))}
+    assert after[SKIPPED] == n
+    assert after[OK] == 1  # only the head, in flight at the kill
+    assert repeated == 0
+
+
+async def test_foreign_or_corrupt_commit_metadata_is_ignored_and_everything_answered(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    topics = (await new_topic("req", 3), await new_topic("rep"), await new_topic("dlq"))
+    req, rep, _ = topics
+    group = unique_group("foreign")
+    n = 60
+    await produce(
+        kafka_bootstrap,
+        req,
+        [Req(r.key, r.value, r.headers, i % 3) for i, r in
+         enumerate(request(f"r-{i}", f"text {i}") for i in range(n))],
+    )  # fmt: skip
+    await commit_raw(
+        kafka_bootstrap,
+        group,
+        req,
+        {
+            0: (0, "written by another tool"),  # foreign
+            1: (0, "kb1:%%not-base64%%"),  # corrupt
+            2: (0, encode_completed(5, [6, 7]).text),  # well formed, for another offset
+        },
+    )
+    server = serve(tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "serve", [])
+    try:
+        server.wait_ready()
+        replies = await read_topic(
+            kafka_bootstrap, rep, lambda rs: len({r.key for r in rs}) >= n, 120
+        )
+        metrics = server.metrics()
+        alive = server.proc is not None and server.proc.poll() is None
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert {r.key for r in replies} == {f"r-{i}".encode() for i in range(n)}
+    assert alive
+    assert metrics.get(SKIPPED, 0) == 0
+    assert log.count("commit metadata of") >= 3, log[-3000:]  # one warning per partition
