@@ -225,6 +225,7 @@ class Pipeline:
             try:
                 if self.tracker.skip_completed(record.tp, record.offset):
                     skipped += 1  # answered before a crash (commit metadata): not again
+                    consumed[record.topic] = consumed.get(record.topic, 0) + 1
                     continue
                 self.tracker.track(record.tp, record.offset)
             except ValueError:  # an offset at or below one already taken: a re-delivery

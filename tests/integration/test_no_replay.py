@@ -22,9 +22,11 @@ from tests.integration.harness import (
     kill,
     poll_until,
     produce,
+    read_all,
     read_topic,
     request,
 )
+from tests.integration.test_backfill import backfill_args, run_backfill, source_of
 
 SKIPPED = "kbatch_records_skipped_completed_total"
 OK = 'kbatch_replies_total{status="ok"}'
@@ -161,3 +163,27 @@ async def test_foreign_or_corrupt_commit_metadata_is_ignored_and_everything_answ
     assert alive
     assert metrics.get(SKIPPED, 0) == 0
     assert log.count("commit metadata of") >= 3, log[-3000:]  # one warning per partition
+
+
+async def test_backfill_resumed_from_a_commit_with_metadata_skips_what_was_written(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    # An earlier run (killed) committed 2 and had written offsets 3 and 5 above it.
+    source, output, dlq = (
+        await new_topic("bf-src"),
+        await new_topic("bf-out"),
+        await new_topic("bf-dlq"),
+    )
+    group = unique_group("bf-noreplay")
+    await produce(
+        kafka_bootstrap, source, [Req(f"k{i}".encode(), f"text {i}".encode()) for i in range(10)]
+    )
+    await commit_raw(kafka_bootstrap, group, source, {0: (2, encode_completed(2, [3, 5]).text)})
+    run = run_backfill(
+        backfill_args(kafka_bootstrap, source, output, dlq, group, tiny_embed_dir),
+        tmp_path / "backfill.log",
+    )
+    assert run.code == 0, run.log[-3000:]
+    written = sorted(source_of(r)[1] for r in await read_all(kafka_bootstrap, output, 1))
+    assert written == [2, 4, 6, 7, 8, 9]
+    assert (await committed_points(kafka_bootstrap, group))[0] == (10, "")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.kafka.offset_metadata import decode_completed
+from consumer.kafka.offset_metadata import decode_completed, read_completed
 from consumer.kafka.offsets import OffsetTracker, TopicPartition
 
 TP: TopicPartition = ("requests", 0)
@@ -319,3 +319,39 @@ def test_earlier_offsets_in_a_gap_are_forgotten_once_the_commit_passes_them() ->
     assert decode_completed(tracker.commit_metadata(offsets)[TP].text)[1] == {9}
     tracker.mark_committed(offsets)
     assert tracker.committable() == {}
+
+
+@given(tracked_and_order(), st.data())
+def test_a_crash_and_restart_from_the_metadata_repeats_only_unfinished_offsets(
+    case: tuple[list[int], list[int]], data: st.DataObject
+) -> None:
+    """Owner 1 finishes a random part out of order and commits with metadata, then dies;
+    owner 2 reads the commit back: it computes exactly what owner 1 had not finished."""
+    offsets, order = case
+    first = OffsetTracker()
+    gen = first.assign(TP)
+    for offset in offsets:
+        first.track(TP, offset)
+    finished = order[: data.draw(st.integers(0, len(order)))]
+    for offset in finished:
+        first.complete(TP, offset, gen)
+    committed = first.committable().get(TP)
+    if committed is None:  # nothing finished: owner 2 starts where owner 1 did
+        assert not finished
+        return
+    text = first.commit_metadata({TP: committed})[TP].text
+    done_above = read_completed(committed, text)
+
+    second = OffsetTracker()
+    gen2 = second.assign(TP)
+    second.add_completed(TP, done_above)
+    computed = []
+    for offset in (o for o in offsets if o >= committed):  # Kafka re-reads from the commit
+        if not second.skip_completed(TP, offset):
+            second.track(TP, offset)
+            computed.append(offset)
+    assert computed == [o for o in offsets if o not in set(finished)]
+    for offset in computed:
+        second.complete(TP, offset, gen2)
+    if offsets[-1] >= committed:  # owner 2 took something in: it commits past the last
+        assert second.committable() == {TP: offsets[-1] + 1}
