@@ -449,4 +449,5 @@ class BackfillJob:
             mean_batch_size=round(self._stats.items / max(1, self._stats.batches), 1),
             padding_efficiency=round(self._stats.padding_efficiency, 4),
             partitions=tuple(parts),
+            skipped_completed=self.skipped_completed,
         )

@@ -184,6 +184,7 @@ async def test_backfill_resumed_from_a_commit_with_metadata_skips_what_was_writt
         tmp_path / "backfill.log",
     )
     assert run.code == 0, run.log[-3000:]
+    assert run.summary is not None and run.summary["skipped_completed"] == 2
     written = sorted(source_of(r)[1] for r in await read_all(kafka_bootstrap, output, 1))
     assert written == [2, 4, 6, 7, 8, 9]
     assert (await committed_points(kafka_bootstrap, group))[0] == (10, "")

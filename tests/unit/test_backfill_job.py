@@ -335,7 +335,8 @@ async def test_a_resumed_run_skips_what_the_earlier_run_finished_above_its_commi
     assert summary.complete
     assert [it.text for it in engine.submitted] == ["t2", "t4", "t6", "t7"]
     assert len(sink.to("scores")) == 4
-    assert job.skipped_completed == 2
+    assert job.skipped_completed == summary.skipped_completed == 2
+    assert summary.records_read == 6 and summary.ok == 4
     assert source.last_committed() == {0: 8}
 
 
