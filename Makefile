@@ -5,16 +5,42 @@ PY := $(VENV)/bin/python
 KBATCH := $(VENV)/bin/kbatch
 # pip keeps its cache (~/.cache/pip) so the ~3 GB torch wheel downloads once per machine.
 PIP_FLAGS ?= --disable-pip-version-check
+# Every dependency, dev tools included, pinned by `uv pip compile` (make lock).
+LOCK := requirements.lock
+LOCK_FLAGS ?=
+# promtool (Debian package prometheus) and kcat: the alert-rule and docs tests run them.
+DEB_TOOLS := promtool:prometheus kcat:kcat
 
-.PHONY: setup broker test lint typecheck unit integration demo bench clean
+.PHONY: setup lock tools broker test lint typecheck unit integration demo bench clean
 
-$(VENV)/.installed: pyproject.toml
+# Exactly the locked versions, then the project itself without resolving anything again.
+$(VENV)/.installed: $(LOCK) pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install $(PIP_FLAGS) -q --upgrade pip
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
+	$(PY) -m pip install $(PIP_FLAGS) -q -r $(LOCK)
+	$(PY) -m pip install $(PIP_FLAGS) -q --no-deps -e .
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Refresh the lock from pyproject.toml, keeping current pins where they still fit.
+# Upgrade: make lock LOCK_FLAGS=--upgrade  (one package: LOCK_FLAGS='--upgrade-package torch')
+lock: setup
+	$(VENV)/bin/uv pip compile -q pyproject.toml --extra dev --universal --python-version 3.11 \
+		--custom-compile-command "make lock" -o $(LOCK) $(LOCK_FLAGS)
+
+# Installs the Debian tools when missing (root with apt-get); otherwise says what to install.
+tools:
+	@missing=""; for pair in $(DEB_TOOLS); do \
+		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair##*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing$$missing (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends$$missing </dev/null >/dev/null; \
+	else \
+		echo "make tools: please install$$missing (Debian/Ubuntu: sudo apt-get install$$missing);" \
+			"the tests that need them skip" >&2; \
+	fi
 
 broker: setup
 	$(KBATCH) broker start
@@ -28,7 +54,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-test: setup broker lint typecheck
+test: setup tools broker lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 demo: setup broker

@@ -22,7 +22,7 @@ from consumer.deadline import Deadline
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError
+from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
@@ -79,7 +79,7 @@ async def serve(settings: ServeSettings) -> int:
             )
             if created:
                 log.info("created topics %s", created)
-    except KafkaUnavailableError as err:
+    except (KafkaUnavailableError, TopicCreationError) as err:
         log.error("%s", err)
         return 1
 

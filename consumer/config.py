@@ -232,6 +232,14 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     metrics_host: str = Field(
         "127.0.0.1", description="Bind address of /metrics, /healthz, /readyz."
     )
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Consumer processes on this host, one group: a supervisor starts them, "
+        "forwards SIGTERM/SIGINT, restarts one that dies and serves one /metrics and /readyz "
+        "for the host (--torch-threads is then per replica, default cores // replicas).",
+    )
 
     @model_validator(mode="after")
     def _check_serve(self) -> ServeSettings:

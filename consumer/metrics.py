@@ -1,7 +1,9 @@
 """Every metric of ``kbatch serve`` in one place (prometheus-client, prefix ``kbatch_``).
 
 Served with ``/healthz`` and ``/readyz`` by :class:`HealthServer` on ``--metrics-port``,
-bound to 127.0.0.1 unless ``--metrics-host`` says otherwise. Durations are seconds (the
+bound to 127.0.0.1 unless ``--metrics-host`` says otherwise. Under ``kbatch serve --replicas N``
+the values live in prometheus-client's multiprocess files and the supervisor serves them summed
+for the host (each gauge's ``multiprocess_mode`` says how it combines). Durations are seconds (the
 Prometheus convention); the names say so.
 """
 
@@ -11,9 +13,11 @@ import contextlib
 import json
 import threading
 import time
+import warnings
+from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -140,10 +144,16 @@ class Metrics:
             registry=r,
         )
         self.in_flight_records = Gauge(
-            "kbatch_in_flight_records", "Records taken in and not yet answered.", registry=r
+            "kbatch_in_flight_records",
+            "Records taken in and not yet answered.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.in_flight_tokens = Gauge(
-            "kbatch_in_flight_tokens", "Tokens of the records in flight.", registry=r
+            "kbatch_in_flight_tokens",
+            "Tokens of the records in flight.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.pauses = Counter(
             "kbatch_pauses_total",
@@ -151,10 +161,16 @@ class Metrics:
             registry=r,
         )
         self.paused_partitions = Gauge(
-            "kbatch_paused_partitions", "Partitions paused by backpressure.", registry=r
+            "kbatch_paused_partitions",
+            "Partitions paused by backpressure.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.assigned_partitions = Gauge(
-            "kbatch_assigned_partitions", "Partitions assigned to this member.", registry=r
+            "kbatch_assigned_partitions",
+            "Partitions assigned to this member (with replicas: to this host's members).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.lag = Gauge(
             "kbatch_consumer_lag",
@@ -162,6 +178,8 @@ class Metrics:
             "committed offset (or, before the first commit, the offset reading started from).",
             ["topic", "partition"],
             registry=r,
+            # replicas: a partition's owner wrote last (a revoked owner's series goes stale)
+            multiprocess_mode="livemostrecent",
         )
         self.rebalances = Counter(
             "kbatch_rebalances_total",
@@ -170,15 +188,47 @@ class Metrics:
             registry=r,
         )
         self.engine_healthy = Gauge(
-            "kbatch_engine_healthy", "1 unless a batch overran the watchdog.", registry=r
+            "kbatch_engine_healthy",
+            "1 unless a batch overran the watchdog (with replicas: of every replica).",
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self.gpu_memory = Gauge(
-            "kbatch_gpu_memory_bytes", "CUDA memory allocated by torch (0 on CPU).", registry=r
+            "kbatch_gpu_memory_bytes",
+            "CUDA memory allocated by torch (0 on CPU; with replicas: their sum).",
+            registry=r,
+            multiprocess_mode="livesum",
         )
+        self.model_busy = BusyWindow()
+        self.model_busy_ratio = Gauge(
+            "kbatch_model_busy_ratio",
+            f"Fraction of the last {self.model_busy.window_s:g} s of wall time the model ran "
+            "batches (the accelerator-utilisation proxy; also on CPU; with replicas: one "
+            "series per replica process, its pid in /readyz).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.model_busy_ratio.set_function(self.model_busy.ratio)
+        self._refreshed_s = 0.0
+
+    def refresh(self, now_s: float) -> None:
+        """Write the computed gauges' current values (``kbatch_model_busy_ratio``) to their
+        stored value, at most once a second of ``now_s`` (monotonic seconds).
+
+        A gauge computed at scrape time (``set_function``) is read from this process's registry;
+        under ``kbatch serve --replicas`` the host's ``/metrics`` reads the multiprocess files
+        instead, which only a ``set`` updates: :class:`HealthServer` calls this on every beat.
+        """
+        if now_s - self._refreshed_s >= 1.0:
+            self._refreshed_s = now_s
+            self.model_busy_ratio.set(self.model_busy.ratio())
 
     def forget_partition(self, tp: tuple[str, int]) -> None:
         """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
-        with contextlib.suppress(KeyError):
+        with contextlib.suppress(KeyError), warnings.catch_warnings():
+            # multiprocess mode (kbatch serve --replicas) cannot remove a series; its value
+            # stays in the file and the new owner's newer value wins (livemostrecent)
+            warnings.simplefilter("ignore", UserWarning)
             self.lag.remove(tp[0], str(tp[1]))
 
     def reply_status(self, status: str) -> Counter:
@@ -193,7 +243,68 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class BusyWindow:
+    """How much of a recent wall-clock window the model spent running batches.
+
+    :meth:`add` takes each finished batch's model time; :meth:`ratio` is the busy time that
+    falls inside the last ``window_s`` seconds over the window's length (the time since the
+    first :meth:`add` while that is shorter), in [0, 1]. A batch still running is counted once
+    it ends. Thread-safe: batches end on the model thread, scrapes read from the HTTP thread.
+
+    Args:
+        window_s: the window, seconds (60: a 15 s scrape sees a smoothed value).
+        clock: monotonic seconds (a fake in tests).
+    """
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self.window_s = window_s
+        self._clock = clock
+        self._since_s: float | None = None
+        self._batches: deque[tuple[float, float]] = deque()  # (start_s, end_s)
+        self._lock = threading.Lock()
+
+    def add(self, busy_s: float) -> None:
+        """One batch that ran for ``busy_s`` seconds and ended now."""
+        end = self._clock()
+        with self._lock:
+            if self._since_s is None:
+                self._since_s = end - busy_s
+            self._batches.append((end - busy_s, end))
+            self._drop_before(end - self.window_s)
+
+    def ratio(self) -> float:
+        """Busy seconds in the window / the window's length (0.0 before the first batch)."""
+        now = self._clock()
+        with self._lock:
+            if self._since_s is None:
+                return 0.0
+            start = max(now - self.window_s, self._since_s)
+            self._drop_before(start)
+            busy = sum(min(end, now) - max(begin, start) for begin, end in self._batches)
+        span = now - start
+        return min(1.0, busy / span) if span > 0 else 0.0
+
+    def _drop_before(self, start_s: float) -> None:
+        while self._batches and self._batches[0][1] <= start_s:
+            self._batches.popleft()
+
+
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class Exposition(Protocol):
+    """What :class:`HealthServer` serves on ``/metrics``: :class:`Metrics`, or the host-wide
+    view of ``kbatch serve --replicas`` (:mod:`consumer.replicas`)."""
+
+    def render(self) -> bytes:
+        """The text exposition."""
+        ...
+
+    def refresh(self, now_s: float) -> None:
+        """Bring computed values up to date (called on every event-loop beat)."""
+        ...
 
 
 class HealthServer:
@@ -205,7 +316,7 @@ class HealthServer:
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: Exposition,
         ready: ReadinessProbe,
         host: str = "127.0.0.1",
         port: int = 9400,
@@ -259,8 +370,10 @@ class HealthServer:
         self._thread.start()
 
     def beat(self) -> None:
-        """Record that the event loop is alive (called once per poll)."""
-        self._last_beat = time.monotonic()
+        """Record that the event loop is alive (called once per poll); refresh the computed
+        gauges (:meth:`Metrics.refresh`)."""
+        self._last_beat = now = time.monotonic()
+        self._metrics.refresh(now)
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
@@ -284,6 +397,7 @@ class PrometheusStats:
         if padded_tokens:
             m.padding_efficiency.observe(real_tokens / padded_tokens)
         m.inference_time.observe(infer_ms / 1000)
+        m.model_busy.add(infer_ms / 1000)
 
     def on_queue_wait(self, queue_ms: float) -> None:
         self._m.queue_wait.observe(queue_ms / 1000)

@@ -68,6 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CORRELATION_ID_BYTES = 16
+_TOPIC_POLL_S = 0.25  # metadata poll while waiting for the topics to be created
 """Length of the random ``kafka_correlationId`` of each send (Spring sends 16 bytes)."""
 
 _T = TypeVar("_T")
@@ -218,8 +219,10 @@ class RequestReplyClient:
     Args:
         bootstrap: Kafka bootstrap servers (``host:port,…``).
         request_topic: Topic kbatch serve consumes.
-        reply_topic: Topic the replies should go to (sent as ``kafka_replyTopic``); it must
-            exist or the broker must auto-create it.
+        reply_topic: Topic the replies should go to (sent as ``kafka_replyTopic``).
+            :meth:`start` waits for it and the request topic to exist (``kbatch serve``
+            creates its own topics as it starts; a client's own reply topic is created with
+            ``kbatch topics create`` or the platform's tooling).
         reply_partition: Read only this partition and ask for replies there
             (``kafka_replyPartition``); default: all partitions, the server picks by key.
         encoding: Default encoding of requests (the reply comes back in the same).
@@ -261,6 +264,7 @@ class RequestReplyClient:
         self._listener: asyncio.Task[None] | None = None
         self._calls: dict[bytes, _Call] = {}
         self._state: Literal["new", "started", "closed"] = "new"
+        self._missing_topics: list[str] = []
         self._reply_headers: list[tuple[str, bytes]] = [(H.REPLY_TOPIC, reply_topic.encode())]
         if reply_partition is not None:
             self._reply_headers.append((H.REPLY_PARTITION, struct.pack(">i", reply_partition)))
@@ -275,8 +279,8 @@ class RequestReplyClient:
         """Connect, assign the reply partitions and fix their start at the end offset.
 
         Raises:
-            ClientError: the broker did not answer, or the reply topic does not exist (and was
-                not auto-created) within ``start_timeout_s``.
+            ClientError: the broker did not answer, or the request or reply topic did not
+                exist within ``start_timeout_s``.
         """
         if self._state != "new":
             raise ClientClosedError(f"a client can start once (state: {self._state})")
@@ -285,9 +289,16 @@ class RequestReplyClient:
             await asyncio.wait_for(self._connect(), self._start_timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self.close()
+            missing = self._missing_topics
+            reason = (
+                f"topics {missing} do not exist (start `kbatch serve`, which creates its "
+                "topics, or create them: `kbatch topics create NAME`)"
+                if missing
+                else repr(exc)
+            )
             raise ClientError(
                 f"cannot start the client on {self.bootstrap} (reply topic "
-                f"{self.reply_topic!r}) within {self._start_timeout_s:g} s: {exc!r}"
+                f"{self.reply_topic!r}) within {self._start_timeout_s:g} s: {reason}"
             ) from exc
         except BaseException:
             await self.close()
@@ -302,8 +313,7 @@ class RequestReplyClient:
             **self._kafka_options,
         )
         await self._producer.start()
-        # Waits for the topic's metadata (a broker with auto-create creates it here).
-        partitions = sorted(await self._producer.partitions_for(self.reply_topic))
+        partitions = await self._wait_for_topics()
         if self.reply_partition is not None:
             if self.reply_partition not in partitions:
                 raise ClientError(
@@ -326,6 +336,19 @@ class RequestReplyClient:
         for tp in tps:  # resolve the end offsets now: replies to later sends are all after them
             await self._consumer.position(tp)
         self._listener = asyncio.create_task(self._listen(), name="kbatch-reply-listener")
+
+    async def _wait_for_topics(self) -> list[int]:
+        """Poll cluster metadata until the request and reply topics exist (a ``kbatch serve``
+        started just before creates them); the reply topic's partitions. The caller's deadline
+        ends the wait; :attr:`_missing_topics` names what was still missing then."""
+        assert self._producer is not None
+        wanted = (self.request_topic, self.reply_topic)
+        while True:
+            metadata = await self._producer.client.fetch_all_metadata()
+            self._missing_topics = [t for t in wanted if t not in metadata.topics()]
+            if not self._missing_topics:
+                return sorted(await self._producer.partitions_for(self.reply_topic))
+            await asyncio.sleep(_TOPIC_POLL_S)
 
     async def close(self) -> None:
         """Fail pending calls with :class:`ClientClosedError`, flush, disconnect. Idempotent."""

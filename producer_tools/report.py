@@ -38,6 +38,7 @@ __all__ = [
     "RunLog",
     "build_report",
     "burst_stats",
+    "error_rate",
     "find_knee",
     "latency_summary",
     "print_report",
@@ -209,6 +210,16 @@ def window_stats(
         ),
     }
     return out
+
+
+def error_rate(summary: dict[str, Any]) -> float:
+    """Failed measured requests / scheduled ones, in [0, 1] (0 for an empty window).
+
+    Failed: timeouts, error replies and send failures. Replies marked ``expired`` (a deadline
+    the caller chose with ``--deadline-after-ms``) are answers, not failures.
+    """
+    failed = summary["timeouts"] + summary["errors"] + summary["send_failures"]
+    return float(failed / summary["scheduled"]) if summary["scheduled"] else 0.0
 
 
 def find_knee(steps: Sequence[dict[str, Any]], keep_up_ratio: float = 0.9) -> dict[str, Any]:

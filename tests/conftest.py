@@ -8,6 +8,7 @@ suite at another broker.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -43,6 +44,18 @@ async def new_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
     yield make
     if created:
         await delete_topics(kafka_bootstrap, created)
+
+
+def require_tool(name: str, package: str) -> str:
+    """The path of command-line tool ``name``; skips the test when it is missing, except under
+    CI (``CI`` set), where ``make tools`` should have installed Debian's ``package``: fails."""
+    path = shutil.which(name)
+    if path is None:
+        hint = f"`{name}` not installed (Debian: apt-get install {package}; or `make tools`)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{hint} under CI")
+        pytest.skip(hint)
+    return path
 
 
 def unique_group(prefix: str = "g") -> str:

@@ -25,8 +25,15 @@ from consumer.backfill.summary import BackfillSummary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
+from consumer.kafka.admin import ensure_topics
+from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import RangeSourceError, RangeSpecError
+from consumer.kafka.errors import (
+    KafkaUnavailableError,
+    RangeSourceError,
+    RangeSpecError,
+    TopicCreationError,
+)
 from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
 from consumer.model.loader import load_model
@@ -52,8 +59,12 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     """Run one job to its end (or a SIGTERM/SIGINT); prints the summary (stderr, and one JSON
     object on stdout with ``json_summary``); returns the process exit code.
 
+    The output topic (as many partitions as the source) and the dead-letter topic (1) are
+    created when missing, as ``kbatch serve`` creates its topics.
+
     Raises:
-        RangeSourceError: the source topic does not exist or the broker cannot be reached.
+        RangeSourceError: the source topic does not exist, the broker cannot be reached, or
+            a missing output/dead-letter topic could not be created.
         RangeSpecError: a ``P:OFFSET`` bound names a partition the topic does not have.
         FileNotFoundError: the model directory does not exist.
         consumer.options.OptionError: an embed option this model cannot honour.
@@ -85,6 +96,18 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             r.start,
             f" (resumed: group {group_id})" if r.resumed_from is not None else "",
         )
+
+    try:
+        created = await ensure_topics(
+            settings.bootstrap,
+            {settings.output_topic: len(plan), settings.dead_letter_topic: 1},
+            security=security_kwargs(settings),
+        )
+    except (KafkaUnavailableError, TopicCreationError) as err:
+        await source.stop()
+        raise RangeSourceError(str(err)) from err
+    if created:
+        log.info("created topics %s", created)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,7 +13,23 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 - ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
   (:mod:`consumer.bench.e2e_workers`, its own process).
 
-Every process that runs a model uses ``threads`` torch intra-op threads (default 2).
+Every process that runs a model uses ``threads`` torch intra-op threads (default 2; split
+over the replicas of a ``--replicas N`` run).
+
+**Replicas** (``replicas``, e.g. ``(1, 2)``): ``kbatch`` and ``passthrough`` run once per
+replica count as ``kbatch serve --replicas N`` (report key ``<variant>_x<N>`` for N > 1); the
+request topics of every Kafka variant then have ``max(replicas)`` partitions, so each count
+sees the same topic layout.
+
+**A simulated device** (``serve_model`` = ``sim:FIXED_MS,US_PER_TOKEN[,DIM]``): the ``kbatch``
+variant serves it (MiniLM's tokenizer, a sleep per batch); ``model_dir`` is then MiniLM's
+directory (token statistics). ``naive`` and ``engine`` run a real model and are not run.
+
+**CPU and device figures** (:func:`consumer.bench.e2e_report.cpu_device_figures`): the CPU
+seconds of the consumer's process tree (the supervisor and its replicas) between ``t0`` and
+``t_end``, and for a simulated device the model seconds summed from ``/metrics``
+(``kbatch_inference_seconds_sum``) over the same span (a real model on this machine shares the
+CPU with the rest, so its time is no device's).
 
 **Throughput** (``seq_per_s``), per Kafka variant, on fresh topics (one partition each) and a
 fresh consumer group:
@@ -64,11 +80,15 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumer.bench.e2e_report import (
+    REPLICATED,
     VARIANTS,
+    cpu_device_figures,
     latency_rate,
     prefill_records,
     ratios,
+    replica_ratios,
     seq_per_s,
+    variant_key,
 )
 from consumer.kafka.admin import create_topics, delete_topics
 from schemas.headers import STATUS, last_value
@@ -93,6 +113,9 @@ class E2EBenchOptions:
 
     model_dir: Path
     texts: Sequence[str]
+    serve_model: str | None = None
+    """What the ``kbatch`` variant serves (default ``model_dir``; a ``sim:`` spec)."""
+    replicas: tuple[int, ...] = (1,)
     bootstrap: str = "127.0.0.1:9092"
     latency_s: float = 10.0
     latency_warmup_s: float = 2.0
@@ -127,6 +150,22 @@ class _Process:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and its live children (replicas)."""
+        import psutil
+
+        assert self.proc is not None
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    total += times.user + times.system
+        except psutil.Error:
+            pass
+        return total
 
     def _check_alive(self) -> None:
         assert self.proc is not None
@@ -187,8 +226,13 @@ class _Topics:
     group: str
 
 
+SIM_BATCH_ARGS = ("--max-batch-tokens", "16384", "--max-batch-size", "256")
+"""Batch limits of ``kbatch serve`` on a simulated device: a GPU's (the CPU defaults, 2048 padded
+tokens and 64 items, would make a GPU wait on launch overhead)."""
+
+
 def _serve_process(
-    name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path
+    name: str, model: str, topics: _Topics, opts: E2EBenchOptions, log_dir: Path, replicas: int
 ) -> tuple[_Process, str]:
     port = _free_port()
     args = [
@@ -200,9 +244,11 @@ def _serve_process(
         "--group-id", topics.group,
         "--model", model,
         "--task", "embed",
-        "--torch-threads", str(opts.threads),
+        "--torch-threads", str(max(1, opts.threads // replicas)),
         "--max-wait-ms", str(opts.max_wait_ms),
         "--metrics-port", str(port),
+        "--replicas", str(replicas),
+        *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
@@ -356,36 +402,66 @@ async def _latency_phase(
     return summary
 
 
+def _model_seconds(metrics_url: str | None) -> float | None:
+    """``kbatch_inference_seconds_sum`` of a ``kbatch serve`` (its replicas summed), None when
+    there is no endpoint or no such sample."""
+    if metrics_url is None:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kbatch_inference_seconds_sum":
+                return float(sample.value)
+    return None
+
+
 async def _kafka_variant(
-    name: str, opts: E2EBenchOptions, log_dir: Path, say: Say
+    name: str, opts: E2EBenchOptions, log_dir: Path, say: Say, replicas: int = 1
 ) -> dict[str, Any]:
-    tag = f"bench.e2e.{name}.{uuid.uuid4().hex[:8]}"
+    key = variant_key(name, replicas)
+    tag = f"bench.e2e.{key}.{uuid.uuid4().hex[:8]}"
     topics = _Topics(f"{tag}.requests", f"{tag}.replies", f"{tag}.dlq", f"{tag}.group")
     texts = list(opts.texts)
     n = len(texts)
-    await create_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq], partitions=1)
+    await create_topics(opts.bootstrap, [topics.request], partitions=max(opts.replicas))
+    await create_topics(opts.bootstrap, [topics.reply, topics.dlq], partitions=1)
     metrics_url: str | None = None
-    if name in ("kbatch", "passthrough"):
-        model = "noop" if name == "passthrough" else str(opts.model_dir)
-        proc, metrics_url = _serve_process(name, model, topics, opts, log_dir)
+    model: str | None = None
+    if name in REPLICATED:
+        model = "noop" if name == "passthrough" else (opts.serve_model or str(opts.model_dir))
+        proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
     backlog = _HeldBacklog(opts.bootstrap)
     counter = _ReplyCounter(opts.bootstrap, topics.reply, {k for k, _, _ in records})
     try:
-        say(f"{name}: producing {n} requests (held in an open transaction)")
+        say(f"{key}: producing {n} requests (held in an open transaction)")
         await backlog.fill(topics.request, records)
         proc.start()
         await proc.wait_ready(opts.ready_timeout_s)
         await counter.start()
-        say(f"{name}: ready; releasing the backlog")
+        say(f"{key}: ready; releasing the backlog")
+        model_s0 = await asyncio.to_thread(_model_seconds, metrics_url)
+        cpu_s0 = proc.cpu_s()
         t0 = await backlog.release()
         t_end = await counter.wait(opts.drain_timeout_s)
+        cpu_s = proc.cpu_s() - cpu_s0
+        model_s1 = await asyncio.to_thread(_model_seconds, metrics_url)
         drain_s = t_end - t0
         tput = seq_per_s(n, drain_s)
+        model_s = None if model_s0 is None or model_s1 is None else model_s1 - model_s0
+        if not (model or "").startswith("sim:"):
+            model_s = None  # device figures only for a simulated device: the rest share the CPU
+        figures = cpu_device_figures(n, drain_s, cpu_s, replicas, model_s)
         rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
-        say(f"{name}: {tput} seq/s; latency phase at {rate}/s for {opts.latency_s:g} s")
+        say(f"{key}: {tput} seq/s, {figures}; latency phase at {rate}/s for {opts.latency_s:g} s")
         summary = await _latency_phase(opts, topics, rate, metrics_url)
         lat = summary["latency_ms"]
         return {
@@ -402,6 +478,8 @@ async def _kafka_variant(
             "latency_timeouts": summary["timeouts"],
             "latency_send_lag_ms_p99": summary["send_lag_ms"]["p99"],
             "latency_batch_size_mean": summary["batch_size_mean"],
+            "replicas": replicas,
+            **figures,
         }
     finally:
         await counter.close()
@@ -481,7 +559,8 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
     three ratios (None when a side was not run) and ``setup``.
 
     Raises:
-        ValueError: an unknown variant, or no texts.
+        ValueError: an unknown variant, no texts, a replica count below 1, or naive/engine
+            with a simulated model.
         E2EError: a variant's process died or its drain did not finish in time.
     """
     unknown = set(opts.variants) - set(VARIANTS)
@@ -489,6 +568,10 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {VARIANTS}")
     if not opts.texts:
         raise ValueError("no texts")
+    if not opts.replicas or min(opts.replicas) < 1:
+        raise ValueError(f"replicas must be counts >= 1, got {opts.replicas}")
+    if opts.serve_model is not None and {"naive", "engine"} & set(opts.variants):
+        raise ValueError(f"--model {opts.serve_model}: naive and engine need a model directory")
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if opts.log_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="kbatch-bench-e2e-")
@@ -505,14 +588,19 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
                 continue
             if name == "engine":
                 report[name] = await _engine_variant(opts, say)
+            elif name in REPLICATED:
+                for n in opts.replicas:
+                    row = await _kafka_variant(name, opts, log_dir, say, n)
+                    report[variant_key(name, n)] = row
             else:
                 report[name] = await _kafka_variant(name, opts, log_dir, say)
     finally:
         if tmp is not None:
             tmp.cleanup()
     report.update(ratios(report))
+    report.update(replica_ratios(report, opts.replicas))
     report["setup"] = {
-        "model": str(opts.model_dir),
+        "model": opts.serve_model or str(opts.model_dir),
         "texts": len(opts.texts),
         **_token_stats(opts.model_dir, opts.texts),
         "torch_threads": opts.threads,
@@ -521,7 +609,9 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "max_latency_rate_per_s": opts.max_latency_rate_per_s,
         "latency_s": opts.latency_s,
         "latency_warmup_s": opts.latency_warmup_s,
-        "partitions": 1,
+        "partitions": max(opts.replicas),
+        "replicas": list(opts.replicas),
+        "cpu_count": os.cpu_count(),
         "bootstrap": opts.bootstrap,
         "wall_s": round(time.monotonic() - started, 1),
         "loadavg_1_5_15_start": load_start,

@@ -9,6 +9,17 @@ Figures (the definitions every variant shares; see :mod:`consumer.bench.e2e`):
   ``latency_rate_per_s`` (:func:`latency_rate`), in milliseconds.
 - ``ratio_a_vs_b`` = ``seq_per_s`` of ``a`` / ``seq_per_s`` of ``b``, rounded to 2 decimals
   (``None`` when either variant was not run).
+- ``--replicas 1,2``: ``kbatch`` and ``passthrough`` run once per replica count; the report
+  key of N > 1 replicas is ``<variant>_x<N>`` (:func:`variant_key`) and
+  ``ratio_<variant>_x<N>_vs_x1`` compares it with one replica of the same run.
+- CPU and device figures (:func:`cpu_device_figures`), over the throughput drain:
+  ``cpu_s`` (user + system seconds of the consumer's processes), ``cpu_cores_busy``
+  (``cpu_s / drain_s``), ``cpu_us_per_record`` (``cpu_s × 1e6 / N``: what one record costs a
+  replica); with a model time (``kbatch_inference_seconds_sum``, the simulated device's sleep):
+  ``device_busy_fraction`` (model seconds / (replicas × ``drain_s``): each replica drives its
+  own device), ``device_seq_per_s`` (N / model seconds: what a device answers when never
+  idle, for the batches that formed) and ``cores_per_device`` (``device_seq_per_s ×
+  cpu_us_per_record / 1e6``: the cores that keep one such device busy).
 """
 
 from __future__ import annotations
@@ -26,13 +37,19 @@ from schemas.models import Request
 __all__ = [
     "RATIOS",
     "VARIANTS",
+    "cpu_device_figures",
     "latency_rate",
     "plot_e2e",
     "prefill_records",
     "print_e2e_table",
     "ratios",
+    "replica_ratios",
     "seq_per_s",
+    "variant_key",
 ]
+
+REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
+"""The variants ``--replicas`` applies to (``kbatch serve`` processes)."""
 
 VARIANTS: tuple[str, ...] = ("naive", "kbatch", "engine", "passthrough", "raw_loop")
 """Every variant, in report order."""
@@ -84,6 +101,56 @@ def ratios(report: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def variant_key(name: str, replicas: int) -> str:
+    """The report key of variant ``name`` run with ``replicas`` processes: ``name`` for one,
+    ``<name>_x<replicas>`` for more."""
+    return name if replicas == 1 else f"{name}_x{replicas}"
+
+
+def replica_ratios(report: Mapping[str, Any], replicas: Sequence[int]) -> dict[str, float | None]:
+    """``ratio_<v>_x<N>_vs_x1`` for each replicated variant ``v`` and each N > 1 in
+    ``replicas``: ``seq_per_s`` with N replicas / with one (None when a side is missing)."""
+    out: dict[str, float | None] = {}
+    for name in REPLICATED:
+        one = report.get(name)
+        for n in replicas:
+            if n == 1:
+                continue
+            many = report.get(variant_key(name, n))
+            key = f"ratio_{variant_key(name, n)}_vs_x1"
+            if isinstance(one, Mapping) and isinstance(many, Mapping) and one.get("seq_per_s"):
+                out[key] = round(float(many["seq_per_s"]) / float(one["seq_per_s"]), 2)
+            elif isinstance(one, Mapping) or isinstance(many, Mapping):
+                out[key] = None
+    return out
+
+
+def cpu_device_figures(
+    n: int, drain_s: float, cpu_s: float, replicas: int = 1, model_s: float | None = None
+) -> dict[str, float | None]:
+    """The CPU and device figures of one drain of ``n`` records (module docstring): from the
+    consumer processes' CPU seconds ``cpu_s`` and, when known, the model seconds ``model_s``
+    summed over the ``replicas`` processes. Raises ``ValueError`` unless ``n > 0``,
+    ``drain_s > 0`` and ``replicas ≥ 1``."""
+    if n <= 0 or not drain_s > 0 or replicas < 1:
+        raise ValueError(f"need n > 0, drain_s > 0, replicas >= 1; got {n}, {drain_s}, {replicas}")
+    us_per_record = cpu_s * 1e6 / n
+    out: dict[str, float | None] = {
+        "cpu_s": round(cpu_s, 3),
+        "cpu_cores_busy": round(cpu_s / drain_s, 2),
+        "cpu_us_per_record": round(us_per_record, 1),
+        "device_busy_fraction": None,
+        "device_seq_per_s": None,
+        "cores_per_device": None,
+    }
+    if model_s is not None and model_s > 0:
+        device_seq_per_s = n / model_s
+        out["device_busy_fraction"] = round(min(1.0, model_s / (replicas * drain_s)), 3)
+        out["device_seq_per_s"] = round(device_seq_per_s, 1)
+        out["cores_per_device"] = round(device_seq_per_s * us_per_record / 1e6, 2)
+    return out
+
+
 def prefill_records(texts: Sequence[str], reply_topic: str, key_prefix: str) -> list[PrefillRecord]:
     """One contract request record per text, as a client would send it: key
     ``<key_prefix>-<index>`` (unique, so nothing is deduplicated), a msgpack value, headers
@@ -106,6 +173,15 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+_CPU_DEVICE_KEYS = (
+    "cpu_us_per_record",
+    "cpu_cores_busy",
+    "device_busy_fraction",
+    "device_seq_per_s",
+    "cores_per_device",
+)
+
+
 def print_e2e_table(report: Mapping[str, Any], console: Any) -> None:
     """A rich table of the variants, then the ratios and the setup (``console``: a rich
     ``Console``)."""
@@ -116,13 +192,17 @@ def print_e2e_table(report: Mapping[str, Any], console: Any) -> None:
     table.add_column("variant")
     for c in cols:
         table.add_column(c, justify="right")
-    for name in VARIANTS:
-        row = report.get(name)
-        if isinstance(row, Mapping):
+    for name, row in report.items():
+        if isinstance(row, Mapping) and "seq_per_s" in row:
             table.add_row(name, *(_cell(row.get(c)) for c in cols))
     console.print(table)
-    for key, _, _ in RATIOS:
-        console.print(f"{key}: {_cell(report.get(key))}")
+    for name, row in report.items():
+        if isinstance(row, Mapping) and row.get("cpu_us_per_record") is not None:
+            figures = {k: row.get(k) for k in _CPU_DEVICE_KEYS if row.get(k) is not None}
+            console.print(f"{name}: {figures}")
+    for key, value in report.items():
+        if key.startswith("ratio_"):
+            console.print(f"{key}: {_cell(value)}")
     if report.get("plots"):
         console.print(f"plots: {', '.join(report['plots'])}")
     console.print(f"setup: {report.get('setup')}")
@@ -136,7 +216,7 @@ def plot_e2e(report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e.pn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in VARIANTS if isinstance(report.get(n), Mapping)]
+    names = [k for k, v in report.items() if isinstance(v, Mapping) and "seq_per_s" in v]
     rows = [report[n] for n in names]
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
     tput = [float(r["seq_per_s"]) for r in rows]

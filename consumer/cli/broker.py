@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import click
 
-from consumer.broker.local import DEFAULT_PORT, BrokerError, LocalBroker
+from consumer.broker.local import DEFAULT_PORT, KAFKA_VERSION, BrokerError, LocalBroker
 
 port_option = click.option(
     "--port",
     type=int,
     default=DEFAULT_PORT,
     show_default=True,
-    help="Broker port; the controller listens on port + 1.",
+    envvar="KBATCH_BROKER_PORT",
+    help="Broker port; the controller listens on port + 1 (env KBATCH_BROKER_PORT).",
 )
 
 
@@ -28,10 +29,16 @@ def _fail(err: BrokerError) -> None:
 @broker_group.command()
 @port_option
 @click.option("--fresh", is_flag=True, help="Stop it and wipe its data first.")
-def start(port: int, fresh: bool) -> None:
+@click.option(
+    "--kafka-version",
+    default=KAFKA_VERSION,
+    show_default=True,
+    help="Apache Kafka release to run (4.x, or 3.9.x for the previous line).",
+)
+def start(port: int, fresh: bool, kafka_version: str) -> None:
     """Start the broker (idempotent); print its bootstrap address once it answers."""
     try:
-        click.echo(LocalBroker(port=port).start(fresh=fresh))
+        click.echo(LocalBroker(port=port, kafka_version=kafka_version).start(fresh=fresh))
     except BrokerError as err:
         _fail(err)
 

@@ -128,6 +128,14 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
     help="The server's /metrics URL, e.g. http://127.0.0.1:9400/metrics: adds padding "
     "efficiency from its token counters.",
 )
+@click.option(
+    "--max-error-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Exit 1 when more than this fraction of measured requests failed (timeouts, error "
+    "replies, send failures; expired replies do not count).",
+)
 @click.option("--no-probe", is_flag=True, help="Skip the probe request before the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no tables).")
 @click.option(
@@ -147,6 +155,7 @@ def load_command(
     plots_prefix: str | None,
     no_progress: bool,
     no_probe: bool,
+    max_error_rate: float,
     encoding: str,
     poisson_arrivals: bool,
     **opts: Any,
@@ -154,13 +163,14 @@ def load_command(
     """Open-loop load on real texts: latency percentiles, throughput, knee, bursts, plots.
 
     Send times are fixed before the run (a slow server shows as latency, not as a lower send
-    rate); latency is measured from each request's scheduled send time to its reply.
+    rate); latency is measured from each request's scheduled send time to its reply. Exits 1
+    when the error rate is above --max-error-rate (default 0: any timeout fails the run).
     """
 
     from producer_tools import corpus as corpus_mod
     from producer_tools.client import ClientError
     from producer_tools.load import LoadError, LoadOptions, run_load, write_plots
-    from producer_tools.report import print_report, report_console
+    from producer_tools.report import error_rate, print_report, report_console
     from schemas.codec import Encoding
 
     try:
@@ -195,3 +205,15 @@ def load_command(
         click.echo(json.dumps(run.report))
     else:
         print_report(run.report, report_console())
+    rate = error_rate(run.report["summary"])
+    if rate > max_error_rate:
+        click.echo(
+            f"kbatch load: error rate {rate:.2%} is above --max-error-rate {max_error_rate:.2%}"
+            + (
+                f" (first error: {run.report['first_error']})"
+                if "first_error" in run.report
+                else ""
+            ),
+            err=True,
+        )
+        raise SystemExit(1)

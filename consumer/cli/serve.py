@@ -41,6 +41,10 @@ def _serve(config: Path | None, **flags: Any) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err
 
+    if settings.replicas > 1:
+        from consumer.replicas import supervise
+
+        sys.exit(asyncio.run(supervise(settings)))
     sys.exit(asyncio.run(serve(settings)))
 
 

@@ -1,4 +1,4 @@
-"""Small administrative calls: is the broker up, create and delete topics.
+"""Small administrative calls: is the broker up, create and delete topics, count partitions.
 
 Used by ``kbatch broker``, ``kbatch topics`` and the test fixtures. Every call opens its own
 short-lived client; none is on the request path.
@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from consumer.kafka.client_config import start_client
+from consumer.kafka.errors import TopicCreationError
 
 
 async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
@@ -78,7 +79,7 @@ async def ensure_topics(
 
     Raises:
         KafkaUnavailableError: no broker answered.
-        KafkaError: the broker refused (e.g. no permission to create topics).
+        TopicCreationError: the broker refused to create a missing topic.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
@@ -92,11 +93,37 @@ async def ensure_topics(
                 )
                 for n in missing
             ]
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(new)
+            try:
+                response = await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                return missing
+            except KafkaError as err:
+                raise _creation_error(missing, bootstrap, repr(err)) from err
+            refused = _refused(response)
+            if refused:
+                raise _creation_error(missing, bootstrap, "; ".join(refused))
         return missing
     finally:
         await admin.close()
+
+
+def _refused(response: Any) -> list[str]:
+    """``"topic: error"`` for each topic a CreateTopics response did not create (an existing
+    topic, created by a concurrent caller, counts as created)."""
+    refused = []
+    for topic_error in getattr(response, "topic_errors", ()):
+        name, code, *rest = topic_error
+        if code not in (0, TopicAlreadyExistsError.errno):
+            message = rest[0] if rest and rest[0] else f"error code {code}"
+            refused.append(f"{name}: {message}")
+    return refused
+
+
+def _creation_error(missing: list[str], bootstrap: str, reason: str) -> TopicCreationError:
+    return TopicCreationError(
+        f"topics {missing} do not exist on {bootstrap} and could not be created ({reason}): "
+        "create them with your Kafka tooling (or grant CREATE on them), then start again"
+    )
 
 
 async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
@@ -108,3 +135,25 @@ async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
             await admin.delete_topics(list(names))
     finally:
         await admin.close()
+
+
+async def partition_count(
+    bootstrap: str, topic: str, security: dict[str, Any] | None = None
+) -> int | None:
+    """Partitions of ``topic`` (the most members of one group that get work); None when the
+    topic does not exist.
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
+    try:
+        if topic not in await admin.list_topics():
+            return None  # describing it could create it (auto.create.topics.enable)
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if described.get("error_code", 0) != 0:
+        return None
+    return len(described.get("partitions") or []) or None

@@ -4,6 +4,8 @@
 
     KafkaLayerError                 base of what consumer.kafka raises (a RuntimeError)
      ├── KafkaUnavailableError      no broker answered (start-up, admin calls); retriable
+     ├── TopicCreationError         missing topics the broker refused to create (ACLs,
+     │                              replication factor, a policy); not retriable
      ├── CommitError                a commit was refused (rebalance in progress, partition
      │                              moved); retriable at the next commit interval
      ├── DeliveryError              a record that can never be delivered (bad topic or
@@ -41,6 +43,7 @@ __all__ = [
     "RangeSourceError",
     "RangeSpecError",
     "SinkClosedError",
+    "TopicCreationError",
     "map_kafka_errors",
 ]
 
@@ -55,6 +58,12 @@ class KafkaUnavailableError(KafkaLayerError):
     """No broker answered (wrong ``--bootstrap``, broker down, TLS/SASL mismatch)."""
 
     retriable: ClassVar[bool] = True
+
+
+class TopicCreationError(KafkaLayerError):
+    """Topics are missing and the broker refused to create them (no CREATE permission, a
+    replication factor above the broker count, a policy); the message names them and says
+    what to do. Brokers without ``auto.create.topics.enable`` never create them on first use."""
 
 
 class CommitError(KafkaLayerError):

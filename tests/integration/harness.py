@@ -7,6 +7,8 @@ back from the reply topic, the service's state is read from its ``/metrics`` end
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -17,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -33,6 +36,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_pair() -> int:
+    """A port ``p`` with ``p + 1`` free too (a local broker and its controller listener)."""
+    for _ in range(50):
+        port = free_port()
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port + 1))
+            return port
+    raise AssertionError("no free port pair on 127.0.0.1")
 
 
 def poll_until(
@@ -136,6 +149,16 @@ class ServeProcess:
             return self.ready()
 
         poll_until(check, timeout_s, "kbatch serve /readyz")
+
+    def readyz(self) -> dict[str, Any]:
+        """The ``/readyz`` body (under ``--replicas``: each replica's pid, readiness, restarts);
+        ``{}`` while nothing answers yet."""
+        code, body = self._get("/readyz")
+        if code == 0:
+            return {}
+        assert code in (200, 503), f"/readyz answered {code}"
+        detail: dict[str, Any] = json.loads(body)
+        return detail
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics`` as ``name{label="v",…}`` → value."""

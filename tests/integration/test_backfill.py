@@ -389,3 +389,32 @@ async def test_a_stopped_job_exits_nonzero_and_a_rerun_completes(
     assert rerun.code == 0, rerun.log[-3000:]
     written = await read_all(kafka_bootstrap, output, partitions=1)
     assert sorted(int(r.headers["kbatch.source.offset"]) for r in written) == list(range(n))
+
+
+async def test_missing_output_and_dead_letter_topics_are_created(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    """The broker does not auto-create topics: backfill creates its output topic (as many
+    partitions as the source) and its dead-letter topic (1), as serve creates its own."""
+    from consumer.kafka.admin import delete_topics
+
+    source = await new_topic("bf-src", partitions=2)
+    output, dlq = f"{source}.out", f"{source}.dlq"
+    await produce_events(kafka_bootstrap, source, [Event(1, b"k", b"some text", BASE_MS)])
+    try:
+        run = run_backfill(
+            backfill_args(kafka_bootstrap, source, output, dlq, unique_group("bf"), tiny_embed_dir),
+            tmp_path / "create.log",
+        )
+        assert run.code == 0, run.log[-3000:]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            assert await producer.partitions_for(output) == {0, 1}
+            assert await producer.partitions_for(dlq) == {0}
+        finally:
+            await producer.stop()
+        (reply,) = await read_all(kafka_bootstrap, output, partitions=2)
+        assert reply.key == b"k"
+    finally:
+        await delete_topics(kafka_bootstrap, [output, dlq])

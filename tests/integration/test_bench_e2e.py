@@ -55,3 +55,44 @@ def test_bench_e2e_json_has_every_variant_and_ratio(
     (plot,) = report["plots"]
     assert Path(plot).stat().st_size > 0
     assert time.monotonic() - started < 180
+
+
+def test_bench_e2e_simulated_device_with_replicas_reports_device_and_cpu_figures(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    args = [
+        KBATCH, "bench", "e2e",
+        "--model", "sim:1,0.445",
+        "--variants", "kbatch,passthrough",
+        "--replicas", "1,2",
+        "--n", "200",
+        "--latency-s", "0.5",
+        "--latency-warmup-s", "0.2",
+        "--bootstrap", kafka_bootstrap,
+        "--log-dir", str(tmp_path / "logs"),
+        "--no-plots",
+        "--json",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["setup"]["model"] == "sim:1,0.445"
+    assert report["setup"]["partitions"] == 2
+    for key, replicas in (
+        ("kbatch", 1),
+        ("kbatch_x2", 2),
+        ("passthrough", 1),
+        ("passthrough_x2", 2),
+    ):
+        row = report[key]
+        assert row["replicas"] == replicas
+        assert row["drain_statuses"] == {"ok": 200}, (key, row)
+        assert row["cpu_us_per_record"] > 0, (key, row)
+    for key in ("kbatch", "kbatch_x2"):  # the simulated device: busy some of the time
+        row = report[key]
+        assert 0 < row["device_busy_fraction"] <= 1, row
+        assert row["cores_per_device"] == pytest.approx(
+            row["device_seq_per_s"] * row["cpu_us_per_record"] / 1e6, rel=0.01
+        )
+    assert report["passthrough"]["device_busy_fraction"] is None  # noop: no device
+    assert report["ratio_kbatch_x2_vs_x1"] > 0 and report["ratio_passthrough_x2_vs_x1"] > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.conftest import TopicFactory, unique_group
@@ -110,3 +111,24 @@ async def test_aborted_transaction_is_invisible_to_read_committed(
         await producer.stop()
     values = await _consume(kafka_bootstrap, topic, 2, isolation_level="read_committed")
     assert values == [b"committed", b"after"]
+
+
+async def test_the_broker_does_not_create_topics_on_first_use(kafka_bootstrap: str) -> None:
+    """``auto.create.topics.enable=false``: a metadata request for a missing topic (what a
+    producer sends first) leaves it missing; kbatch's commands create their topics themselves."""
+    from aiokafka.errors import UnknownTopicOrPartitionError
+
+    missing = unique_group("never-created")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, request_timeout_ms=1500)
+    await producer.start()
+    try:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await producer.partitions_for(missing)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    await consumer.start()
+    try:
+        assert missing not in await consumer.topics()
+    finally:
+        await consumer.stop()

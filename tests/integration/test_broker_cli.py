@@ -10,23 +10,9 @@ import sys
 from pathlib import Path
 
 from consumer.broker.local import LocalBroker
+from tests.integration.harness import free_port_pair
 
 KBATCH = str(Path(sys.executable).with_name("kbatch"))
-
-
-def _free_port_pair() -> int:
-    """A port p such that p and p + 1 are both free right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def _kbatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,7 +29,7 @@ def _broker_pids(port: int) -> list[str]:
 
 
 def test_start_twice_status_stop() -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     try:
         first = _kbatch("start", "--port", str(port), "--fresh")
         assert first.returncode == 0, first.stderr
@@ -61,7 +47,7 @@ def test_start_twice_status_stop() -> None:
 
 
 def test_port_held_by_another_program_gives_one_line_error() -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
@@ -74,8 +60,11 @@ def test_port_held_by_another_program_gives_one_line_error() -> None:
 
 
 def test_missing_java_is_named(tmp_path: Path) -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     env = dict(os.environ, PATH=str(Path(sys.executable).parent))
-    result = _kbatch("start", "--port", str(port), env=env)
+    try:
+        result = _kbatch("start", "--port", str(port), env=env)
+    finally:  # the config written before java was looked up
+        shutil.rmtree(LocalBroker(port=port).home, ignore_errors=True)
     assert result.returncode == 2
     assert "`java` not found" in result.stderr

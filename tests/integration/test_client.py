@@ -219,3 +219,61 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
     assert sorted(r.reply.dedup for r in records) == [False, True]
     assert {r.key for r in records} == {b"retry-key"}
     assert metrics["kbatch_dedup_hits_total"] == 1
+
+
+async def test_start_waits_for_topics_created_after_it_began(
+    kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """``kbatch serve &`` then ``kbatch request`` at once: the client waits for the topics the
+    server is about to create instead of failing (the broker does not auto-create them)."""
+    name = unique_group("late")
+    requests, replies = f"{name}.req", f"{name}.rep"
+    client = RequestReplyClient(
+        bootstrap=kafka_bootstrap, request_topic=requests, reply_topic=replies
+    )
+    starting = asyncio.create_task(client.start())
+    try:
+        await asyncio.sleep(0)  # let start() send its first metadata request
+        assert not starting.done()
+        await create_topics(kafka_bootstrap, [requests, replies])
+        await asyncio.wait_for(starting, 30)
+    finally:
+        await client.close()
+        await delete_topics(kafka_bootstrap, [requests, replies])
+
+
+async def test_missing_topics_are_named_in_the_start_error(kafka_bootstrap: str) -> None:
+    from producer_tools.client import ClientError
+
+    name = unique_group("absent")
+    client = RequestReplyClient(
+        bootstrap=kafka_bootstrap,
+        request_topic=f"{name}.req",
+        reply_topic=f"{name}.rep",
+        start_timeout_s=1.5,
+    )
+    with pytest.raises(ClientError, match=r"do not exist .*kbatch topics create NAME") as err:
+        await client.start()
+    assert f"{name}.req" in str(err.value) and f"{name}.rep" in str(err.value)
+
+
+def test_kbatch_topics_create_reports_created_existing_and_refused(kafka_bootstrap: str) -> None:
+    name = unique_group("cli")
+    base = [KBATCH, "topics", "create", "--bootstrap", kafka_bootstrap]
+    try:
+        first = subprocess.run(
+            [*base, f"{name}.a", "--partitions", "3"], capture_output=True, text=True, check=False
+        )
+        again = subprocess.run([*base, f"{name}.a"], capture_output=True, text=True, check=False)
+        refused = subprocess.run(
+            [*base, f"{name}.b", "--replication-factor", "3"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        asyncio.run(delete_topics(kafka_bootstrap, [f"{name}.a"]))
+    assert (first.returncode, first.stdout) == (0, f"{name}.a: created\n"), first.stderr
+    assert (again.returncode, again.stdout) == (0, f"{name}.a: exists\n"), again.stderr
+    assert refused.returncode == 1
+    assert f"{name}.b" in refused.stderr and "could not be created" in refused.stderr

@@ -154,3 +154,31 @@ async def test_pulse_run_marks_its_bursts(served: Served, corpus_file: Path) -> 
     assert len(r["bursts"]) == 1 and r["bursts"][0]["rate_per_s"] == 40
     assert r["bursts"][0]["p99_during_ms"] is not None
     assert r["summary"]["timeouts"] == 0 and r["summary"]["answered"] == len(run.schedule)
+
+
+def test_timeouts_fail_the_run_unless_allowed(kafka_bootstrap: str, corpus_file: Path) -> None:
+    """Nobody serves these topics: every request times out, so ``kbatch load`` exits 1 by
+    default (--max-error-rate 0) and 0 when the caller allows every request to fail."""
+    suffix = unique_group("nl").rsplit(".", 1)[-1]
+    requests, replies = f"test.load-unserved-req.{suffix}", f"test.load-unserved-rep.{suffix}"
+    asyncio.run(create_topics(kafka_bootstrap, [requests, replies]))
+    base = [
+        KBATCH, "load", "--count", "3", "--rate", "20", "--warmup-s", "0", "--timeout-s", "0.5",
+        "--no-probe", "--no-progress", "--json", "--corpus", str(corpus_file),
+        "--bootstrap", kafka_bootstrap, "--request-topic", requests, "--reply-topic", replies,
+    ]  # fmt: skip
+    try:
+        failed = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+        allowed = subprocess.run(
+            [*base, "--max-error-rate", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        asyncio.run(delete_topics(kafka_bootstrap, [requests, replies]))
+    assert failed.returncode == 1, failed.stderr
+    assert "error rate 100.00% is above --max-error-rate 0.00%" in failed.stderr
+    assert json.loads(failed.stdout)["summary"]["timeouts"] == 3
+    assert allowed.returncode == 0, allowed.stderr

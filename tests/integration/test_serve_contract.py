@@ -371,3 +371,64 @@ async def test_a_compressed_request_too_large_to_copy_is_cut_on_the_dlq_and_neve
         return offsets[0] == 2
 
     await asyncio.to_thread(poll_until, committed_past_both, 30, "commit past offset 1", 0.5)
+
+
+async def test_topics_the_broker_refuses_to_create_stop_serve_with_one_clear_error(
+    tmp_path: Path, kafka_bootstrap: str, tiny_embed_dir: Path
+) -> None:
+    """Replication factor 3 on a one-broker cluster: CreateTopics is refused, serve exits 1
+    naming the topics and what to do (no traceback, no half-started consumer)."""
+    name = unique_group("refused")
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=f"{name}.req",
+        reply_topic=f"{name}.rep",
+        dlq_topic=f"{name}.dlq",
+        group_id=name,
+        model=str(tiny_embed_dir),
+        extra=["--topic-replication-factor", "3"],
+    )
+    try:
+        assert server.proc is not None
+        assert await asyncio.to_thread(server.proc.wait, 60) == 1
+    finally:
+        server.stop()
+    log = server.log_tail()
+    assert f"{name}.req" in log and "could not be created" in log, log
+    assert "Traceback" not in log, log
+
+
+async def test_reply_topic_that_does_not_exist_is_dead_lettered(
+    tmp_path: Path, kafka_bootstrap: str, topics: Topics, tiny_embed_dir: Path
+) -> None:
+    """The broker creates no topic on first use: a reply topic the client never created is
+    dead-lettered once its metadata wait (--send-timeout-ms) ends, instead of being retried
+    forever, and the partition keeps flowing."""
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=topics.requests,
+        reply_topic=topics.replies,
+        dlq_topic=topics.dlq,
+        group_id=topics.group,
+        model=str(tiny_embed_dir),
+        extra=["--max-wait-ms", "5", "--send-timeout-ms", "2000"],
+    )
+    try:
+        server.wait_ready()
+        bad = request("no-such-topic", "hello")
+        headers = (("kafka_replyTopic", unique_group("never-created").encode()),)
+        await produce(
+            kafka_bootstrap,
+            topics.requests,
+            [Req(bad.key, bad.value, headers), request("after", "still flowing")],
+        )
+        (dead,) = await read_topic(kafka_bootstrap, topics.dlq, n_records(1), 60, decode=False)
+        (after,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
+    finally:
+        server.stop()
+    assert dead.key == b"no-such-topic"
+    assert dead.headers["kbatch.error.code"] == b"invalid_request"
+    assert b"does not exist" in dead.headers["kbatch.error.message"]
+    assert after.key == b"after" and after.reply.status == "ok"

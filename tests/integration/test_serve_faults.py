@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from consumer.broker.local import LocalBroker
 from consumer.kafka.admin import create_topics
 from tests.conftest import TopicFactory, unique_group
@@ -26,7 +24,7 @@ from tests.integration.harness import (
     Req,
     ServeProcess,
     committed_offsets,
-    free_port,
+    free_port_pair,
     kill,
     poll_until,
     produce,
@@ -251,20 +249,6 @@ async def test_sigterm_drains_commits_and_repeats_nothing(
         server.stop()
     assert {r.key for r in replies} == all_keys(n)
     assert duplicates(replies) == 0
-
-
-def free_port_pair() -> int:
-    for _ in range(50):
-        port = free_port()
-        try:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    pytest.fail("no free port pair")
 
 
 def long_texts(n: int, words: int = 120) -> list[str]:

@@ -9,11 +9,14 @@ import pytest
 
 from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
 from consumer.bench.e2e_report import (
+    cpu_device_figures,
     latency_rate,
     plot_e2e,
     prefill_records,
     ratios,
+    replica_ratios,
     seq_per_s,
+    variant_key,
 )
 from consumer.bench.e2e_workers import raw_reply_value
 from consumer.config import ServeSettings
@@ -71,6 +74,36 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
     }
 
 
+def test_replicated_variants_get_their_own_keys_and_ratios_against_one_replica() -> None:
+    assert variant_key("passthrough", 1) == "passthrough"
+    assert variant_key("passthrough", 2) == "passthrough_x2"
+    report = {
+        "passthrough": {"seq_per_s": 6000.0},
+        "passthrough_x2": {"seq_per_s": 9000.0},
+        "kbatch": {"seq_per_s": 300.0},
+    }
+    assert replica_ratios(report, (1, 2)) == {
+        "ratio_passthrough_x2_vs_x1": 1.5,
+        "ratio_kbatch_x2_vs_x1": None,  # kbatch_x2 was not run
+    }
+    assert replica_ratios(report, (1,)) == {}
+
+
+def test_cpu_and_device_figures() -> None:
+    # 10,000 records drained in 2 s with 1.5 CPU s; 2 replicas' devices slept 3 s in all
+    f = cpu_device_figures(10_000, 2.0, 1.5, replicas=2, model_s=3.0)
+    assert f["cpu_us_per_record"] == 150.0
+    assert f["cpu_cores_busy"] == 0.75
+    assert f["device_busy_fraction"] == 0.75  # 3 s of 2 × 2 s
+    assert f["device_seq_per_s"] == pytest.approx(3333.3)
+    # a never-idle device answers 3,333 records/s; at 150 µs each that is half a core
+    assert f["cores_per_device"] == 0.5
+    g = cpu_device_figures(100, 1.0, 0.01)
+    assert g["cpu_us_per_record"] == 100.0 and g["device_busy_fraction"] is None
+    with pytest.raises(ValueError):
+        cpu_device_figures(0, 1.0, 1.0)
+
+
 def test_prefill_records_are_valid_requests_with_unique_keys_and_correlation_ids() -> None:
     records = prefill_records(["hello", "a longer text"], "bench.replies", "run1")
     assert [k for k, _, _ in records] == [b"run1-0", b"run1-1"]
@@ -123,3 +156,24 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     }
     path = plot_e2e(report, tmp_path / "img")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "sim:1,0.4", "--variants", "naive,kbatch"], "need a model directory"),
+        (["--model", "sim:1"], "FIXED_MS,US_PER_TOKEN"),
+        (["--replicas", "0,2"], "replica counts"),
+        (["--model", "/no/such/dir"], "not a directory"),
+    ],
+)
+def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
+    args: list[str], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from consumer.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "e2e", *args, "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -44,6 +44,7 @@ def test_kafka_image_matches_the_local_broker_version() -> None:
     assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
     assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
     assert env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] == "0"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # like `kbatch broker`
 
 
 def test_consumer_flags_exist_and_validate() -> None:

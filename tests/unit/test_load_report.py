@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from producer_tools.arrivals import arrival_times, constant_profile, pulse_profile, step_profile
-from producer_tools.report import Outcome, RunLog, build_report, find_knee, latency_summary
+from producer_tools.report import (
+    Outcome,
+    RunLog,
+    build_report,
+    error_rate,
+    find_knee,
+    latency_summary,
+)
 
 
 def test_latency_summary_matches_linear_interpolation() -> None:
@@ -78,6 +85,11 @@ def test_outcomes_are_counted_and_latency_only_over_replies() -> None:
         1,
     )
     assert s["answered"] == 8 and s["latency_ms"]["count"] == 8
+    assert error_rate(s) == pytest.approx(3 / 10)  # error + timeout + send failure; not expired
+
+
+def test_error_rate_of_an_empty_window_is_zero() -> None:
+    assert error_rate({"scheduled": 0, "timeouts": 0, "errors": 0, "send_failures": 0}) == 0.0
 
 
 def _step_rows(offered: list[float], thr: list[float], p99: list[float]) -> list[dict[str, Any]]:

@@ -1,0 +1,175 @@
+"""The supervisor's policy of ``kbatch serve --replicas``: pure functions, a fake clock."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from consumer.config import ServeSettings, load_settings
+from consumer.replicas import (
+    PER_REPLICA_FLAGS,
+    RestartPolicy,
+    RestartState,
+    Supervisor,
+    combined_exit_code,
+    drained_code,
+    exit_action,
+    replica_instance_id,
+    settings_file_data,
+    threads_per_replica,
+)
+
+
+@pytest.mark.parametrize(
+    ("cores", "replicas", "given", "threads"),
+    [
+        (8, 2, None, 4),
+        (2, 2, None, 1),
+        (2, 4, None, 1),
+        (16, 3, None, 5),
+        (8, 2, 3, 3),
+        (1, 1, None, 1),
+    ],
+)
+def test_threads_split_over_replicas_unless_given(
+    cores: int, replicas: int, given: int | None, threads: int
+) -> None:
+    assert threads_per_replica(cores, replicas, given) == threads
+
+
+def test_instance_ids_are_derived_per_replica() -> None:
+    assert [replica_instance_id("host-a", i) for i in range(3)] == [
+        "host-a-0",
+        "host-a-1",
+        "host-a-2",
+    ]
+    assert replica_instance_id(None, 1) is None
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    policy = RestartPolicy(first_delay_s=0.5, max_delay_s=4.0, factor=2.0)
+    assert [policy.delay_s(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_restart_state_counts_consecutive_failures_and_forgets_after_a_stable_run() -> None:
+    state = RestartState(RestartPolicy(first_delay_s=1.0, max_delay_s=30.0, stable_after_s=60.0))
+    delays = [state.on_exit(ran_s) for ran_s in (2.0, 3.0, 1.0)]  # a crash loop: short runs
+    assert delays == [1.0, 2.0, 4.0]
+    assert state.on_exit(ran_s=61.0) == 1.0  # ran long enough: back to the first delay
+    assert state.failures == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "stopping", "ever_ready", "action"),
+    [
+        (0, True, True, "done"),
+        (3, True, True, "done"),
+        (-15, True, False, "done"),
+        (1, False, False, "abort"),  # a start-up failure: restarting would not help
+        (1, False, True, "restart"),  # it served once (e.g. broker down later): keep trying
+        (-9, False, True, "restart"),  # SIGKILL, OOM killer
+        (0, False, True, "restart"),  # exited without being asked to
+        (-11, False, False, "restart"),
+    ],
+)
+def test_exit_action(code: int, stopping: bool, ever_ready: bool, action: str) -> None:
+    assert exit_action(code, stopping=stopping, ever_ready=ever_ready) == action
+
+
+@pytest.mark.parametrize(
+    ("codes", "exit_code"),
+    [([0, 0], 0), ([0, 3], 3), ([3, 3], 3), ([0, -9], 3), ([1, 0], 1), ([3, 1], 1), ([0], 0)],
+)
+def test_combined_exit_code(codes: list[int], exit_code: int) -> None:
+    assert combined_exit_code(codes) == exit_code
+
+
+@pytest.mark.parametrize(
+    ("code", "ready_since_launch", "counted"),
+    [(0, True, 0), (3, True, 3), (-9, True, -9), (-15, False, 0), (1, False, 0)],
+)
+def test_a_replica_stopped_while_starting_counts_as_drained(
+    code: int, ready_since_launch: bool, counted: int
+) -> None:
+    assert drained_code(code, ready_since_launch=ready_since_launch) == counted
+
+
+def test_the_drain_deadline_exit_code_is_serves() -> None:
+    from consumer import app, replicas
+
+    assert replicas.EXIT_DRAIN_DEADLINE == app.EXIT_DRAIN_DEADLINE
+
+
+def test_replica_settings_file_reproduces_the_settings(tmp_path: Path) -> None:
+    settings = load_settings(
+        ServeSettings,
+        replicas=3,
+        max_wait_ms=7.5,
+        group_id="g1",
+        sasl_plain_password="s3cret",
+        metrics_port=9999,
+        torch_threads=2,
+    )
+    data = settings_file_data(settings)
+    assert PER_REPLICA_FLAGS.isdisjoint(data)
+    assert data["sasl_plain_password"] == "s3cret"  # in clear: the file is private
+    path = tmp_path / "settings.yaml"
+    path.write_text(json.dumps(data))
+    child = load_settings(ServeSettings, path, replicas=1, metrics_port=1234)
+    assert child.max_wait_ms == 7.5 and child.group_id == "g1" and child.replicas == 1
+    assert child.sasl_plain_password is not None
+    assert child.sasl_plain_password.get_secret_value() == "s3cret"
+    expected = settings.model_dump(exclude=set(PER_REPLICA_FLAGS))
+    assert child.model_dump(exclude=set(PER_REPLICA_FLAGS)) == expected
+
+
+def test_replica_arguments_carry_threads_instance_id_and_internal_port() -> None:
+    settings = load_settings(ServeSettings, replicas=2, group_instance_id="host-a")
+    sup = Supervisor(settings, cores=8, argv0=["kbatch"])
+    try:
+        replica = sup.replicas[1]
+        replica.port = 40001
+        args = sup._args(replica)
+    finally:
+        shutil.rmtree(sup._runtime)
+    flags = dict(zip(args[2::2], args[3::2], strict=False))
+    assert args[:2] == ["kbatch", "serve"]
+    assert flags["--replicas"] == "1"
+    assert flags["--torch-threads"] == "4"
+    assert flags["--group-instance-id"] == "host-a-1"
+    assert flags["--metrics-port"] == "40001" and flags["--metrics-host"] == "127.0.0.1"
+
+
+def test_readiness_needs_every_replica() -> None:
+    settings = load_settings(ServeSettings, replicas=2)
+    sup = Supervisor(settings, cores=2, argv0=["kbatch"])
+    shutil.rmtree(sup._runtime)
+    sup.replicas[0].ready = True
+    ready, detail = sup.readiness()
+    assert not ready
+    assert [row["ready"] for row in detail["replicas"]] == [True, False]
+    sup.replicas[1].ready = True
+    assert sup.readiness()[0]
+
+
+def test_every_gauge_says_how_replicas_combine() -> None:
+    """Under --replicas a gauge left at prometheus-client's default mode ('all') would show one
+    series per pid: each gauge of Metrics names its multiprocess_mode."""
+    from prometheus_client import Gauge
+
+    from consumer.metrics import Metrics
+
+    metrics = Metrics()
+    gauges = {
+        name: value._multiprocess_mode
+        for name, value in vars(metrics).items()
+        if isinstance(value, Gauge)
+    }
+    assert gauges, "no gauges found"
+    assert {name: mode for name, mode in gauges.items() if mode == "all"} == {}
+    assert gauges["lag"] == "livemostrecent"
+    assert gauges["engine_healthy"] == "livemin"
+    assert gauges["in_flight_records"] == "livesum"
