@@ -8,6 +8,8 @@ Figures (skipped, recomputed, replies repeated) are printed.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
@@ -188,3 +190,52 @@ async def test_backfill_resumed_from_a_commit_with_metadata_skips_what_was_writt
     written = sorted(source_of(r)[1] for r in await read_all(kafka_bootstrap, output, 1))
     assert written == [2, 4, 6, 7, 8, 9]
     assert (await committed_points(kafka_bootstrap, group))[0] == (10, "")
+
+
+async def test_replicas_a_killed_replica_restarts_without_repeating_what_it_answered(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    # --replicas 2: one member per partition, each holding its head request (as above) while
+    # the 250 behind it are answered. Replica 0 is SIGKILLed and restarted by the supervisor:
+    # it skips its partition's 250 and repeats nothing; the metadata is per partition.
+    topics = (await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq"))
+    req, rep, _ = topics
+    group, per = unique_group("noreplay-rep"), 250
+    records = [
+        Req(r.key, r.value, r.headers, p)
+        for p in (0, 1)
+        for r in [request(f"head-{p}", "long " * 40)]
+        + [request(f"r-{p}-{i}", f"short {i}") for i in range(per)]
+    ]
+    holding = ["--max-wait-ms", "60000", "--no-adaptive-wait", "--batch-overhead-tokens", "0",
+               "--max-batch-size", "10", "--max-partition-records", "600", "--replicas", "2",
+               "--group-instance-id", f"noreplay-{group}"]  # fmt: skip
+    server = serve(tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "replicas", holding)
+    try:
+        # Produced once both members hold their partition: a revoke would answer the heads.
+        server.wait_ready()
+        await produce(kafka_bootstrap, req, records)
+        poll_until(lambda: server.metrics().get(OK, 0) >= 2 * per, 120, "the later replies")
+
+        def carried() -> int:
+            points = asyncio.run(committed_points(kafka_bootstrap, group))
+            return min(len(decode_completed(m)[1]) if m else 0 for _, m in points.values())
+
+        await asyncio.to_thread(
+            poll_until, lambda: carried() >= per, 30, "both partitions' metadata"
+        )
+        victim = server.readyz()["replicas"][0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        poll_until(lambda: server.metrics().get(SKIPPED, 0) >= per, 120, "the restart's skips")
+        skipped = server.metrics().get(SKIPPED, 0)
+        server.signal(signal.SIGTERM)  # the drain answers both heads
+        assert server.wait(90) == 0, server.log_tail()
+    finally:
+        server.stop()
+    replies = await read_all(kafka_bootstrap, rep, 1)
+    keys = [r.key for r in replies]
+    print(f"\nreplicas: replica 0 killed and restarted, {skipped:.0f} skipped, "
+          f"{len(keys) - len(set(keys))} replies repeated")  # fmt: skip
+    assert set(keys) == {r.key for r in records}
+    assert skipped == per
+    assert len(keys) == len(set(keys))
