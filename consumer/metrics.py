@@ -75,6 +75,19 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.skipped_completed = Counter(
+            "kbatch_records_skipped_completed_total",
+            "Request records skipped on intake because a previous owner of their partition "
+            "answered them (its commit metadata said so): neither computed nor answered again.",
+            registry=r,
+        )
+        self.commit_metadata_truncated = Counter(
+            "kbatch_commit_metadata_truncated_total",
+            "Partition commits whose finished-offset metadata did not fit the broker's "
+            "offset.metadata.max.bytes; the lowest offsets were kept, the rest are recomputed "
+            "after a crash.",
+            registry=r,
+        )
         self.dedup_hits = Counter(
             "kbatch_dedup_hits_total",
             "Requests answered from another copy of the same key.",

@@ -8,6 +8,8 @@ Rules this module keeps (CONTRACT.md §Delivery):
 
 * An offset is finished only when its reply or dead letter is acknowledged by the broker; the
   committed offset never passes an unfinished record (:class:`OffsetTracker`).
+* Offsets answered above the committed one travel in the commit's metadata; a new owner
+  skips them on intake, so a crash repeats only the records in flight (:mod:`offset_metadata`).
 * A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
 * A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
   while paused so the member stays in its group.
@@ -39,6 +41,7 @@ from consumer.dedup import DedupCache, DedupKind
 from consumer.delivery import Delivery, SinkLike
 from consumer.kafka.errors import CommitError
 from consumer.kafka.flow import FlowConfig, FlowControl
+from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
@@ -70,8 +73,10 @@ class SourceLike(Protocol):
     """What the pipeline needs of :class:`consumer.kafka.source.KafkaSource`."""
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
-    async def committed(self, tp: TopicPartition) -> int | None: ...
+    async def commit(
+        self, offsets: dict[TopicPartition, int], metadata: dict[TopicPartition, str]
+    ) -> None: ...
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]: ...
     def pause(self, tps: frozenset[TopicPartition]) -> None: ...
     def resume(self, tps: frozenset[TopicPartition]) -> None: ...
     async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
@@ -212,11 +217,16 @@ class Pipeline:
         now, now_ms = self._clock(), self._wall_ms()
         to_compute: list[tuple[Pending, InferenceItem]] = []
         consumed: dict[str, int] = {}
+        skipped = 0
         for record in records:
             generation = self.tracker.generation(record.tp)
             if generation is None:  # fetched just before its partition was revoked
                 continue
             try:
+                if self.tracker.skip_completed(record.tp, record.offset):
+                    skipped += 1  # answered before a crash (commit metadata): not again
+                    consumed[record.topic] = consumed.get(record.topic, 0) + 1
+                    continue
                 self.tracker.track(record.tp, record.offset)
             except ValueError:  # an offset at or below one already taken: a re-delivery
                 log.warning("skipping re-delivered %s@%d", record.tp, record.offset)
@@ -241,6 +251,8 @@ class Pipeline:
                 to_compute.append((pending, item))
         for topic, n in consumed.items():  # one labelled update per chunk, not per record
             self._metrics.records_consumed.labels(topic).inc(n)
+        if skipped:
+            self._metrics.skipped_completed.inc(skipped)
         return to_compute
 
     async def _submit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
@@ -441,12 +453,14 @@ class Pipeline:
         if not offsets:
             return
         started = self._clock()
+        metadata = self.tracker.commit_metadata(offsets)
         try:
-            await self.source.commit(offsets)
+            await self.source.commit(offsets, {tp: m.text for tp, m in metadata.items()})
         except CommitError as err:
             log.warning("%s; retrying at the next interval", err)
             return
         self._metrics.commit_time.observe(self._clock() - started)
+        self._metrics.commit_metadata_truncated.inc(sum(m.truncated for m in metadata.values()))
         self.tracker.mark_committed(offsets)
         self._committed.update(offsets)
 
@@ -491,9 +505,12 @@ class Pipeline:
         for tp in tps:
             self.tracker.assign(tp)
             self.flow.assign(tp)
-            committed = await self.source.committed(tp)
+            committed, metadata = await self.source.committed_metadata(tp)
             if committed is not None:
                 self._committed[tp] = committed
+                # Answered before a crash above the committed offset: skipped on intake.
+                done = read_completed(committed, metadata, where=tp)
+                self.tracker.add_completed(tp, done)
         self.flow.decide()
         paused = self.flow.reapply()
         if paused:

@@ -68,8 +68,13 @@ class OutcomesSink(Protocol):
 
 
 class FakeSource:
+    """The pipeline's Kafka source: remembers commits (offsets and their metadata); ``stored``
+    is what the group had committed before, ``(offset, metadata)`` per partition."""
+
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.metadata: list[dict[TopicPartition, str]] = []
+        self.stored: dict[TopicPartition, tuple[int | None, str]] = {}
         self.paused: set[TopicPartition] = set()
         self.ends: dict[TopicPartition, int] = {}
         self.positions: dict[TopicPartition, int] = {}
@@ -77,11 +82,14 @@ class FakeSource:
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: dict[TopicPartition, int], metadata: dict[TopicPartition, str]
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.metadata.append(dict(metadata))
 
-    async def committed(self, tp: TopicPartition) -> int | None:
-        return None
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]:
+        return self.stored.get(tp, (None, ""))
 
     def pause(self, tps: frozenset[TopicPartition]) -> None:
         self.paused |= tps
@@ -127,6 +135,7 @@ class FakeRangeSource:
         self._done = {p for p, r in self._plan.items() if r.remaining == 0}
         self._chunk = chunk
         self.commits: list[dict[int, int]] = []
+        self.metadata: list[dict[int, str]] = []
         self.stop_after_polls: int | None = None
         self.stop: asyncio.Event | None = None
         self._polls = 0
@@ -153,8 +162,11 @@ class FakeRangeSource:
         await asyncio.sleep(0)
         return out
 
-    async def commit(self, offsets: Mapping[int, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.metadata.append(dict(metadata or {}))
 
     def last_committed(self) -> dict[int, int]:
         merged: dict[int, int] = {}

@@ -9,9 +9,10 @@
 Rules:
 
 1. An offset is finished only when its output record (or dead letter) is acknowledged by the
-   broker; the committed offset is the lowest unfinished one (:class:`OffsetTracker`), so a
-   crash repeats at most the records read and not yet committed (at most
-   ``max_in_flight_records`` plus one commit interval's worth), never skips one.
+   broker; the committed offset is the lowest unfinished one (:class:`OffsetTracker`), and
+   the offsets finished above it travel in the commit's metadata, so a resumed run skips them
+   and a crash repeats at most the records in flight (and those finished within the last
+   commit interval), never skips one.
 2. A partition whose read position reached its end and whose records are all finished commits
    its end offset, so a rerun finds it done (transaction markers and compaction gaps at the
    end included).
@@ -69,7 +70,9 @@ class RangeSourceLike(Protocol):
     @property
     def finished(self) -> frozenset[int]: ...
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
-    async def commit(self, offsets: Mapping[int, int]) -> None: ...
+    async def commit(
+        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+    ) -> None: ...
 
 
 class EngineLike(Protocol):
@@ -151,6 +154,7 @@ class BackfillJob:
         self.error_replies = 0
         self.dead_lettered = 0
         self.undelivered = 0
+        self.skipped_completed = 0  # finished by an earlier run (commit metadata): not again
 
     def bind(self, engine: EngineLike) -> None:
         """Attach the engine (built after the job: it calls :meth:`on_outcomes`)."""
@@ -176,6 +180,7 @@ class BackfillJob:
             self._read[p] = 0
             if r.remaining:
                 self._tracker.assign((self._topic, p))
+                self._tracker.add_completed((self._topic, p), r.completed)
         total = sum(r.remaining for r in plan.values())
         self._progress.begin(total, f"{self._topic} → {s.output_topic}")
         t0 = self._clock()
@@ -214,6 +219,11 @@ class BackfillJob:
         now = self._clock()
         items: list[InferenceItem] = []
         for r in records:
+            if self._tracker.skip_completed(r.tp, r.offset):  # scored by an earlier run
+                self.skipped_completed += 1
+                self._read[r.partition] += 1
+                self._progress.advance(1)
+                continue
             generation = self._tracker.track(r.tp, r.offset)
             self._open += 1
             self._read[r.partition] += 1
@@ -354,8 +364,10 @@ class BackfillJob:
         offsets = self._offsets_to_commit()
         if not offsets:
             return True
+        tps = {(self._topic, p): o for p, o in offsets.items()}
+        metadata = {tp[1]: m.text for tp, m in self._tracker.commit_metadata(tps).items()}
         try:
-            await self._source.commit(offsets)
+            await self._source.commit(offsets, metadata)
         except RangeSourceError as err:
             log.warning("commit failed (retried at the next interval): %s", err)
             return False
@@ -416,4 +428,5 @@ class BackfillJob:
             mean_batch_size=round(self._stats.items / max(1, self._stats.batches), 1),
             padding_efficiency=round(self._stats.padding_efficiency, 4),
             partitions=tuple(parts),
+            skipped_completed=self.skipped_completed,
         )

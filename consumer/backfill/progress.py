@@ -174,7 +174,8 @@ def render_summary(summary: BackfillSummary, console: Console | None = None) -> 
     console.print(table)
     console.print(
         f"records {summary.records_read} read, {summary.ok} ok, {summary.error_replies} error "
-        f"replies, {summary.dead_lettered} dead-lettered, {summary.undelivered} undelivered; "
+        f"replies, {summary.dead_lettered} dead-lettered, {summary.undelivered} undelivered, "
+        f"{summary.skipped_completed} skipped (written by an earlier run); "
         f"{summary.elapsed_s:.1f} s, {summary.records_per_s:,.1f} records/s "
         f"({summary.batches} batches of {summary.mean_batch_size} on average, padding "
         f"efficiency {summary.padding_efficiency:.3f}; group {summary.group_id})"

@@ -44,6 +44,8 @@ class BackfillSummary:
     mean_batch_size: float
     padding_efficiency: float
     partitions: tuple[PartitionSummary, ...]
+    skipped_completed: int = 0
+    """Records read and skipped: an earlier run had written them (its commit's metadata)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (``--json``)."""

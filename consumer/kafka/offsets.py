@@ -15,6 +15,12 @@ Rules (CONTRACT.md §Delivery, Kafka commit semantics):
 * Offsets need not be contiguous (compacted topics, transaction markers): only tracked
   offsets matter. Offsets are tracked in increasing order per partition, as Kafka delivers
   them, so an offset in a gap below a tracked one will never be tracked later.
+* Offsets finished above the committed one are written into the commit's metadata
+  (:mod:`consumer.kafka.offset_metadata`): :meth:`OffsetTracker.commit_metadata`. A partition
+  whose finished set grew is committable even when its offset did not move, and when nothing
+  below its oldest unfinished record was taken, that record's offset is committed with them.
+  Read back at assignment, they are given to :meth:`OffsetTracker.add_completed`; such a record
+  is then taken already finished (:meth:`OffsetTracker.skip_completed`), never recomputed.
 * Each assignment of a partition is a *generation*. A completion carrying an older generation
   (the partition was revoked and assigned again while its batch ran) is ignored: the new owner
   of that generation re-reads from the last commit.
@@ -26,15 +32,27 @@ Cost: ``track`` O(1); ``complete`` amortized O(1) (each offset leaves the queue 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from consumer.kafka.offset_metadata import MAX_METADATA_BYTES, Encoded, encode_completed
 from consumer.kafka.records import TopicPartition
 
 
 class _Partition:
     """State of one assignment of one partition."""
 
-    __slots__ = ("committed", "generation", "last_done", "last_tracked", "queue", "unfinished")
+    __slots__ = (
+        "committed",
+        "committed_version",
+        "completed_earlier",
+        "generation",
+        "last_done",
+        "last_tracked",
+        "offered_version",
+        "queue",
+        "unfinished",
+        "version",
+    )
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
@@ -47,12 +65,29 @@ class _Partition:
         self.last_done: int | None = None
         # Last offset committed by this assignment (None: none yet).
         self.committed: int | None = None
+        # Offsets finished by an earlier owner (commit metadata), not taken in yet.
+        self.completed_earlier: set[int] = set()
+        # Bumped by every completion; the version offered by committable() and committed.
+        self.version = self.offered_version = self.committed_version = 0
 
     def next_offset(self) -> int | None:
-        """The offset to commit now, or None when nothing has finished in this assignment."""
+        """The offset to commit now, or None when nothing has finished in this assignment.
+
+        When the oldest tracked record is unfinished but a later one (or an offset finished
+        earlier) is done, it is the oldest tracked offset: the commit then carries the done
+        set in its metadata.
+        """
         if self.last_done is None:
+            if self.queue and (len(self.queue) > len(self.unfinished) or self.completed_earlier):
+                return self.queue[0]
             return None
         return self.queue[0] if self.queue else self.last_done + 1
+
+    def done_above(self, offset: int) -> list[int]:
+        """Finished offsets above ``offset``: tracked ones and ones finished earlier."""
+        done = [o for o in self.queue if o > offset and o not in self.unfinished]
+        done.extend(o for o in self.completed_earlier if o > offset)
+        return done
 
 
 class OffsetTracker:
@@ -119,6 +154,39 @@ class OffsetTracker:
         state.unfinished.add(offset)
         return state.generation
 
+    def add_completed(self, tp: TopicPartition, offsets: Iterable[int]) -> int:
+        """Offsets of ``tp`` finished by an earlier owner (read back from commit metadata).
+
+        Each is taken already finished when it arrives (:meth:`skip_completed`) and is
+        written into this assignment's commit metadata until the committed offset passes it.
+        Offsets at or below the last tracked one are left out (they were taken in already
+        and are computed). Returns how many were added; 0 when ``tp`` is not assigned.
+        """
+        state = self._partitions.get(tp)
+        if state is None:
+            return 0
+        floor = -1 if state.last_tracked is None else state.last_tracked
+        added = {o for o in offsets if o > floor} - state.completed_earlier
+        state.completed_earlier |= added
+        return len(added)
+
+    def skip_completed(self, tp: TopicPartition, offset: int) -> bool:
+        """Take ``offset`` in already finished when an earlier owner finished it.
+
+        Returns True when it did (the caller neither computes nor answers the record); False
+        when ``offset`` is not one of :meth:`add_completed`'s or ``tp`` is not assigned.
+
+        Raises:
+            ValueError: as :meth:`track`.
+        """
+        state = self._partitions.get(tp)
+        if state is None or offset not in state.completed_earlier:
+            return False
+        generation = self.track(tp, offset)
+        state.completed_earlier.discard(offset)
+        self.complete(tp, offset, generation)
+        return True
+
     def complete(self, tp: TopicPartition, offset: int, generation: int) -> bool:
         """Mark ``offset`` of ``tp`` finished (its reply or dead letter was acknowledged).
 
@@ -130,6 +198,7 @@ class OffsetTracker:
         if state is None or state.generation != generation or offset not in state.unfinished:
             return False
         state.unfinished.remove(offset)
+        state.version += 1
         queue = state.queue
         while queue and queue[0] not in state.unfinished:
             state.last_done = queue.popleft()
@@ -141,25 +210,49 @@ class OffsetTracker:
         return 0 if state is None else len(state.unfinished)
 
     def committable(self) -> dict[TopicPartition, int]:
-        """Offsets to commit now: per partition whose position moved since its last commit.
+        """Offsets to commit now: per partition whose position moved, or whose finished set
+        grew, since its last commit.
 
         Each value is the next offset to read (Kafka semantics): the lowest unfinished tracked
-        offset, or the last finished offset + 1 when all tracked records have finished.
+        offset, or the last finished offset + 1 when all tracked records have finished. The
+        finished set offered here is the one :meth:`mark_committed` records as committed.
         """
         result: dict[TopicPartition, int] = {}
         for tp, state in self._partitions.items():
             offset = state.next_offset()
-            if offset is not None and (state.committed is None or offset > state.committed):
+            if offset is None:
+                continue
+            moved = state.committed is None or offset > state.committed
+            if moved or state.version != state.committed_version:
                 result[tp] = offset
+                state.offered_version = state.version
         return result
+
+    def commit_metadata(
+        self, offsets: Mapping[TopicPartition, int], max_bytes: int = MAX_METADATA_BYTES
+    ) -> dict[TopicPartition, Encoded]:
+        """The commit metadata of each of ``offsets`` (from :meth:`committable`): the finished
+        offsets above it, encoded (:func:`consumer.kafka.offset_metadata.encode_completed`,
+        at most ``max_bytes`` characters). Partitions not assigned get ``""``."""
+        out: dict[TopicPartition, Encoded] = {}
+        for tp, offset in offsets.items():
+            state = self._partitions.get(tp)
+            done = state.done_above(offset) if state is not None else []
+            out[tp] = encode_completed(offset, done, max_bytes)
+        return out
 
     def mark_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Record that ``offsets`` were committed (the broker acknowledged the commit).
 
         Partitions not assigned are ignored; a lower offset than one already recorded does
-        not move the position back.
+        not move the position back. Finished offsets below the committed one that were never
+        taken in (compaction gaps) are forgotten.
         """
         for tp, offset in offsets.items():
             state = self._partitions.get(tp)
-            if state is not None and (state.committed is None or offset > state.committed):
+            if state is None:
+                continue
+            state.committed_version = state.offered_version
+            if state.committed is None or offset > state.committed:
                 state.committed = offset
+            state.completed_earlier = {o for o in state.completed_earlier if o >= offset}

@@ -29,8 +29,9 @@ ISO-8601 time       the first offset whose timestamp is at or after the time
 
 Resuming: the job commits under its own consumer group (manual assignment: no group
 membership, no rebalance). A committed offset inside ``[start, end]`` moves the start there;
-one outside the range (an older job's) is ignored. Offsets below the log start (deleted by
-retention since) are clamped to it; ends above the log end to it.
+one outside the range (an older job's) is ignored. The offsets the earlier run finished above
+its committed one (the commit's metadata) are skipped, not scored again. Offsets below the log
+start (deleted by retention since) are clamped to it; ends above the log end to it.
 
 Errors raised: :class:`RangeSpecError` (a ``ValueError``) for unparseable bounds or a partition
 the topic does not have; :class:`RangeSourceError` for a missing topic or a broker failure
@@ -50,8 +51,10 @@ from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
 from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.errors import RangeSourceError, RangeSpecError, map_kafka_errors
+from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.records import InRecord
 
 __all__ = [
@@ -165,6 +168,8 @@ class PartitionRange:
         end: the first offset not read (the ``--to`` bound, clamped to the log).
         resumed_from: the group's committed offset when it moved ``start``, else None.
         log_start / log_end: the partition's log start and end offsets at start.
+        completed: offsets in ``[start, end)`` an earlier run finished above its committed
+            offset (its commit metadata, :mod:`consumer.kafka.offset_metadata`): skipped.
     """
 
     partition: int
@@ -174,6 +179,7 @@ class PartitionRange:
     resumed_from: int | None
     log_start: int
     log_end: int
+    completed: frozenset[int] = frozenset()
 
     @property
     def remaining(self) -> int:
@@ -194,13 +200,15 @@ def plan_partition(
     log_start: int,
     log_end: int,
     committed: int | None,
+    completed: frozenset[int] = frozenset(),
 ) -> PartitionRange:
     """The range of one partition from its resolved bounds (pure).
 
     ``start_offset``/``end_offset`` are the resolved ``--from``/``--to`` offsets; both are
     clamped to ``[log_start, log_end]`` and an end below the start makes the range empty. A
     ``committed`` offset in ``[start, end]`` (this group's earlier run of the same range) moves
-    the start to it; outside that interval it belongs to another range and is ignored.
+    the start to it; outside that interval it belongs to another range and is ignored, and so
+    are the ``completed`` offsets read with it (only those inside ``(start, end)`` are kept).
 
     Raises:
         ValueError: a negative offset, or ``log_end < log_start``.
@@ -226,6 +234,7 @@ def plan_partition(
         resumed_from=resumed,
         log_start=log_start,
         log_end=log_end,
+        completed=frozenset(o for o in completed if start < o < end) if resumed else frozenset(),
     )
 
 
@@ -313,9 +322,12 @@ class RangeSource:
             log_end = await self._consumer.end_offsets(tps)
             starts = await self._offsets(from_bound, "from", partitions, log_start, log_end)
             ends = await self._offsets(to_bound, "to", partitions, log_start, log_end)
-            committed = {
-                p: await self._consumer.committed(KafkaTP(self.topic, p)) for p in partitions
-            }
+            points = await committed_with_metadata(self._consumer, tps)
+        committed = {p: points.get((self.topic, p), (None, ""))[0] for p in partitions}
+        completed = {
+            p: read_completed(off, meta, where=(self.topic, p))
+            for (_, p), (off, meta) in points.items()
+        }
         plan = {
             p: plan_partition(
                 p,
@@ -324,6 +336,7 @@ class RangeSource:
                 log_start=log_start[KafkaTP(self.topic, p)],
                 log_end=log_end[KafkaTP(self.topic, p)],
                 committed=committed[p],
+                completed=completed.get(p, frozenset()),
             )
             for p in partitions
         }
@@ -371,16 +384,22 @@ class RangeSource:
                 self._consumer.pause(tp)
         return out
 
-    async def commit(self, offsets: Mapping[int, int]) -> None:
-        """Commit ``offsets`` (partition → next offset to read) for the job's group.
+    async def commit(
+        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+    ) -> None:
+        """Commit ``offsets`` (partition → next offset to read) for the job's group, each with
+        its ``metadata`` string ("" when not given; :mod:`consumer.kafka.offset_metadata`).
 
         Raises:
             RangeSourceError: the broker refused or could not be reached.
         """
         if not offsets:
             return
+        meta = metadata or {}
         with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
-            await self._consumer.commit({KafkaTP(self.topic, p): off for p, off in offsets.items()})
+            await self._consumer.commit(
+                {KafkaTP(self.topic, p): (off, meta.get(p, "")) for p, off in offsets.items()}
+            )
 
     # -- internals -------------------------------------------------------------------------------
 

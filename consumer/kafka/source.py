@@ -16,6 +16,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from consumer.kafka.client_config import client_kwargs, start_client
+from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.errors import CommitError, map_kafka_errors
 from consumer.kafka.records import InRecord, TopicPartition
@@ -128,16 +129,25 @@ class KafkaSource:
         """The partitions paused in the client right now."""
         return frozenset((tp.topic, tp.partition) for tp in self._consumer.paused())
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Commit ``offsets`` (next offset to read, per partition) for this group.
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
+    ) -> None:
+        """Commit ``offsets`` (next offset to read, per partition) for this group, each with
+        its ``metadata`` string ("" when not given; :mod:`consumer.kafka.offset_metadata`).
 
         Raises:
-            CommitError: the group is rebalancing or the partition is no longer ours.
+            CommitError: the group is rebalancing, the partition is no longer ours, or the
+                broker refused the metadata (longer than its ``offset.metadata.max.bytes``).
         """
         if not offsets:
             return
+        meta = metadata or {}
         with map_kafka_errors(CommitError, f"commit of {dict(offsets)} failed"):
-            await self._consumer.commit({KafkaTP(*tp): off for tp, off in offsets.items()})
+            await self._consumer.commit(
+                {KafkaTP(*tp): (off, meta.get(tp, "")) for tp, off in offsets.items()}
+            )
 
     async def committed(self, tp: TopicPartition) -> int | None:
         """The group's committed offset of ``tp`` (None when it has none)."""
@@ -146,6 +156,17 @@ class KafkaSource:
         except KafkaError:
             return None
         return None if offset is None else int(offset)
+
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]:
+        """The group's committed offset of ``tp`` and its metadata string; ``(None, "")``
+        when it has none or the broker does not answer (logged)."""
+        try:
+            found = await committed_with_metadata(self._consumer, [KafkaTP(*tp)])
+        except KafkaError as err:
+            log.warning("committed offset of %s not available: %s", tp, err)
+            return None, ""
+        point = found.get(tp)
+        return (None, "") if point is None else point
 
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log end offset (high-water mark) of each of ``tps``, asked of the broker.

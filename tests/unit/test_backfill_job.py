@@ -13,6 +13,8 @@ import pytest
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.batching.types import InferenceItem
+from consumer.kafka.offset_metadata import decode_completed
+from consumer.kafka.range_source import plan_partition
 from consumer.kafka.records import InRecord
 from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
@@ -218,3 +220,36 @@ def test_batch_policy_has_waits_off_and_the_bench_budgets() -> None:
     cpu, cuda = s.batch_policy(cuda=False), s.batch_policy(cuda=True)
     assert cpu.max_wait_ms == 0.0 and not cpu.adaptive_wait
     assert (cpu.max_batch_tokens, cuda.max_batch_tokens) == (2048, 16384)
+
+
+async def test_a_resumed_run_skips_what_the_earlier_run_finished_above_its_commit() -> None:
+    # The earlier run committed 2 and had written 3 and 5 (its commit's metadata).
+    source = FakeSource({0: [_record(0, o, f"t{o}".encode()) for o in range(2, 8)]}, ends={0: 8})
+    source._plan[0] = plan_partition(
+        0, start_offset=0, end_offset=8, log_start=0, log_end=8, committed=2,
+        completed=frozenset({3, 5}),
+    )  # fmt: skip
+    sink = _sink()
+    job, engine = _job(source, sink)
+    summary = await job.run(asyncio.Event())
+    assert summary.complete
+    assert [it.text for it in engine.submitted] == ["t2", "t4", "t6", "t7"]
+    assert len(sink.to("scores")) == 4
+    assert job.skipped_completed == summary.skipped_completed == 2
+    assert summary.records_read == 6 and summary.ok == 4
+    assert source.last_committed() == {0: 8}
+
+
+async def test_commits_carry_the_offsets_written_above_the_committed_one() -> None:
+    source = FakeSource({0: [_record(0, o, f"t{o}".encode()) for o in range(4)]}, ends={0: 4})
+    job, _ = _job(source, _sink())
+    job._tracker.assign((TOPIC, 0))
+    generation = job._tracker.track((TOPIC, 0), 0)
+    for o in (1, 2):
+        job._tracker.complete((TOPIC, 0), o, job._tracker.track((TOPIC, 0), o))
+    assert await job._commit()
+    assert source.commits[-1] == {0: 0}
+    assert decode_completed(source.metadata[-1][0]) == (0, frozenset({1, 2}))
+    job._tracker.complete((TOPIC, 0), 0, generation)
+    assert await job._commit()
+    assert source.commits[-1] == {0: 3} and source.metadata[-1] == {0: ""}

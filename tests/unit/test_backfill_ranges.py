@@ -119,3 +119,24 @@ def test_plan_partition_rejects_negative_offsets() -> None:
         _plan(-1, 10)
     with pytest.raises(ValueError, match="log_end=1 < log_start=5"):
         _plan(0, 10, (5, 1))
+
+
+@pytest.mark.parametrize(
+    ("committed", "completed", "kept"),
+    [
+        # resumed: offsets the earlier run finished inside (start, end) are kept
+        (12, {13, 15, 19}, {13, 15, 19}),
+        (12, {12, 20, 25}, set()),  # at the start or at/past the end: not ours
+        # a committed offset outside the range: its metadata is another range's too
+        (30, {31}, set()),
+        (None, {13}, set()),
+    ],
+)
+def test_plan_partition_keeps_the_completed_offsets_of_its_own_resume(
+    committed: int | None, completed: set[int], kept: set[int]
+) -> None:
+    r = plan_partition(
+        3, start_offset=10, end_offset=20, log_start=0, log_end=100, committed=committed,
+        completed=frozenset(completed),
+    )  # fmt: skip
+    assert r.completed == kept

@@ -16,6 +16,7 @@ from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
 from consumer.delivery import DEAD_LETTER_CUT_BYTES
+from consumer.kafka.offset_metadata import decode_completed, encode_completed
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
 from consumer.metrics import Metrics
@@ -86,15 +87,55 @@ async def test_commit_waits_for_the_lowest_unanswered_offset(
     sink.acks[0].set_result(None)  # offset 12 acknowledged first
     await settle()
     await pipeline.commit()
-    assert source.commits == []  # 10 and 11 still unanswered: nothing is safe
+    # 10 and 11 still unanswered: the offset stays at 10, 12 travels in its metadata
+    assert source.commits == [{TP: 10}]
+    assert decode_completed(source.metadata[-1][TP]) == (10, frozenset({12}))
     sink.acks[2].set_result(None)  # offset 10
     await settle()
     await pipeline.commit()
-    assert source.commits == [{TP: 11}]
+    assert source.commits[-1] == {TP: 11}
+    assert decode_completed(source.metadata[-1][TP]) == (11, frozenset({12}))
     sink.acks[1].set_result(None)  # offset 11
     await settle()
     await pipeline.commit()
     assert source.commits[-1] == {TP: 13}
+    assert source.metadata[-1] == {TP: ""}  # nothing finished above 13
+
+
+async def test_offsets_answered_before_a_crash_are_skipped_on_assignment(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    await pipeline.on_revoked(frozenset({TP}))
+    # The previous owner committed 10 and had answered 11 and 13 above it.
+    source.stored[TP] = (10, encode_completed(10, [11, 13]).text)
+    await pipeline.on_assigned(frozenset({TP}))
+    keys = [b"a", b"b", b"c", b"d"]
+    await pipeline.take([record(10 + i, k) for i, k in enumerate(keys)])
+    assert [i.text for i in engine.items] == ["text 10", "text 12"]  # not 11 and 13
+    assert pipeline._metrics.skipped_completed._value.get() == 2
+    for item in engine.items:
+        pipeline.on_outcomes([ok(item)])
+    await settle()
+    assert len(sink.sent) == 2  # no reply again for 11 and 13
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 14}
+
+
+@pytest.mark.parametrize("metadata", ["not ours", "kb1:@@@", "kb9:AAA"])
+async def test_foreign_commit_metadata_is_ignored_and_everything_computed(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine], metadata: str
+) -> None:
+    pipeline, source, _, engine = parts
+    await pipeline.on_revoked(frozenset({TP}))
+    source.stored[TP] = (10, metadata)
+    await pipeline.on_assigned(frozenset({TP}))
+    await pipeline.take([record(10, b"a"), record(11, b"b")])
+    assert len(engine.items) == 2
+    assert pipeline._metrics.skipped_completed._value.get() == 0
 
 
 async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
