@@ -10,6 +10,7 @@ import pytest
 
 from consumer.delivery import DEAD_LETTER_CUT_BYTES, Delivery
 from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord
 from consumer.replies import ReplyBuilder
@@ -82,7 +83,12 @@ async def test_a_batch_goes_in_one_send_and_each_record_finishes_on_its_own_ack(
     sink.acks[1].set_result(None)
     await settle()
     assert owner.events == [("delivered", 1, "out"), ("finished", 1, True)]
-    assert tracker.committable() == {}  # offset 0 still open: nothing to commit
+    # Offset 0 is still open: the commit stays at 0, carrying the finished 1 in its metadata.
+    assert tracker.committable() == {("req", 0): 0}
+    assert decode_completed(tracker.commit_metadata({("req", 0): 0})[("req", 0)].text) == (
+        0,
+        frozenset({1}),
+    )
     sink.acks[0].set_result(None)
     sink.acks[2].set_exception(SinkClosedError("closed"))
     assert await delivery.wait(1.0) == 0
