@@ -250,21 +250,25 @@ def test_readme_quick_start(tmp_path: Path, kafka_bootstrap: str, names: Names) 
     assert '"status": "ok"' in out.stdout, out.stdout
 
 
-@pytest.fixture
-def served(
-    tmp_path: Path, kafka_bootstrap: str, names: Names, tiny_embed_dir: Path
-) -> Iterator[ServeProcess]:
-    """kbatch serve on the fresh topics (it creates them), with the tiny embedder."""
+def _serving(tmp_path: Path, bootstrap: str, names: Names, model: Path) -> Iterator[ServeProcess]:
+    """kbatch serve on the fresh topics (it creates them) with ``model``, until the test ends."""
     server = ServeProcess.start(
-        tmp_path, bootstrap=kafka_bootstrap, request_topic=names.requests,
-        reply_topic=names.replies, dlq_topic=names.dlq, group_id=names.group,
-        model=str(tiny_embed_dir),
+        tmp_path, bootstrap=bootstrap, request_topic=names.requests,
+        reply_topic=names.replies, dlq_topic=names.dlq, group_id=names.group, model=str(model),
     )  # fmt: skip
     try:
         server.wait_ready()
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, tiny_embed_dir: Path
+) -> Iterator[ServeProcess]:
+    """kbatch serve with the tiny embedder."""
+    yield from _serving(tmp_path, kafka_bootstrap, names, tiny_embed_dir)
 
 
 def test_contract_python_client(
@@ -325,17 +329,8 @@ def test_contract_kcat_examples(
 def served_with_prompts(
     tmp_path: Path, kafka_bootstrap: str, names: Names, tiny_prompt_embed_dir: Path
 ) -> Iterator[ServeProcess]:
-    """kbatch serve on the fresh topics with the tiny embedder that declares e5-style prompts."""
-    server = ServeProcess.start(
-        tmp_path, bootstrap=kafka_bootstrap, request_topic=names.requests,
-        reply_topic=names.replies, dlq_topic=names.dlq, group_id=names.group,
-        model=str(tiny_prompt_embed_dir),
-    )  # fmt: skip
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    """kbatch serve with the tiny embedder that declares e5-style prompts."""
+    yield from _serving(tmp_path, kafka_bootstrap, names, tiny_prompt_embed_dir)
 
 
 def test_contract_options_python_client(
