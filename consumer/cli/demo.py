@@ -18,7 +18,14 @@ import click
 @click.option(
     "--plots-dir", type=click.Path(path_type=Path), default=None, help="Write PNG plots here."
 )
-@click.option("--broker-port", type=int, default=9092, show_default=True)
+@click.option(
+    "--broker-port",
+    type=int,
+    default=9092,
+    show_default=True,
+    envvar="KBATCH_BROKER_PORT",
+    help="Port of the local broker it starts (env KBATCH_BROKER_PORT, as kbatch broker start).",
+)
 def demo_command(
     steady_s: float, steady_rate: float, pulse_s: float, plots_dir: Path | None, broker_port: int
 ) -> None:

@@ -148,7 +148,11 @@ def request_command(
 
     async def call() -> dict[str, Any]:
         async with RequestReplyClient(
-            bootstrap=bootstrap, request_topic=request_topic, reply_topic=reply_topic, encoding=enc
+            bootstrap=bootstrap,
+            request_topic=request_topic,
+            reply_topic=reply_topic,
+            encoding=enc,
+            start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
         ) as client:
             envelope = await client.request(
                 text,

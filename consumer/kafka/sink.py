@@ -51,6 +51,16 @@ BATCH_VALUE_LIMIT = 64 * 1024
 ``max_request_size``; a batch does not, and one refused record would fail its whole batch)."""
 
 
+MISSING_TOPIC_GRACE_S = 2.0
+"""How long the broker is asked again about a topic it does not know before a record for it is
+refused (a topic a client created a moment ago may take that long to reach every broker's
+metadata). aiokafka's own wait for a topic's metadata is the whole ``send_timeout_ms`` (30 s by
+default), during which the record's partition could not commit."""
+
+MISSING_TOPIC_TTL_S = 10.0
+"""How long a topic found missing is refused at once, without asking the broker again."""
+
+
 def _retriable(err: BaseException) -> bool:
     if isinstance(err, TimeoutError | KafkaTimeoutError):
         return True
@@ -101,6 +111,7 @@ class KafkaSink:
         self._handed_over: set[asyncio.Future[None]] = set()  # acks that _send_into owns
         self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._missing_until: dict[str, float] = {}  # topic → loop time its verdict expires
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -318,6 +329,7 @@ class KafkaSink:
                 topics on first use (a client naming a reply topic it never created).
         """
         topic = record.topic or self._default_topic
+        await self._check_topic(topic)
         try:
             future: asyncio.Future[Any] = await self._producer.send(
                 topic,
@@ -329,6 +341,39 @@ class KafkaSink:
         except Exception as err:
             raise self._refused(err, topic, record.partition) from err
         return future
+
+    async def _check_topic(self, topic: str) -> None:
+        """Refuse ``topic`` within :data:`MISSING_TOPIC_GRACE_S` when the broker does not have
+        it, instead of the producer's metadata wait of ``send_timeout_ms``.
+
+        Brokers without ``auto.create.topics.enable`` never create a reply topic on first use,
+        so a record for a topic the broker does not list cannot be delivered: the owner
+        dead-letters it and its partition commits on. A verdict is kept
+        :data:`MISSING_TOPIC_TTL_S`. When the broker does not answer, the producer's own wait
+        and the retries decide, as before.
+
+        Raises:
+            DeliveryError: the broker does not have the topic.
+        """
+        client = self._producer.client
+        if client.cluster.partitions_for_topic(topic):
+            return
+        loop = asyncio.get_running_loop()
+        if self._missing_until.get(topic, 0.0) > loop.time():
+            raise DeliveryError(f"topic {topic} does not exist")
+        give_up = loop.time() + MISSING_TOPIC_GRACE_S
+        while True:
+            try:  # all topics, without adding this one to the producer's tracked set
+                listed = (await client.fetch_all_metadata()).topics()
+            except KafkaError:
+                return
+            if topic in listed:
+                return
+            if loop.time() >= give_up:
+                break
+            await asyncio.sleep(MISSING_TOPIC_GRACE_S / 8)
+        self._missing_until[topic] = loop.time() + MISSING_TOPIC_TTL_S
+        raise DeliveryError(f"topic {topic} does not exist")
 
     @staticmethod
     def _refused(err: Exception, topic: str, partition: int | None) -> Exception:

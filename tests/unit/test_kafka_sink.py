@@ -39,6 +39,16 @@ class FakeBuilder:
         self.closed = True
 
 
+class _AllBut:
+    """Every topic name but the missing ones."""
+
+    def __init__(self, missing: set[str]) -> None:
+        self.missing = missing
+
+    def __contains__(self, topic: object) -> bool:
+        return topic not in self.missing
+
+
 class FakeProducer:
     """``send``/``send_batch`` return a delivery future the test resolves; ``raise_for`` makes
     a topic raise; ``metadata`` holds the partitions the producer knows (else ``send``)."""
@@ -51,9 +61,17 @@ class FakeProducer:
         self.batches: list[tuple[str, int, list[bytes | None]]] = []
         self.batch_capacity = 100
         self.gate: asyncio.Event | None = None  # send_batch waits for it (a batch in flight)
+        self.missing: set[str] = set()  # topics the broker does not list
+        self.metadata_calls = 0
         self.client = SimpleNamespace(
-            cluster=SimpleNamespace(partitions_for_topic=self.metadata.get)
+            cluster=SimpleNamespace(partitions_for_topic=self.metadata.get),
+            fetch_all_metadata=self.fetch_all_metadata,
         )
+
+    async def fetch_all_metadata(self) -> SimpleNamespace:
+        self.metadata_calls += 1
+        listed = _AllBut(self.missing)
+        return SimpleNamespace(topics=lambda: listed)
 
     async def stop(self) -> None:
         self.batches_at_stop = list(self.batches)
@@ -158,6 +176,27 @@ async def test_a_permanent_failure_is_a_delivery_error(
     producer.deliveries[0].set_exception(RecordTooLargeError())
     with pytest.raises(DeliveryError, match="RecordTooLargeError"):
         await acks[1]
+
+
+async def test_a_topic_the_broker_does_not_have_is_refused_within_the_grace(
+    sink: tuple[KafkaSink, FakeProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trial's fault: a reply topic nobody created waited out the producer's metadata wait
+    # (send_timeout_ms, 30 s by default) and held its partition's commits that long.
+    import consumer.kafka.sink as sink_module
+
+    monkeypatch.setattr(sink_module, "MISSING_TOPIC_GRACE_S", 0.05)
+    s, producer = sink
+    producer.missing.add("nobody.made.this")
+    acks = await s.send([record(b"a", "nobody.made.this"), record(b"b")])
+    with pytest.raises(DeliveryError, match=r"nobody\.made\.this does not exist"):
+        await acks[0]
+    assert producer.sent == [("kbatch.replies", b"b")]  # the other record went on
+    calls = producer.metadata_calls
+    (again,) = await s.send([record(b"c", "nobody.made.this")])
+    with pytest.raises(DeliveryError):
+        await again
+    assert producer.metadata_calls == calls  # the verdict is kept: no second question
 
 
 async def test_failures_after_close_are_sink_closed(sink: tuple[KafkaSink, FakeProducer]) -> None:
