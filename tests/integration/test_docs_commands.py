@@ -271,18 +271,27 @@ def served(
     yield from _serving(tmp_path, kafka_bootstrap, names, tiny_embed_dir)
 
 
-def test_contract_python_client(
-    tmp_path: Path, kafka_bootstrap: str, names: Names, served: ServeProcess
-) -> None:
-    block = _run_block(*PYTHON_CLIENT)
-    asyncio.run(create_topics(kafka_bootstrap, [names.mine]))  # as its comment says
-    script = tmp_path / "client.py"
-    script.write_text(_substitute(block.body, kafka_bootstrap, names))
+def _run_python_block(
+    where: tuple[str, str], tmp_path: Path, bootstrap: str, names: Names
+) -> subprocess.CompletedProcess[str]:
+    """Run a Python block as a script on the suite's broker and fresh topics, after creating
+    its reply topic (as the block's comment says); it must exit 0."""
+    block = _run_block(*where)
+    asyncio.run(create_topics(bootstrap, [names.mine]))
+    script = tmp_path / "block.py"
+    script.write_text(_substitute(block.body, bootstrap, names))
     out = subprocess.run(
         [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=90,
         stdin=subprocess.DEVNULL, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_contract_python_client(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, served: ServeProcess
+) -> None:
+    out = _run_python_block(PYTHON_CLIENT, tmp_path, kafka_bootstrap, names)
     assert "embedding=" in out.stdout and "error" not in out.stdout, out.stdout
 
 
@@ -337,15 +346,7 @@ def test_contract_options_python_client(
     tmp_path: Path, kafka_bootstrap: str, names: Names, served_with_prompts: ServeProcess
 ) -> None:
     """The embed-options example: a prompt, 16 dimensions as f16le, a binary vector."""
-    block = _run_block(*OPTIONS_PYTHON)
-    asyncio.run(create_topics(kafka_bootstrap, [names.mine]))  # as its comment says
-    script = tmp_path / "options.py"
-    script.write_text(_substitute(block.body, kafka_bootstrap, names))
-    out = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=90,
-        stdin=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _run_python_block(OPTIONS_PYTHON, tmp_path, kafka_bootstrap, names)
     lines = out.stdout.splitlines()
     assert lines[0].startswith("ok float16 (16,) usage:"), out.stdout
     assert lines[1] == "binary: (32,) bits, packed: 4 bytes on the wire", out.stdout
