@@ -400,36 +400,22 @@ async def test_topics_the_broker_refuses_to_create_stop_serve_with_one_clear_err
 
 
 async def test_reply_topic_that_does_not_exist_is_dead_lettered(
-    tmp_path: Path, kafka_bootstrap: str, topics: Topics, tiny_embed_dir: Path
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
 ) -> None:
     """The broker creates no topic on first use: a reply topic the client never created is
     dead-lettered within the sink's grace (2 s), not after the producer's metadata wait
     (--send-timeout-ms, 30 s by default, during which the partition could not commit) nor
     retried forever, and the partition keeps flowing."""
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=topics.requests,
-        reply_topic=topics.replies,
-        dlq_topic=topics.dlq,
-        group_id=topics.group,
-        model=str(tiny_embed_dir),
-        extra=["--max-wait-ms", "5"],
+    bad = request("no-such-topic", "hello")
+    headers = (("kafka_replyTopic", unique_group("never-created").encode()),)
+    await produce(
+        kafka_bootstrap,
+        topics.requests,
+        [Req(bad.key, bad.value, headers), request("after", "still flowing")],
     )
-    try:
-        server.wait_ready()
-        bad = request("no-such-topic", "hello")
-        headers = (("kafka_replyTopic", unique_group("never-created").encode()),)
-        await produce(
-            kafka_bootstrap,
-            topics.requests,
-            [Req(bad.key, bad.value, headers), request("after", "still flowing")],
-        )
-        # Well inside the default 30 s send timeout the old code waited out.
-        (dead,) = await read_topic(kafka_bootstrap, topics.dlq, n_records(1), 15, decode=False)
-        (after,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
-    finally:
-        server.stop()
+    # Well inside the default 30 s send timeout the old code waited out.
+    (dead,) = await read_topic(kafka_bootstrap, topics.dlq, n_records(1), 15, decode=False)
+    (after,) = await read_topic(kafka_bootstrap, topics.replies, n_records(1), 60)
     assert dead.key == b"no-such-topic"
     assert dead.headers["kbatch.error.code"] == b"invalid_request"
     assert b"does not exist" in dead.headers["kbatch.error.message"]

@@ -57,9 +57,10 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-@pytest.fixture
-async def parts() -> tuple[Pipeline, FakeSource, FakeSink, FakeEngine]:
-    settings = ServeSettings(max_partition_records=3, max_total_records=100)
+async def assigned_pipeline(
+    settings: ServeSettings, engine: FakeEngine
+) -> tuple[Pipeline, FakeSource, FakeSink]:
+    """A pipeline on fakes and a fixed clock, bound to ``engine``, assigned ``TP``."""
     sink = FakeSink()
     pipeline = Pipeline(
         settings,
@@ -69,9 +70,17 @@ async def parts() -> tuple[Pipeline, FakeSource, FakeSink, FakeEngine]:
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
     )
-    source, engine = FakeSource(), FakeEngine()
+    source = FakeSource()
     pipeline.bind(source, engine)
     await pipeline.on_assigned(frozenset({TP}))
+    return pipeline, source, sink
+
+
+@pytest.fixture
+async def parts() -> tuple[Pipeline, FakeSource, FakeSink, FakeEngine]:
+    settings = ServeSettings(max_partition_records=3, max_total_records=100)
+    engine = FakeEngine()
+    pipeline, source, sink = await assigned_pipeline(settings, engine)
     return pipeline, source, sink, engine
 
 
@@ -344,19 +353,8 @@ class HungFlushEngine(FakeEngine):
 async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_answered() -> None:
     # Issue 12 #3: ``finish`` first waited, without limit, for every queued item to be formed
     # into a batch; a 5 s drain with ~1,450 buffered ran 29.9 s and exited 0.
-    settings = ServeSettings()
-    sink = FakeSink()
-    pipeline = Pipeline(
-        settings,
-        sink,
-        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
-        Metrics(),
-        clock=lambda: 100.0,
-        wall_clock_ms=lambda: 1_000_000,
-    )
-    source, engine = FakeSource(), HungFlushEngine()
-    pipeline.bind(source, engine)
-    await pipeline.on_assigned(frozenset({TP}))
+    engine = HungFlushEngine()
+    pipeline, source, sink = await assigned_pipeline(ServeSettings(), engine)
     await pipeline.take([record(i, f"k{i}".encode()) for i in range(4)])
     pipeline.on_outcomes([ok(engine.items[0])])  # offset 0 answered
     await settle()
