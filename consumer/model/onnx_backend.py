@@ -10,7 +10,7 @@ every option applied there applies here too.
   exported by the TorchScript exporter (``torch.onnx.export(dynamo=False)``, opset 17) with
   dynamic batch and sequence axes, then rewritten by ORT's transformer optimizer
   (:func:`fuse_transformer`: fused ``EmbedLayerNormalization``, ``Attention``,
-  ``SkipLayerNormalization``, ``BiasGelu``; 10–35 % less CPU per text than the unfused graph on
+  ``SkipLayerNormalization``, ``BiasGelu``; 9–20 % less CPU per text than the unfused graph on
   MiniLM). Neither the dynamo exporter's graph nor a TorchScript export of transformers'
   ``sdpa`` attention matches the optimizer's attention pattern (LayerNorm and GELU fuse,
   attention stays MatMul/Softmax); a wrong export answers single texts right and padded rows
