@@ -12,7 +12,10 @@ Two phases per strategy, identical for all three:
 1. **backlog** — all ``n`` texts arrive at once (a consumer catching up, a backfill):
    ``seq_per_s``, ``tokens_per_s`` (real tokens) and ``padding_efficiency`` (real / padded).
    ``cpu_ms_per_seq``: process CPU time (every thread) per text — steadier than wall time
-   on a shared machine, and it counts threads that spin. The backlog runs in ``rounds``
+   on a shared machine, and it counts threads that spin. ``backlog_model_busy_fraction``: the
+   backlog batches' summed model time / the backlog's wall time (baselines too: their batch
+   time includes tokenizing the batch) — what is left, 1 − it, is time the model waited on
+   the rest (tokenization, batch formation, the hand-off). The backlog runs in ``rounds``
    slices, interleaved across the strategies, so a noisy neighbour on a shared machine slows
    all three alike.
 2. **paced** — Poisson arrivals at ``rate_per_s`` for ``seconds``: ``p50_ms``/``p99_ms`` from
@@ -266,6 +269,7 @@ class _Strategy:
                 round(sum(batch_ms) / 1000.0 / paced_s, 3) if paced_s > 0 else 0.0
             ),
             "backlog_batch_ms_p50": round(_percentile(backlog_ms, 50), 2),
+            "backlog_model_busy_fraction": round(sum(backlog_ms) / 1000.0 / span, 3),
             "batch_ms_p50": round(_percentile(batch_ms, 50), 1),
             "batch_ms_p99": round(_percentile(batch_ms, 99), 1),
             "batch_ms_max": round(max(batch_ms, default=float("nan")), 1),
@@ -355,7 +359,8 @@ class _Baselines:
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Per baseline: ``seq_per_s``, ``tokens_per_s``, ``padding_efficiency``,
-        ``backlog_s``, ``backlog_batches`` and ``backlog_batch_ms_p50``/``_p99``."""
+        ``backlog_s``, ``backlog_batches``, ``backlog_batch_ms_p50``/``_p99`` and
+        ``backlog_model_busy_fraction`` (the batches' summed time / ``backlog_s``)."""
         out: dict[str, dict[str, Any]] = {}
         for name, runs in self.runs.items():
             span = sum(r.seconds for r in runs)
@@ -371,6 +376,7 @@ class _Baselines:
                 "backlog_batches": sum(r.batches for r in runs),
                 "backlog_batch_ms_p50": round(_percentile(ms, 50), 2),
                 "backlog_batch_ms_p99": round(_percentile(ms, 99), 2),
+                "backlog_model_busy_fraction": round(sum(ms) / 1000.0 / span, 3),
             }
         return out
 

@@ -55,6 +55,8 @@ def test_bench_engine_json_reports_every_strategy_and_the_bound(
         0.5 * report["single"]["seq_per_s"], rel=0.01, abs=0.1
     )
     assert report["bucketed"]["paced_model_busy_fraction"] >= 0.0
+    for name in ("single", "fixed", "bucketed"):  # model time within the backlog's wall time
+        assert 0.0 < report[name]["backlog_model_busy_fraction"] <= 1.0, name
 
 
 def test_bench_engine_baselines_and_their_ratios(tiny_embed_dir: Path, tmp_path: Path) -> None:
@@ -87,6 +89,8 @@ def test_bench_engine_baselines_and_their_ratios(tiny_embed_dir: Path, tmp_path:
     assert report["ratio_single_paced_batch_ms_vs_runner_loop"] == round(
         report["single"]["batch_ms_p50"] / loop["paced_batch_ms_p50"], 3
     )
+    for row in (plain, offline, loop):  # batch times sum to at most the backlog's wall time
+        assert 0.0 < row["backlog_model_busy_fraction"] <= 1.0
     assert report["setup"]["baselines"] == ["plain_loop", "sorted_offline", "runner_loop"]
     assert report["setup"]["backend"] == "torch"
 

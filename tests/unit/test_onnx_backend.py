@@ -80,6 +80,30 @@ def test_export_is_cached_by_key(
     assert onnx_backend.ensure_onnx(tiny_embed_dir, "embed") == first
 
 
+@pytest.mark.parametrize("task", ["embed", "classify"])
+def test_export_is_fused_so_the_round_trips_cover_the_fused_graph(
+    onnx_cache: Path, tiny_embed_dir: Path, tiny_classify_dir: Path, task: str
+) -> None:
+    # The padded mixed-length round trips above run this file: it must hold ORT's fused
+    # transformer operators (Attention reads the padding mask itself), not the plain graph.
+    import onnx
+
+    model_dir = tiny_embed_dir if task == "embed" else tiny_classify_dir
+    graph = onnx.load(str(onnx_backend.ensure_onnx(model_dir, task))).graph  # type: ignore[arg-type]
+    ops = {(n.domain, n.op_type) for n in graph.node}
+    for op in ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization"):
+        assert ("com.microsoft", op) in ops, sorted(ops)
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+
+
+def test_cache_key_changes_with_the_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A changed export/fusion recipe must not reuse a file cached by the old one.
+    (tmp_path / "config.json").write_text("{}")
+    base = onnx_backend.cache_key(tmp_path, "embed", "none")
+    monkeypatch.setattr(onnx_backend, "_FP32_RECIPE", "another-recipe")
+    assert onnx_backend.cache_key(tmp_path, "embed", "none") != base
+
+
 def test_cache_key_changes_with_weights_task_and_quantize(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"weights-1")
