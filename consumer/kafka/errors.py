@@ -44,6 +44,7 @@ __all__ = [
     "RangeSpecError",
     "SinkClosedError",
     "TopicCreationError",
+    "TransactionError",
     "map_kafka_errors",
 ]
 
@@ -78,6 +79,21 @@ class DeliveryError(KafkaLayerError):
 
 class SinkClosedError(KafkaLayerError):
     """The sink was closed while a send was still being retried."""
+
+
+class TransactionError(KafkaLayerError):
+    """``--exactly-once``: a partition's transaction could not be committed (aborted, or its
+    producer fenced by a newer owner of the partition). Its replies never become visible to
+    ``read_committed`` readers and its offsets stay where the last transaction left them, so
+    the interval's records are computed again by the partition's next owner; the command
+    stops (not retriable in this process: its records count as answered).
+
+    ``committed``: the offsets of the other partitions that were committed in the same call.
+    """
+
+    def __init__(self, message: str, committed: dict[tuple[str, int], int] | None = None) -> None:
+        super().__init__(message)
+        self.committed = committed or {}
 
 
 class RangeSourceError(KafkaLayerError):

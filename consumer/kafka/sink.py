@@ -99,10 +99,17 @@ class KafkaSink:
         client: the brokers and security.
         settings: the delivery deadline.
         default_topic: where a record without a topic goes.
+        transactional_id: makes the producer transactional (``--exactly-once``, driven by
+            :mod:`consumer.kafka.transactions`); None: idempotent only.
     """
 
     def __init__(
-        self, client: KafkaClientSettings, settings: SinkSettings, *, default_topic: str
+        self,
+        client: KafkaClientSettings,
+        settings: SinkSettings,
+        *,
+        default_topic: str,
+        transactional_id: str | None = None,
     ) -> None:
         self._default_topic = default_topic
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
@@ -122,8 +129,15 @@ class KafkaSink:
             max_batch_size=256 * 1024,
             partitioner=partition_by_key,  # aiokafka's rule, without its pure-Python cost
             request_timeout_ms=settings.send_timeout_ms,
+            transactional_id=transactional_id,
             **client_kwargs(client),
         )
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The aiokafka producer (its transactions are driven by
+        :class:`consumer.kafka.transactions.TransactionalSink`)."""
+        return self._producer
 
     async def start(self) -> None:
         """Connect the producer.
