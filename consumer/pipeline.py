@@ -84,6 +84,7 @@ class SourceLike(Protocol):
     def resume(self, tps: frozenset[TopicPartition]) -> None: ...
     async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
     async def position(self, tp: TopicPartition) -> int | None: ...
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
 
 
 class Transactional(TransactionsLike, SourcedSinkLike, Protocol):
@@ -565,6 +566,10 @@ class Pipeline:
             if self._transactions is not None:  # fences the previous owner first
                 await self._transactions.open(tp)
             committed, metadata = await self.source.committed_metadata(tp)
+            if committed is not None and self._transactions is not None:
+                # The client fetched its start offset on its own, maybe while the previous
+                # owner's last transaction was still completing: start where it committed.
+                self.source.seek(tp, committed)
             if committed is not None:
                 self._committed[tp] = committed
                 # Answered before a crash above the committed offset: skipped on intake.

@@ -138,6 +138,9 @@ class FakeSource:
     async def position(self, tp: TopicPartition) -> int | None:
         return self.positions.get(tp)
 
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
 
 class FakeEngine:
     def __init__(self) -> None:

@@ -217,9 +217,13 @@ async def test_assignment_takes_nothing_in_before_every_partition_is_set_up() ->
 async def test_exactly_once_opens_each_partitions_producer_before_reading_its_offset() -> None:
     txn = FakeTransactions()
     pipeline = eos_pipeline(txn)
-    pipeline.bind(RecordingSource(txn), FakeEngine())
+    source = RecordingSource(txn)
+    source.stored[A] = (40, "")
+    source.positions[A] = 30  # the client's own fetch, before the last commit completed
+    pipeline.bind(source, FakeEngine())
     await pipeline.on_assigned(frozenset({A}))
     assert txn.events == [("open", A), ("read", A)]
+    assert source.positions[A] == 40
     await pipeline.on_revoked(frozenset({A}))
     assert txn.events[-1] == ("close", A)
 
