@@ -12,6 +12,8 @@
      │                              partition, too large); not retriable: dead-letter it
      ├── SinkClosedError            the sink closed before the record was acknowledged;
      │                              not retriable here (the record is re-read after a restart)
+     ├── TransactionError           --exactly-once: a partition's transaction aborted or its
+     │                              producer fenced; not retriable here (the command stops)
      ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
      │                              available; not retriable within the job
      └── RangeSpecError             a --from/--to value that cannot be parsed or does not fit
