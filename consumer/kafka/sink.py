@@ -100,7 +100,10 @@ class KafkaSink:
         settings: the delivery deadline.
         default_topic: where a record without a topic goes.
         transactional_id: makes the producer transactional (``--exactly-once``, driven by
-            :mod:`consumer.kafka.transactions`); None: idempotent only.
+            :mod:`consumer.kafka.transactions`); None: idempotent only. A transactional sink
+            never re-sends: a record not acknowledged in time fails with
+            :class:`SinkClosedError` (a re-send could be written twice in the transaction; its
+            owner aborts the transaction instead).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class KafkaSink:
         transactional_id: str | None = None,
     ) -> None:
         self._default_topic = default_topic
+        self._transactional = transactional_id is not None
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
@@ -292,7 +296,9 @@ class KafkaSink:
 
     def _settle(self, ack: asyncio.Future[None], record: OutRecord, err: BaseException) -> None:
         """Fail ``ack`` with the error :meth:`send` documents, or retry a retriable error."""
-        if not _retriable(err) or self._closed or isinstance(err, DeliveryError):
+        if self._transactional and _retriable(err):
+            ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
+        elif not _retriable(err) or self._closed or isinstance(err, DeliveryError):
             ack.set_exception(self._translate(err))
         else:
             log.warning(

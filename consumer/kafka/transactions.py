@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -91,6 +92,9 @@ class TransactionalSink:
         self._group_id = group_id
         self._prefix = id_prefix
         self._sinks: dict[TopicPartition, KafkaSink] = {}
+        # Partitions with a send that failed without a verdict (maybe written): their open
+        # transaction must not commit.
+        self._tainted: set[TopicPartition] = set()
 
     @property
     def open_partitions(self) -> frozenset[TopicPartition]:
@@ -128,6 +132,7 @@ class TransactionalSink:
         """Abort ``tp``'s open transaction (what was sent since its last commit never becomes
         visible) and stop its producer; a partition not open is a no-op."""
         sink = self._sinks.pop(tp, None)
+        self._tainted.discard(tp)
         if sink is None:
             return
         with contextlib.suppress(KafkaError, TimeoutError, AssertionError):
@@ -143,7 +148,10 @@ class TransactionalSink:
         :class:`SinkClosedError` (the record stays unfinished)."""
         sink = self._sinks.get(tp)
         if sink is not None:
-            return await sink.send(records)
+            acks = await sink.send(records)
+            for ack in acks:
+                ack.add_done_callback(functools.partial(self._check_ack, tp, sink))
+            return acks
         loop = asyncio.get_running_loop()
         closed = []
         for _ in records:
@@ -189,7 +197,19 @@ class TransactionalSink:
             )
         return committed
 
+    def _check_ack(self, tp: TopicPartition, sink: KafkaSink, ack: asyncio.Future[None]) -> None:
+        """A send of ``tp``'s that failed without a verdict (timed out, sink closing) may
+        still be written: ``tp``'s open transaction is then aborted, never committed."""
+        if (
+            not ack.cancelled()
+            and isinstance(ack.exception(), SinkClosedError)
+            and self._sinks.get(tp) is sink
+        ):
+            self._tainted.add(tp)
+
     async def _commit_one(self, tp: TopicPartition, offset: int, metadata: str) -> None:
+        if tp in self._tainted:
+            raise SinkClosedError(f"a send of {tp}'s transaction was not acknowledged")
         producer = self._sinks[tp].producer
         await producer.send_offsets_to_transaction(
             {KafkaTP(*tp): (offset, metadata)}, self._group_id
