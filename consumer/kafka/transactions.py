@@ -41,6 +41,7 @@ import functools
 import logging
 from collections.abc import Mapping, Sequence
 
+from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
@@ -135,6 +136,7 @@ class TransactionalSink:
         self._tainted.discard(tp)
         if sink is None:
             return
+        _retrieve_failure(sink.producer)
         with contextlib.suppress(KafkaError, TimeoutError, AssertionError):
             await asyncio.wait_for(sink.producer.abort_transaction(), CLOSE_TIMEOUT_S)
         await sink.stop()
@@ -216,3 +218,12 @@ class TransactionalSink:
         )
         await producer.commit_transaction()
         await producer.begin_transaction()
+
+
+def _retrieve_failure(producer: AIOKafkaProducer) -> None:
+    """Mark the failure of ``producer``'s current transaction as seen, if it has one: aiokafka
+    sets it on the transaction's end waiter, which an abort replaces unread ("Future exception
+    was never retrieved" at garbage collection)."""
+    waiter = producer._txn_manager.wait_for_transaction_end()
+    if waiter is not None and waiter.done() and not waiter.cancelled():
+        waiter.exception()
