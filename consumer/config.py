@@ -192,7 +192,7 @@ class RunSettings(BaseModel):
         False,
         description="Replies, dead letters and consumed offsets in one Kafka transaction "
         "per input partition and commit interval: read_committed readers see each reply "
-        "once, also after a crash (README §Exactly once).",
+        "once, also after a crash (README §Operations).",
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM/SIGINT: time to finish what is in flight and commit."
