@@ -25,9 +25,10 @@ from consumer.config import ServeSettings, project
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
+from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError, TransactionError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
+from consumer.kafka.transactions import TransactionalSink
 from consumer.lifecycle import Lifecycle
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.model.loader import load_model
@@ -88,9 +89,20 @@ async def serve(settings: ServeSettings) -> int:
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
-    sink = KafkaSink(client, project(SinkSettings, settings), default_topic=settings.reply_topic)
+    sink_settings = project(SinkSettings, settings)
+    transactions: TransactionalSink | None = None
+    sink: KafkaSink | TransactionalSink
+    if settings.exactly_once:  # a transactional producer per assigned request partition
+        sink = transactions = TransactionalSink(
+            client,
+            sink_settings,
+            default_topic=settings.reply_topic,
+            group_id=settings.effective_group_id,
+        )
+    else:
+        sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
-    pipeline = Pipeline(settings, sink, replies, metrics)
+    pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
     engine = Engine(
         runner,
         tokenizer,
@@ -153,10 +165,17 @@ async def serve(settings: ServeSettings) -> int:
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
         try:
             await pipeline.run(stop, beat=beat)
+        except TransactionError as err:  # its records are computed again by the next owner
+            log.error("%s; stopping", err)
+            failed = True
+        else:
+            failed = False
         finally:
             # The drain spends the shutdown deadline less the closes' reserve; leaving the
             # stack then stops consumer, producer, engine, metrics server within the rest.
             drained = await pipeline.finish(None, life.drain_deadline())
+    if failed:
+        return 1
     if drained:
         log.info("stopped (drained)")
         return 0

@@ -183,7 +183,16 @@ class RunSettings(BaseModel):
         description="Dead-letter topic (backfill default: <source-topic>.dlq).",
     )
     commit_interval_ms: int = Field(
-        1_000, ge=10, description="How often finished offsets are committed."
+        1_000,
+        ge=10,
+        description="How often finished offsets are committed (with --exactly-once: how "
+        "often replies become visible to read_committed readers).",
+    )
+    exactly_once: bool = Field(
+        False,
+        description="Replies, dead letters and consumed offsets in one Kafka transaction "
+        "per input partition and commit interval: read_committed readers see each reply "
+        "once, also after a crash (README §Operations).",
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM/SIGINT: time to finish what is in flight and commit."

@@ -23,6 +23,9 @@ Rules (CONTRACT.md §Delivery):
   unfinished (the job exits non-zero and a rerun repeats it): ``finish_unsent_dead_letters``.
 * When the sink closes first, nothing is finished: the record stays uncommitted and is
   answered after a restart.
+* ``--exactly-once`` (``sourced`` given): each record's sends go to its input partition's
+  transaction (``sourced.send_from``), and :meth:`Delivery.quiesce` / :meth:`Delivery.reopen`
+  bound a transaction between commits (:class:`consumer.exactly_once.IntervalGate`).
 
 Policy (what to count, what finishing releases) is the owner's; this class does the I/O.
 """
@@ -33,17 +36,25 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from consumer.exactly_once import IntervalGate
 from consumer.kafka.errors import DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
-from consumer.kafka.records import InRecord
+from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.records import OutRecord, cut_dead_letter
 
-__all__ = ["DEAD_LETTER_CUT_BYTES", "Delivery", "DeliveryOwner", "SinkLike", "Tracked"]
+__all__ = [
+    "DEAD_LETTER_CUT_BYTES",
+    "Delivery",
+    "DeliveryOwner",
+    "SinkLike",
+    "SourcedSinkLike",
+    "Tracked",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,15 @@ class SinkLike(Protocol):
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]: ...
 
 
+class SourcedSinkLike(Protocol):
+    """``--exactly-once``: what delivery needs of
+    :class:`consumer.kafka.transactions.TransactionalSink` (sends per input partition)."""
+
+    async def send_from(
+        self, tp: TopicPartition, records: Sequence[OutRecord]
+    ) -> list[asyncio.Future[None]]: ...
+
+
 class Tracked(Protocol):
     """A record read and tracked in the :class:`OffsetTracker` (its generation there)."""
 
@@ -69,6 +89,11 @@ class Tracked(Protocol):
 
 P = TypeVar("P", bound=Tracked)
 P_contra = TypeVar("P_contra", bound=Tracked, contravariant=True)
+
+_SinkSend = Callable[[TopicPartition, Sequence[OutRecord]], Awaitable[list[asyncio.Future[None]]]]
+_Held = tuple[P, OutRecord, ErrorCode | None, OutRecord | None]
+"""A record held while its partition commits: its reply (code None), or its dead letter, code
+and error reply."""
 
 
 class DeliveryOwner(Protocol[P_contra]):
@@ -99,6 +124,8 @@ class Delivery(Generic[P]):
         what: the name of a reply in that dead letter's message ("reply", "output record").
         finish_unsent_dead_letters: finish an offset whose dead letter was refused even cut.
         max_in_flight: at most this many records wait for the broker at once (None: no limit).
+        sourced: ``--exactly-once``: sends go to the record's input partition's transaction
+            through it (``sink`` is then unused), gated by :meth:`quiesce`/:meth:`reopen`.
     """
 
     def __init__(
@@ -111,8 +138,15 @@ class Delivery(Generic[P]):
         what: str = "reply",
         finish_unsent_dead_letters: bool = True,
         max_in_flight: int | None = None,
+        sourced: SourcedSinkLike | None = None,
     ) -> None:
         self._sink = sink
+        # (input partition, records) → one ack future each; the partition picks the
+        # transaction under --exactly-once and is ignored otherwise.
+        self._sink_send: _SinkSend = (
+            (lambda _tp, records: sink.send(records)) if sourced is None else sourced.send_from
+        )
+        self._gate: IntervalGate[_Held[P]] | None = None if sourced is None else IntervalGate()
         self._tracker = tracker
         self._owner = owner
         self._replies = replies
@@ -133,7 +167,10 @@ class Delivery(Generic[P]):
         """Send each ``pending``'s reply (one task for the batch); each is finished on its ack."""
         if batch:
             self._opened(len(batch))
-            self._spawn(self._send(batch))
+            if self._gate is None:
+                self._spawn(self._send(batch))
+            else:
+                self._send_gated(batch)
 
     def dead_letter(
         self, pending: P, dlq: OutRecord, code: ErrorCode, reply: OutRecord | None = None
@@ -141,7 +178,29 @@ class Delivery(Generic[P]):
         """Send ``pending``'s dead letter (cut when refused whole), then ``reply`` (an error
         reply for the client, when it can be addressed); then finish it (see the rules)."""
         self._opened(1)
-        self._spawn(self._dead_letter(pending, dlq, code, reply))
+        if self._gate is None or self._gate.admit(pending.record.tp, (pending, dlq, code, reply)):
+            self._spawn(self._dead_letter(pending, dlq, code, reply))
+
+    async def quiesce(
+        self, tps: frozenset[TopicPartition], timeout_s: float
+    ) -> frozenset[TopicPartition]:
+        """``--exactly-once``, a commit begins: hold new records of ``tps`` and wait up to
+        ``timeout_s`` seconds for their started ones; returns those of ``tps`` quiet now (their
+        transactions hold the sends of exactly the records finished in the tracker)."""
+        assert self._gate is not None, "quiesce() needs sourced="
+        self._gate.close(tps)
+        return await self._gate.quiet(tps, timeout_s)
+
+    def reopen(self, tps: frozenset[TopicPartition]) -> None:
+        """``--exactly-once``, the commit ended: start the records of ``tps`` held meanwhile."""
+        assert self._gate is not None, "reopen() needs sourced="
+        sends: list[tuple[P, OutRecord]] = []
+        for pending, record, code, reply in self._gate.reopen(tps):
+            if code is None:
+                sends.append((pending, record))
+            else:
+                self._spawn(self._dead_letter(pending, record, code, reply))
+        self._send_by_partition(sends)
 
     async def wait(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` seconds until every record given is finished (or given up);
@@ -156,7 +215,28 @@ class Delivery(Generic[P]):
         self._open += n
         self._idle.clear()
 
+    def _send_gated(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
+        gate = self._gate
+        assert gate is not None
+        self._send_by_partition(
+            [
+                (pending, record)
+                for pending, record in batch
+                if gate.admit(pending.record.tp, (pending, record, None, None))
+            ]
+        )
+
+    def _send_by_partition(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
+        """One send task per input partition (its transaction) of started records."""
+        by_tp: dict[TopicPartition, list[tuple[P, OutRecord]]] = {}
+        for pair in batch:
+            by_tp.setdefault(pair[0].record.tp, []).append(pair)
+        for part in by_tp.values():
+            self._spawn(self._send(part))
+
     def _done(self, pending: P, completed: bool) -> None:
+        if self._gate is not None:
+            self._gate.finished(pending.record.tp)
         self._open -= 1
         if self._open == 0:
             self._idle.set()
@@ -173,27 +253,29 @@ class Delivery(Generic[P]):
             log.error("a delivery task failed", exc_info=task.exception())
 
     async def _send(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
+        tp = batch[0][0].record.tp  # one partition under --exactly-once (_send_by_partition)
         if self._slots is None:
-            acks = await self._sink.send([record for _, record in batch])
+            acks = await self._sink_send(tp, [record for _, record in batch])
         else:
-            acks = [await self._send_slotted(record) for _, record in batch]
+            acks = [await self._send_slotted(tp, record) for _, record in batch]
         for (pending, record), ack in zip(batch, acks, strict=True):
             ack.add_done_callback(functools.partial(self._acked, pending, record))
 
-    async def _send_slotted(self, record: OutRecord) -> asyncio.Future[None]:
+    async def _send_slotted(self, tp: TopicPartition, record: OutRecord) -> asyncio.Future[None]:
         assert self._slots is not None
         slots = self._slots
         await slots.acquire()
-        (ack,) = await self._sink.send([record])
+        (ack,) = await self._sink_send(tp, [record])
         ack.add_done_callback(lambda _: slots.release())
         return ack
 
-    async def _send_one(self, record: OutRecord) -> None:
-        """Send one record and wait for its ack (raises what its future raises)."""
+    async def _send_one(self, tp: TopicPartition, record: OutRecord) -> None:
+        """Send one record of input partition ``tp``'s and wait for its ack (raises what its
+        future raises)."""
         if self._slots is None:
-            (ack,) = await self._sink.send([record])
+            (ack,) = await self._sink_send(tp, [record])
         else:
-            ack = await self._send_slotted(record)
+            ack = await self._send_slotted(tp, record)
         await ack
 
     def _acked(self, pending: P, record: OutRecord, ack: asyncio.Future[None]) -> None:
@@ -221,7 +303,7 @@ class Delivery(Generic[P]):
         reply_sent = False
         if reply is not None:
             try:
-                await self._send_one(reply)
+                await self._send_one(r.tp, reply)
                 reply_sent = True
             except (DeliveryError, SinkClosedError) as err:
                 log.warning("error reply for %s@%d not delivered: %s", r.tp, r.offset, err)
@@ -242,12 +324,12 @@ class Delivery(Generic[P]):
             SinkClosedError: the sink closed first.
         """
         try:
-            await self._send_one(dlq)
+            await self._send_one(r.tp, dlq)
             return True
         except DeliveryError as err:
             log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
         try:
-            await self._send_one(cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
+            await self._send_one(r.tp, cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
             return True
         except DeliveryError:
             log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)

@@ -13,6 +13,8 @@ Rules this module keeps (CONTRACT.md §Delivery):
 * A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
 * A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
   while paused so the member stays in its group.
+* ``--exactly-once`` (:mod:`consumer.exactly_once`): each partition's replies and offsets are
+  committed in its own Kafka transaction every commit interval (:meth:`Pipeline.commit`).
 * A revoke first finishes the revoked partitions' buffered work within the rebalance timeout,
   so a rebalance that finishes in time repeats nothing; what is still queued at the deadline is
   dropped, stays uncommitted, and is computed by the next owner.
@@ -38,8 +40,9 @@ from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
-from consumer.delivery import Delivery, SinkLike
-from consumer.kafka.errors import CommitError
+from consumer.delivery import Delivery, SinkLike, SourcedSinkLike
+from consumer.exactly_once import TransactionsLike, commit_transactions
+from consumer.kafka.errors import CommitError, TransactionError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
@@ -81,6 +84,14 @@ class SourceLike(Protocol):
     def resume(self, tps: frozenset[TopicPartition]) -> None: ...
     async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
     async def position(self, tp: TopicPartition) -> int | None: ...
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
+
+
+class Transactional(TransactionsLike, SourcedSinkLike, Protocol):
+    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
+
+    async def open(self, tp: TopicPartition) -> None: ...
+    async def close(self, tp: TopicPartition) -> None: ...
 
 
 class EngineLike(Protocol):
@@ -114,7 +125,12 @@ class Pending:
 
 
 class Pipeline:
-    """Owns the policy objects and does the I/O they decide on. One per ``kbatch serve``."""
+    """Owns the policy objects and does the I/O they decide on. One per ``kbatch serve``.
+
+    ``transactions`` (``--exactly-once``): the
+    :class:`~consumer.kafka.transactions.TransactionalSink` that sends and commits per input
+    partition (``sink`` is then unused).
+    """
 
     def __init__(
         self,
@@ -124,8 +140,11 @@ class Pipeline:
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        transactions: Transactional | None = None,
     ) -> None:
         self.settings = settings
+        self._transactions = transactions
+        self._commit_lock = asyncio.Lock()  # one transactional commit at a time
         self._replies = replies
         self._metrics = metrics
         self._clock = clock
@@ -143,7 +162,9 @@ class Pipeline:
         self._progress = asyncio.Event()
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
-        self._delivery: Delivery[Pending] = Delivery(sink, self.tracker, self, replies)
+        self._delivery: Delivery[Pending] = Delivery(
+            sink, self.tracker, self, replies, sourced=transactions
+        )
         self._resubmits: set[asyncio.Task[None]] = set()
         # Replies due, built and sent together once per loop iteration (see on_outcomes).
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
@@ -446,7 +467,15 @@ class Pipeline:
         self._metrics.paused_partitions.set(len(self.flow.paused))
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> None:
-        """Commit every partition's safe offset (those in ``only`` when given)."""
+        """Commit every partition's safe offset (those in ``only`` when given).
+
+        Raises:
+            TransactionError: ``--exactly-once``, a transaction could not be committed (the
+                command stops: see :class:`consumer.kafka.errors.TransactionError`).
+        """
+        if self._transactions is not None:
+            await self._commit_transactions(self._transactions, only)
+            return
         offsets = self.tracker.committable()
         if only is not None:
             offsets = {tp: off for tp, off in offsets.items() if tp in only}
@@ -463,6 +492,30 @@ class Pipeline:
         self._metrics.commit_metadata_truncated.inc(sum(m.truncated for m in metadata.values()))
         self.tracker.mark_committed(offsets)
         self._committed.update(offsets)
+
+    async def _commit_transactions(
+        self, transactions: Transactional, only: frozenset[TopicPartition] | None
+    ) -> None:
+        async with self._commit_lock:
+            tps = self.tracker.assigned if only is None else only & self.tracker.assigned
+            started = self._clock()
+            try:
+                committed, truncated = await commit_transactions(
+                    self._delivery,
+                    transactions,
+                    tps,
+                    self.tracker.committable,
+                    self.tracker.commit_metadata,
+                )
+            except TransactionError as err:
+                committed, truncated = err.committed, 0
+                raise
+            finally:
+                self.tracker.mark_committed(committed)
+                self._committed.update(committed)
+                self._metrics.commit_metadata_truncated.inc(truncated)
+            if committed:
+                self._metrics.commit_time.observe(self._clock() - started)
 
     def _update_gauges(self) -> None:
         m = self._metrics
@@ -502,10 +555,21 @@ class Pipeline:
     async def on_assigned(self, tps: frozenset[TopicPartition]) -> None:
         """Start a new generation for each partition; re-apply pauses aiokafka forgot."""
         self._metrics.rebalances.labels("assigned").inc()
+        # Nothing of ``tps`` is taken in before every one of them is set up: a record polled
+        # meanwhile would be dropped (not assigned yet; the position moves past it, so the
+        # commit would too) or computed although the commit metadata names it.
+        self.source.pause(tps)
         for tp in tps:
             self.tracker.assign(tp)
             self.flow.assign(tp)
+        for tp in tps:
+            if self._transactions is not None:  # fences the previous owner first
+                await self._transactions.open(tp)
             committed, metadata = await self.source.committed_metadata(tp)
+            if committed is not None and self._transactions is not None:
+                # The client fetched its start offset on its own, maybe while the previous
+                # owner's last transaction was still completing: start where it committed.
+                self.source.seek(tp, committed)
             if committed is not None:
                 self._committed[tp] = committed
                 # Answered before a crash above the committed offset: skipped on intake.
@@ -513,6 +577,7 @@ class Pipeline:
                 self.tracker.add_completed(tp, done)
         self.flow.decide()
         paused = self.flow.reapply()
+        self.source.resume(tps - paused)
         if paused:
             self.source.pause(paused)
         self.assigned_once = True
@@ -534,6 +599,8 @@ class Pipeline:
             self.flow.revoke(tp)
             self._committed.pop(tp, None)
             self._metrics.forget_partition(tp)
+            if self._transactions is not None:  # what was not committed is aborted
+                await self._transactions.close(tp)
         log.info("revoked %s in %.1f s", sorted(tps), loop.time() - started)
 
     async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:

@@ -229,6 +229,8 @@ class RequestReplyClient:
         linger_ms: Producer linger: how long a send may wait to share a batch (latency cost).
         start_timeout_s: Most seconds :meth:`start` waits for the broker and topic metadata.
         kafka_options: Extra aiokafka keyword arguments for both clients (security settings).
+        read_committed: Read replies with ``isolation_level=read_committed``: only replies of
+            committed transactions (a server run with ``--exactly-once``).
 
     Use as ``async with RequestReplyClient(...) as client: await client.request("text")``.
     """
@@ -245,6 +247,7 @@ class RequestReplyClient:
         start_timeout_s: float = 30.0,
         client_id: str = "kbatch-client",
         kafka_options: Mapping[str, Any] | None = None,
+        read_committed: bool = False,
     ) -> None:
         if reply_partition is not None and reply_partition < 0:
             raise ValueError(f"reply_partition must be >= 0, got {reply_partition}")
@@ -259,6 +262,7 @@ class RequestReplyClient:
         self._start_timeout_s = start_timeout_s
         self._client_id = client_id
         self._kafka_options = dict(kafka_options or {})
+        self._isolation_level = "read_committed" if read_committed else "read_uncommitted"
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -327,6 +331,7 @@ class RequestReplyClient:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="latest",
+            isolation_level=self._isolation_level,
             **self._kafka_options,
         )
         await self._consumer.start()

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome
-from consumer.kafka.errors import DeliveryError
+from consumer.kafka.errors import DeliveryError, TransactionError
 from consumer.kafka.range_source import PartitionRange, plan_partition
 from consumer.kafka.records import InRecord, TopicPartition
 from schemas.records import OutRecord
@@ -51,6 +51,41 @@ class FakeSink:
 
     def to(self, topic: str) -> list[OutRecord]:
         return [r for r in self.sent if r.topic == topic]
+
+
+class FakeTransactions:
+    """:class:`consumer.kafka.transactions.TransactionalSink` in memory: each input
+    partition's sends go to its own :class:`FakeSink` (``sinks[tp]``, acks resolved by the
+    test); ``commits`` lists each commit's (offsets, metadata); ``fail`` makes the next commit
+    of those partitions raise :class:`TransactionError`."""
+
+    def __init__(self) -> None:
+        self.sinks: dict[TopicPartition, FakeSink] = {}
+        self.commits: list[tuple[dict[TopicPartition, int], dict[TopicPartition, str]]] = []
+        self.events: list[tuple[str, TopicPartition]] = []  # ("open" | "close", tp)
+        self.fail: set[TopicPartition] = set()
+
+    async def open(self, tp: TopicPartition) -> None:
+        self.events.append(("open", tp))
+        self.sinks.setdefault(tp, FakeSink())
+
+    async def close(self, tp: TopicPartition) -> None:
+        self.events.append(("close", tp))
+
+    async def send_from(
+        self, tp: TopicPartition, records: Sequence[OutRecord]
+    ) -> list[asyncio.Future[None]]:
+        return await self.sinks.setdefault(tp, FakeSink()).send(records)
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
+    ) -> dict[TopicPartition, int]:
+        failed = self.fail & set(offsets)
+        done = {tp: o for tp, o in offsets.items() if tp not in failed}
+        self.commits.append((done, {tp: metadata[tp] for tp in done}))
+        if failed:
+            raise TransactionError(f"{sorted(failed)} aborted", done)
+        return done
 
 
 class FakeClock:
@@ -102,6 +137,9 @@ class FakeSource:
 
     async def position(self, tp: TopicPartition) -> int | None:
         return self.positions.get(tp)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
 
 
 class FakeEngine:

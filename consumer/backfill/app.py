@@ -32,6 +32,7 @@ from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
 from consumer.kafka.range_source import RangeSource
 from consumer.kafka.sink import KafkaSink
+from consumer.kafka.transactions import TransactionalSink
 from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
 from consumer.options import admit_options
@@ -83,6 +84,17 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
         await source.start()
         life.enter("source", source.stop)
+        transactions: TransactionalSink | None = None
+        if settings.exactly_once:  # before the committed offsets are read: fences a zombie
+            transactions = TransactionalSink(
+                client,
+                project(SinkSettings, settings),
+                default_topic=settings.output_topic,
+                group_id=group_id,
+            )
+            life.enter("transactional producers", transactions.stop)
+            for p in await source.partitions():
+                await transactions.open((settings.source_topic, p))
         plan = await source.resolve(settings.from_bound, settings.to_bound)
         for r in plan.values():
             log.info(
@@ -94,7 +106,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 f" (resumed: group {group_id})" if r.resumed_from is not None else "",
             )
         await _ensure_output_topics(settings, len(plan))
-        sink = KafkaSink(
+        sink: KafkaSink | TransactionalSink = transactions or KafkaSink(
             client, project(SinkSettings, settings), default_topic=settings.output_topic
         )
         if sum(r.remaining for r in plan.values()) == 0:
@@ -120,6 +132,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
                 _progress(settings),
                 stats=stats,
+                transactions=transactions,
             )
             engine = Engine(
                 model.runner,

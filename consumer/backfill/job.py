@@ -46,7 +46,8 @@ from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.deadline import Deadline
-from consumer.delivery import Delivery, SinkLike
+from consumer.delivery import Delivery, SinkLike, SourcedSinkLike
+from consumer.exactly_once import TransactionsLike, commit_transactions
 from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
@@ -73,6 +74,10 @@ class RangeSourceLike(Protocol):
     async def commit(
         self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
     ) -> None: ...
+
+
+class TransactionalJobSink(TransactionsLike, SourcedSinkLike, Protocol):
+    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
 
 
 class EngineLike(Protocol):
@@ -103,6 +108,9 @@ class BackfillJob:
         stats: the engine's batch counters (give the same object to the engine and runner);
             the summary reports batches, mean batch size and padding efficiency from it.
         clock: monotonic seconds.
+        transactions: ``--exactly-once``: the started
+            :class:`~consumer.kafka.transactions.TransactionalSink`, every partition of the
+            range open (``sink`` is then unused).
     """
 
     def __init__(
@@ -115,8 +123,10 @@ class BackfillJob:
         *,
         stats: EngineStats | None = None,
         clock: Callable[[], float] = time.monotonic,
+        transactions: TransactionalJobSink | None = None,
     ) -> None:
         self.settings = settings
+        self._transactions = transactions
         self._source = source
         self._replies = replies
         self._progress: ProgressSink = progress or NullProgress()
@@ -143,6 +153,7 @@ class BackfillJob:
             what="output record",
             finish_unsent_dead_letters=False,
             max_in_flight=settings.max_concurrent_sends,
+            sourced=transactions,
         )
         self._write_scheduled = False
         self._open = 0  # records read and neither finished nor given up
@@ -361,6 +372,8 @@ class BackfillJob:
         return offsets
 
     async def _commit(self) -> bool:
+        if self._transactions is not None:
+            return await self._commit_transactions(self._transactions)
         offsets = self._offsets_to_commit()
         if not offsets:
             return True
@@ -374,6 +387,22 @@ class BackfillJob:
         self._tracker.mark_committed({(self._topic, p): o for p, o in offsets.items()})
         plan = self._source.plan
         self._ends_committed.update(p for p, o in offsets.items() if o >= plan[p].end)
+        return True
+
+    async def _commit_transactions(self, transactions: TransactionalJobSink) -> bool:
+        """``--exactly-once``: end each partition's transaction with its offsets (see
+        :func:`consumer.exactly_once.commit_transactions`). A failed transaction raises."""
+        topic = self._topic
+        committed, _ = await commit_transactions(
+            self._delivery,
+            transactions,
+            self._tracker.assigned,
+            lambda: {(topic, p): o for p, o in self._offsets_to_commit().items()},
+            self._tracker.commit_metadata,
+        )
+        self._tracker.mark_committed(committed)
+        plan = self._source.plan
+        self._ends_committed.update(p for (_, p), o in committed.items() if o >= plan[p].end)
         return True
 
     async def _finish(self, stopped: bool, deadline: Deadline) -> None:

@@ -1,4 +1,4 @@
-"""``kbatch bench e2e``: the same model and the same N texts through five consumers.
+"""``kbatch bench e2e``: the same model and the same N texts through the consumers below.
 
 Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 
@@ -7,6 +7,9 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
   pooling, :mod:`consumer.model.baselines`) and commits after each poll
   (:mod:`consumer.bench.e2e_workers`, its own process): the honest "before" picture;
 - ``kbatch`` — a real ``kbatch serve`` process with the model;
+- ``kbatch_eos`` — the same with ``--exactly-once`` (a transaction per request partition and
+  commit interval); its replies are read ``read_committed``, so they count when their
+  transaction commits (the cost of exactly-once, latency included);
 - ``kbatch_onnx`` — the same with ``--backend onnx`` (ONNX Runtime; the export is cached, and
   the start-up quality gate runs before it is ready);
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
@@ -329,12 +332,15 @@ class _ReplyCounter:
     """Reads the reply topic from its beginning; notes when the first and the N-th distinct
     expected key arrived (monotonic seconds) and the ``kbatch-status`` of each."""
 
-    def __init__(self, bootstrap: str, topic: str, keys: set[bytes]) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, keys: set[bytes], read_committed: bool = False
+    ) -> None:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
         )
         self._topic = topic
         self._expected = keys
@@ -392,7 +398,11 @@ class _ReplyCounter:
 
 
 async def _latency_phase(
-    opts: E2EBenchOptions, topics: _Topics, rate_per_s: float, metrics_url: str | None
+    opts: E2EBenchOptions,
+    topics: _Topics,
+    rate_per_s: float,
+    metrics_url: str | None,
+    read_committed: bool = False,
 ) -> dict[str, Any]:
     from producer_tools.load import LoadOptions, run_load
 
@@ -410,6 +420,7 @@ async def _latency_phase(
             timeout_s=opts.request_timeout_s,
             metrics_url=metrics_url,
             probe_timeout_s=opts.request_timeout_s,
+            client_options={"read_committed": True} if read_committed else {},
         ),
         progress=False,
     )
@@ -451,13 +462,16 @@ async def _kafka_variant(
     if name in SERVED:
         model = "noop" if name == "passthrough" else (opts.serve_model or str(opts.model_dir))
         backend = "onnx" if name == "kbatch_onnx" else opts.backend
-        extra = ("--backend", backend) if name != "passthrough" else ()
+        extra: tuple[str, ...] = ("--backend", backend) if name != "passthrough" else ()
+        if name == "kbatch_eos":
+            extra = (*extra, "--exactly-once")
         proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
     backlog = _HeldBacklog(opts.bootstrap)
-    counter = _ReplyCounter(opts.bootstrap, topics.reply, {k for k, _, _ in records})
+    committed = name == "kbatch_eos"  # its replies count once their transaction committed
+    counter = _ReplyCounter(opts.bootstrap, topics.reply, {k for k, _, _ in records}, committed)
     try:
         say(f"{key}: producing {n} requests (held in an open transaction)")
         await backlog.fill(topics.request, records)
@@ -479,7 +493,7 @@ async def _kafka_variant(
         figures = cpu_device_figures(n, drain_s, cpu_s, replicas, model_s)
         rate = latency_rate(tput, opts.load_fraction, opts.max_latency_rate_per_s)
         say(f"{key}: {tput} seq/s, {figures}; latency phase at {rate}/s for {opts.latency_s:g} s")
-        summary = await _latency_phase(opts, topics, rate, metrics_url)
+        summary = await _latency_phase(opts, topics, rate, metrics_url, committed)
         lat = summary["latency_ms"]
         return {
             "seq_per_s": tput,

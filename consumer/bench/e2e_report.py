@@ -51,12 +51,14 @@ __all__ = [
 REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 """The variants ``--replicas`` applies to (``kbatch serve`` processes)."""
 
-SERVED: tuple[str, ...] = ("kbatch", "kbatch_onnx", "passthrough")
-"""The variants that run a ``kbatch serve`` process (``kbatch_onnx`` at one replica only)."""
+SERVED: tuple[str, ...] = ("kbatch", "kbatch_eos", "kbatch_onnx", "passthrough")
+"""The variants that run a ``kbatch serve`` process (``kbatch_eos`` and ``kbatch_onnx`` at one
+replica only)."""
 
 VARIANTS: tuple[str, ...] = (
     "naive",
     "kbatch",
+    "kbatch_eos",
     "kbatch_onnx",
     "engine",
     "passthrough",
@@ -67,6 +69,7 @@ VARIANTS: tuple[str, ...] = (
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_vs_naive", "kbatch", "naive"),
     ("ratio_kbatch_vs_engine", "kbatch", "engine"),
+    ("ratio_kbatch_eos_vs_kbatch", "kbatch_eos", "kbatch"),
     ("ratio_kbatch_onnx_vs_kbatch", "kbatch_onnx", "kbatch"),
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),

@@ -12,6 +12,8 @@
      │                              partition, too large); not retriable: dead-letter it
      ├── SinkClosedError            the sink closed before the record was acknowledged;
      │                              not retriable here (the record is re-read after a restart)
+     ├── TransactionError           --exactly-once: a partition's transaction aborted or its
+     │                              producer fenced; not retriable here (the command stops)
      ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
      │                              available; not retriable within the job
      └── RangeSpecError             a --from/--to value that cannot be parsed or does not fit
@@ -44,6 +46,7 @@ __all__ = [
     "RangeSpecError",
     "SinkClosedError",
     "TopicCreationError",
+    "TransactionError",
     "map_kafka_errors",
 ]
 
@@ -78,6 +81,21 @@ class DeliveryError(KafkaLayerError):
 
 class SinkClosedError(KafkaLayerError):
     """The sink was closed while a send was still being retried."""
+
+
+class TransactionError(KafkaLayerError):
+    """``--exactly-once``: a partition's transaction could not be committed (aborted, or its
+    producer fenced by a newer owner of the partition). Its replies never become visible to
+    ``read_committed`` readers and its offsets stay where the last transaction left them, so
+    the interval's records are computed again by the partition's next owner; the command
+    stops (not retriable in this process: its records count as answered).
+
+    ``committed``: the offsets of the other partitions that were committed in the same call.
+    """
+
+    def __init__(self, message: str, committed: dict[tuple[str, int], int] | None = None) -> None:
+        super().__init__(message)
+        self.committed = committed or {}
 
 
 class RangeSourceError(KafkaLayerError):

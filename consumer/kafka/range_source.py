@@ -306,6 +306,15 @@ class RangeSource:
             self._started = False
             await self._consumer.stop()
 
+    async def partitions(self) -> list[int]:
+        """The source topic's partitions, sorted (asked of the broker).
+
+        Raises:
+            RangeSourceError: the topic does not exist, or the broker failed to answer.
+        """
+        with map_kafka_errors(RangeSourceError, f"listing the partitions of {self.topic}"):
+            return await self._partitions()
+
     async def resolve(
         self, from_bound: RangeBound, to_bound: RangeBound
     ) -> dict[int, PartitionRange]:

@@ -99,12 +99,23 @@ class KafkaSink:
         client: the brokers and security.
         settings: the delivery deadline.
         default_topic: where a record without a topic goes.
+        transactional_id: makes the producer transactional (``--exactly-once``, driven by
+            :mod:`consumer.kafka.transactions`); None: idempotent only. A transactional sink
+            never re-sends: a record not acknowledged in time fails with
+            :class:`SinkClosedError` (a re-send could be written twice in the transaction; its
+            owner aborts the transaction instead).
     """
 
     def __init__(
-        self, client: KafkaClientSettings, settings: SinkSettings, *, default_topic: str
+        self,
+        client: KafkaClientSettings,
+        settings: SinkSettings,
+        *,
+        default_topic: str,
+        transactional_id: str | None = None,
     ) -> None:
         self._default_topic = default_topic
+        self._transactional = transactional_id is not None
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
@@ -122,8 +133,15 @@ class KafkaSink:
             max_batch_size=256 * 1024,
             partitioner=partition_by_key,  # aiokafka's rule, without its pure-Python cost
             request_timeout_ms=settings.send_timeout_ms,
+            transactional_id=transactional_id,
             **client_kwargs(client),
         )
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The aiokafka producer (its transactions are driven by
+        :class:`consumer.kafka.transactions.TransactionalSink`)."""
+        return self._producer
 
     async def start(self) -> None:
         """Connect the producer.
@@ -278,7 +296,9 @@ class KafkaSink:
 
     def _settle(self, ack: asyncio.Future[None], record: OutRecord, err: BaseException) -> None:
         """Fail ``ack`` with the error :meth:`send` documents, or retry a retriable error."""
-        if not _retriable(err) or self._closed or isinstance(err, DeliveryError):
+        if self._transactional and _retriable(err):
+            ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
+        elif not _retriable(err) or self._closed or isinstance(err, DeliveryError):
             ack.set_exception(self._translate(err))
         else:
             log.warning(

@@ -7,6 +7,7 @@ rebalance handler re-applies them (``RebalanceHandler.on_assigned``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -184,6 +185,11 @@ class KafkaSource:
             log.warning("end offsets not available: %s", err)
             return {}
         return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` next (a partition no longer assigned is left alone)."""
+        with contextlib.suppress(IllegalStateError):
+            self._consumer.seek(KafkaTP(*tp), offset)
 
     async def position(self, tp: TopicPartition) -> int | None:
         """The next offset this member will read from ``tp`` (None when not assigned)."""

@@ -348,3 +348,36 @@ async def read_all(
         await probe.stop()
     total = sum(ends.values())
     return await read_topic(bootstrap, topic, lambda rs: len(rs) >= total, timeout_s, decode=decode)
+
+
+async def read_committed(
+    bootstrap: str, topic: str, partitions: int, timeout_s: float = 30, decode: bool = True
+) -> list[ReplyRecord]:
+    """Every record of ``topic`` a ``read_committed`` reader sees now: reads each partition up
+    to its last stable offset taken at start (records of open or aborted transactions are
+    never returned; transaction markers are stepped over)."""
+    from aiokafka import TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[ReplyRecord] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)  # the last stable offsets (read_committed)
+        deadline = time.monotonic() + timeout_s
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            assert time.monotonic() < deadline, f"{topic} not read to {ends} in {timeout_s} s"
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for r in records:
+                    headers = {k: v for k, v in r.headers}
+                    reply = _decode(r.value or b"", headers) if decode else Reply.model_construct()
+                    out.append(
+                        ReplyRecord(r.key, r.partition, r.offset, headers, r.value or b"", reply)
+                    )
+    finally:
+        await consumer.stop()
+    return out

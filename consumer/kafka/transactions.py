@@ -1,0 +1,229 @@
+"""``--exactly-once``: one transactional producer per assigned input partition.
+
+::
+
+    assign tp ─► open(tp): producer "<prefix>-<group>-<topic>-<partition>" starts
+                 (InitProducerId: the previous owner's producer is fenced, its open
+                 transaction aborted) ─► begin_transaction
+    replies, dead letters of tp's records ─► send_from(tp, ...) ─► tp's open transaction
+    every commit interval ─► commit({tp: offset}, {tp: kb1 metadata}):
+                 send_offsets_to_transaction ─► commit_transaction ─► begin_transaction
+    revoke tp ─► close(tp): abort what is open, stop the producer
+
+Why a producer per input partition (Kafka Streams' "EOS alpha", KIP-98): zombie fencing needs
+the broker to tell an old owner of a partition from the new one. aiokafka 0.14 sends
+``TxnOffsetCommit`` version 0 only — ``transactional_id``, ``group_id``, producer id and epoch,
+no consumer generation or member id — so the group-metadata fencing of KIP-447 (one producer
+per consumer, fenced by the group generation) is not available. With a transactional id per
+input partition, whoever owns the partition now starts its producer under the same id, which
+bumps the epoch: the zombie's later sends and commits fail (``ProducerFenced``) and its open
+transaction is aborted before the new owner reads the committed offset.
+
+Which replies belong to which transaction (the delivery gate,
+:class:`consumer.delivery.Delivery` with ``transactional=True``): while a partition commits,
+new records of it are held; records already started finish (every send of theirs acknowledged,
+their offset finished in the tracker); then the committable offset and its kb1 metadata (the
+offsets finished above it, :mod:`consumer.kafka.offset_metadata`) are taken and committed in
+the transaction that holds exactly those records' replies. A record's replies and its offset
+are therefore in one transaction: after a crash a record is either committed with its reply
+(below the offset, or named in the metadata and skipped) or neither is visible.
+
+Errors: a transaction that cannot be committed raises :class:`TransactionError`; its records
+count as answered in this process, so the caller stops (their offsets never commit, the next
+owner computes them again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import KafkaError
+
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import SinkClosedError, TransactionError
+from consumer.kafka.records import TopicPartition
+from consumer.kafka.sink import KafkaSink
+from schemas.records import OutRecord
+
+__all__ = ["TransactionalSink", "transactional_id"]
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+"""At most this long to abort a closing partition's open transaction (a zombie's is aborted
+by the broker anyway when the next owner starts, or at ``transaction.timeout.ms``)."""
+
+
+def transactional_id(prefix: str, group_id: str, tp: TopicPartition) -> str:
+    """The transactional id of input partition ``tp``'s producer:
+    ``<prefix>-<group>-<topic>-<partition>`` (stable across restarts and owners: that is what
+    fences a zombie)."""
+    return f"{prefix}-{group_id}-{tp[0]}-{tp[1]}"
+
+
+class TransactionalSink:
+    """Replies and offsets of each input partition in its own Kafka transactions.
+
+    Args:
+        client: the brokers and security.
+        settings: the delivery deadline of one send.
+        default_topic: where a record without a topic goes.
+        group_id: the consumer group whose offsets the transactions commit.
+        id_prefix: first part of every transactional id (:func:`transactional_id`).
+    """
+
+    def __init__(
+        self,
+        client: KafkaClientSettings,
+        settings: SinkSettings,
+        *,
+        default_topic: str,
+        group_id: str,
+        id_prefix: str = "kbatch",
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._default_topic = default_topic
+        self._group_id = group_id
+        self._prefix = id_prefix
+        self._sinks: dict[TopicPartition, KafkaSink] = {}
+        # Partitions with a send that failed without a verdict (maybe written): their open
+        # transaction must not commit.
+        self._tainted: set[TopicPartition] = set()
+
+    @property
+    def open_partitions(self) -> frozenset[TopicPartition]:
+        """Input partitions with a producer and an open transaction."""
+        return frozenset(self._sinks)
+
+    async def start(self) -> None:
+        """Nothing to connect before the first partition is assigned (see :meth:`open`)."""
+
+    async def stop(self) -> None:
+        """Close every partition (:meth:`close`); idempotent."""
+        await asyncio.gather(*(self.close(tp) for tp in list(self._sinks)))
+
+    async def open(self, tp: TopicPartition) -> None:
+        """Start ``tp``'s producer (fencing any earlier one under its transactional id and
+        aborting that one's open transaction) and begin a transaction. Call before reading
+        ``tp``'s committed offset. A partition open already is left as it is.
+
+        Raises:
+            KafkaUnavailableError: no broker answered.
+        """
+        if tp in self._sinks:
+            return
+        sink = KafkaSink(
+            self._client,
+            self._settings,
+            default_topic=self._default_topic,
+            transactional_id=transactional_id(self._prefix, self._group_id, tp),
+        )
+        await sink.start()
+        await sink.producer.begin_transaction()
+        self._sinks[tp] = sink
+
+    async def close(self, tp: TopicPartition) -> None:
+        """Abort ``tp``'s open transaction (what was sent since its last commit never becomes
+        visible) and stop its producer; a partition not open is a no-op."""
+        sink = self._sinks.pop(tp, None)
+        self._tainted.discard(tp)
+        if sink is None:
+            return
+        _retrieve_failure(sink.producer)
+        with contextlib.suppress(KafkaError, TimeoutError, AssertionError):
+            await asyncio.wait_for(sink.producer.abort_transaction(), CLOSE_TIMEOUT_S)
+        await sink.stop()
+
+    async def send_from(
+        self, tp: TopicPartition, records: Sequence[OutRecord]
+    ) -> list[asyncio.Future[None]]:
+        """Send ``records`` — replies or dead letters of input partition ``tp``'s records — in
+        ``tp``'s open transaction; one future each, as :meth:`KafkaSink.send`. When ``tp`` is
+        not open (revoked, or its transaction failed) each future raises
+        :class:`SinkClosedError` (the record stays unfinished)."""
+        sink = self._sinks.get(tp)
+        if sink is not None:
+            acks = await sink.send(records)
+            for ack in acks:
+                ack.add_done_callback(functools.partial(self._check_ack, tp, sink))
+            return acks
+        loop = asyncio.get_running_loop()
+        closed = []
+        for _ in records:
+            future: asyncio.Future[None] = loop.create_future()
+            future.set_exception(SinkClosedError(f"partition {tp} has no open transaction"))
+            closed.append(future)
+        return closed
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        """Not available: every record belongs to an input partition's transaction
+        (:meth:`send_from`).
+
+        Raises:
+            TypeError: always.
+        """
+        raise TypeError("a transactional sink sends per input partition: send_from(tp, ...)")
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
+    ) -> dict[TopicPartition, int]:
+        """Commit each partition's transaction: the records sent in it since the last commit
+        and its consumed ``offsets`` (next offset to read) with their ``metadata``; then begin
+        the next. Partitions not open are left out. Returns the offsets committed.
+
+        Raises:
+            TransactionError: a partition's transaction was aborted or its producer fenced;
+                that partition is closed, the others are committed (``err.committed``).
+        """
+        targets = [tp for tp in offsets if tp in self._sinks]
+        results = await asyncio.gather(
+            *(self._commit_one(tp, offsets[tp], metadata.get(tp, "")) for tp in targets),
+            return_exceptions=True,
+        )
+        committed = {tp: offsets[tp] for tp, r in zip(targets, results, strict=True) if r is None}
+        failed = {tp: r for tp, r in zip(targets, results, strict=True) if r is not None}
+        if failed:
+            for tp in failed:
+                await self.close(tp)
+            raise TransactionError(
+                f"transaction of {sorted(failed)} not committed: "
+                + "; ".join(f"{tp}: {r!r}" for tp, r in failed.items()),
+                committed,
+            )
+        return committed
+
+    def _check_ack(self, tp: TopicPartition, sink: KafkaSink, ack: asyncio.Future[None]) -> None:
+        """A send of ``tp``'s that failed without a verdict (timed out, sink closing) may
+        still be written: ``tp``'s open transaction is then aborted, never committed."""
+        if (
+            not ack.cancelled()
+            and isinstance(ack.exception(), SinkClosedError)
+            and self._sinks.get(tp) is sink
+        ):
+            self._tainted.add(tp)
+
+    async def _commit_one(self, tp: TopicPartition, offset: int, metadata: str) -> None:
+        if tp in self._tainted:
+            raise SinkClosedError(f"a send of {tp}'s transaction was not acknowledged")
+        producer = self._sinks[tp].producer
+        await producer.send_offsets_to_transaction(
+            {KafkaTP(*tp): (offset, metadata)}, self._group_id
+        )
+        await producer.commit_transaction()
+        await producer.begin_transaction()
+
+
+def _retrieve_failure(producer: AIOKafkaProducer) -> None:
+    """Mark the failure of ``producer``'s current transaction as seen, if it has one: aiokafka
+    sets it on the transaction's end waiter, which an abort replaces unread ("Future exception
+    was never retrieved" at garbage collection)."""
+    waiter = producer._txn_manager.wait_for_transaction_end()
+    if waiter is not None and waiter.done() and not waiter.cancelled():
+        waiter.exception()

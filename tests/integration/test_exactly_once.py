@@ -1,0 +1,143 @@
+"""``--exactly-once`` on the real broker: SIGKILL mid-stream, restart, and a ``read_committed``
+reader sees each reply (serve) or output record (backfill) exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TopicFactory, unique_group
+from tests.integration.harness import (
+    committed_offsets,
+    kill,
+    poll_until,
+    produce,
+    read_committed,
+    read_topic,
+    request,
+)
+from tests.integration.test_backfill import (
+    Event,
+    backfill_args,
+    produce_events,
+    run_backfill,
+    source_of,
+    wait_for_commit,
+)
+from tests.integration.test_serve_faults import all_keys, covers, start
+
+pytestmark = pytest.mark.integration
+
+EOS = ["--exactly-once"]
+
+
+async def test_serve_sigkill_mid_stream_then_restart_answers_each_key_once(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("eos")
+    n = 2_000
+    keys = [f"r-{i}" for i in range(n)]
+    await produce(
+        kafka_bootstrap, req, [request(k, f"text {i} " * (1 + i % 20)) for i, k in enumerate(keys)]
+    )
+    server = start(
+        tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir), extra=EOS
+    )
+    try:
+        server.wait_ready()
+        poll_until(
+            lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 300,
+            120,
+            "300 replies",
+        )
+        kill(server)
+        at_kill = await committed_offsets(kafka_bootstrap, group, req, 2)
+        seen_at_kill = {r.key for r in await read_committed(kafka_bootstrap, rep, 1)}
+        server.launch()
+        server.wait_ready()
+        # Every request answered: the uncommitted (read_uncommitted) view covers every key.
+        await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 240)
+        await wait_committed(kafka_bootstrap, group, req, n, 60)
+    finally:
+        server.stop()
+    # The committed offsets at the kill passed no unanswered request: each request below them
+    # has a committed reply (the request topic's offsets per partition, by key).
+    requests = await read_committed(kafka_bootstrap, req, 2, decode=False)
+    below = {r.key for r in requests if r.offset < (at_kill[r.partition] or 0)}
+    assert below <= seen_at_kill, sorted(below - seen_at_kill)[:5]
+    assert sum(o or 0 for o in at_kill.values()) > 0, at_kill
+
+    counts = Counter(r.key for r in await read_committed(kafka_bootstrap, rep, 1))
+    repeated = {k: c for k, c in counts.items() if c != 1}
+    print(
+        f"\nexactly-once SIGKILL: committed {at_kill} at the kill, {sum(counts.values())} replies"
+    )
+    assert set(counts) == all_keys(n)
+    assert not repeated, list(repeated.items())[:5]
+
+
+async def wait_committed(
+    bootstrap: str, group: str, topic: str, total: int, timeout_s: float
+) -> None:
+    """Poll until the group's committed offsets of ``topic`` (2 partitions) sum to ``total``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        offsets = await committed_offsets(bootstrap, group, topic, 2)
+        if sum(o or 0 for o in offsets.values()) >= total:
+            return
+        assert time.monotonic() < deadline, f"committed {offsets}, not {total}, in {timeout_s} s"
+        await asyncio.sleep(0.2)
+
+
+async def test_backfill_sigkill_then_resume_writes_each_record_once(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    n_per_partition = 1500
+    source = await new_topic("bf-src", partitions=2)
+    output, dlq = await new_topic("bf-out"), await new_topic("bf-dlq")
+    await produce_events(
+        kafka_bootstrap,
+        source,
+        [
+            Event(p, f"{p}-{i}".encode(), (f"text {i} " * (1 + i % 9)).encode())
+            for p in (0, 1)
+            for i in range(n_per_partition)
+        ],
+    )
+    group = unique_group("bf-eos")
+    args = backfill_args(
+        kafka_bootstrap, source, output, dlq, group, tiny_embed_dir,
+        "--max-batch-size", "1", "--max-in-flight-records", "64", *EOS,
+    )  # fmt: skip
+    log_path = tmp_path / "backfill.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        await wait_for_commit(kafka_bootstrap, group, source, 2, proc, min_offset=300)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    at_kill = await committed_offsets(kafka_bootstrap, group, source, 2)
+    assert any(o is not None and 0 < o < n_per_partition for o in at_kill.values()), at_kill
+
+    run = run_backfill(args, log_path)
+    assert run.code == 0, run.log[-3000:]
+    assert run.summary is not None and run.summary["complete"]
+
+    counts = Counter(source_of(r) for r in await read_committed(kafka_bootstrap, output, 1))
+    every = {(p, o) for p in (0, 1) for o in range(n_per_partition)}
+    assert set(counts) == every  # no gap
+    repeated = {so: c for so, c in counts.items() if c != 1}
+    print(f"\nexactly-once backfill: committed {at_kill} at the kill, {len(counts)} records")
+    assert not repeated, list(repeated.items())[:5]
