@@ -258,8 +258,13 @@ class Delivery(Generic[P]):
             acks = await self._sink_send(tp, [record for _, record in batch])
         else:
             acks = [await self._send_slotted(tp, record) for _, record in batch]
-        for (pending, record), ack in zip(batch, acks, strict=True):
-            ack.add_done_callback(functools.partial(self._acked, pending, record))
+        # Records that share an ack future (one producer batch, KafkaSink.send) are finished
+        # together by one callback.
+        shared: dict[asyncio.Future[None], list[tuple[P, OutRecord]]] = {}
+        for pair, ack in zip(batch, acks, strict=True):
+            shared.setdefault(ack, []).append(pair)
+        for ack, members in shared.items():
+            ack.add_done_callback(functools.partial(self._acked, members))
 
     async def _send_slotted(self, tp: TopicPartition, record: OutRecord) -> asyncio.Future[None]:
         assert self._slots is not None
@@ -278,18 +283,22 @@ class Delivery(Generic[P]):
             ack = await self._send_slotted(tp, record)
         await ack
 
-    def _acked(self, pending: P, record: OutRecord, ack: asyncio.Future[None]) -> None:
+    def _acked(self, members: list[tuple[P, OutRecord]], ack: asyncio.Future[None]) -> None:
+        """The fate of ``members``, the records of one ack future."""
         err = None if ack.cancelled() else ack.exception()
         if ack.cancelled() or isinstance(err, SinkClosedError):
-            self._done(pending, False)  # answered after a restart
+            for pending, _ in members:
+                self._done(pending, False)  # answered after a restart
         elif err is None:
-            self._owner.on_delivered(pending, record)
-            self._finish(pending)
+            for pending, record in members:
+                self._owner.on_delivered(pending, record)
+                self._finish(pending)
         else:  # DeliveryError: e.g. the client named a reply address that cannot exist
             message = f"the {self._what} could not be delivered: {err}"
             code = ErrorCode.INVALID_REQUEST
-            dlq = self._replies.dead_letter(pending.record, code, message)
-            self._spawn(self._dead_letter(pending, dlq, code, None))  # still open
+            for pending, _ in members:
+                dlq = self._replies.dead_letter(pending.record, code, message)
+                self._spawn(self._dead_letter(pending, dlq, code, None))  # still open
 
     async def _dead_letter(
         self, pending: P, dlq: OutRecord, code: ErrorCode, reply: OutRecord | None

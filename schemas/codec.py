@@ -441,6 +441,62 @@ def decode_request(
             ``invalid_request`` for an oversized, undecodable or invalid value. ``.meta``
             carries the request's ``meta`` when it was valid, for the error reply.
     """
+    if encoding is Encoding.MSGPACK:
+        plain = _plain_text_request(value, max_text_bytes)
+        if plain is not None:
+            return Request.model_validate(plain)
+    return _decode_request_fully(value, encoding, max_text_bytes, max_meta_bytes)
+
+
+_PLAIN_PREFIXES: Final = (b"\x82\xa1v\x01\xa4text", b"\x81\xa4text")
+"""How a msgpack request of ``{"v": 1, "text": …}`` (what :func:`encode_request` writes for a
+request with no options) or of ``{"text": …}`` begins, up to the text's string header."""
+
+_STR_LENGTH_BYTES: Final = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+"""msgpack str8/16/32: how many big-endian length bytes follow the header byte."""
+
+
+def _plain_text_request(value: bytes, max_text_bytes: int) -> dict[str, Any] | None:
+    """The fast path of :func:`decode_request`: the map of a msgpack request that holds nothing
+    but a non-empty ``text`` of at most ``max_text_bytes`` (and ``v`` = 1, written first, as
+    kbatch's clients write it), read from its bytes; None for any other value.
+
+    The common request skips the structure walk, the unpacker and the checks of fields it does
+    not have (≈ 13 µs of the ≈ 15 µs a request cost); what it returns passes every rule of the
+    full path, so ``Request.model_validate`` of it is the full path's result. Anything else —
+    other fields, another order, invalid UTF-8, an empty or too long text, trailing bytes —
+    returns None and takes the full path, which alone words the errors (the two are compared
+    by a property test).
+    """
+    for prefix in _PLAIN_PREFIXES:
+        if value.startswith(prefix):
+            break
+    else:
+        return None
+    pos = len(prefix)
+    if pos >= len(value):
+        return None
+    header = value[pos]
+    if 0xA1 <= header <= 0xBF:  # fixstr of 1-31 bytes (0xA0, the empty string, is invalid)
+        start, length = pos + 1, header & 0x1F
+    elif header in _STR_LENGTH_BYTES:
+        start = pos + 1 + _STR_LENGTH_BYTES[header]
+        length = int.from_bytes(value[pos + 1 : start], "big")
+    else:
+        return None
+    if length == 0 or length > max_text_bytes or start + length != len(value):
+        return None
+    try:
+        text = value[start:].decode("utf-8")  # strict: as the unpacker, no lone surrogates
+    except UnicodeDecodeError:
+        return None
+    return {"v": 1, "text": text} if prefix[0] == 0x82 else {"text": text}
+
+
+def _decode_request_fully(
+    value: bytes, encoding: Encoding, max_text_bytes: int, max_meta_bytes: int
+) -> Request:
+    """:func:`decode_request` for any value: every check in the module docstring's order."""
     max_bytes = max_request_bytes(encoding, max_text_bytes, max_meta_bytes)
     if len(value) > max_bytes:
         _fail(

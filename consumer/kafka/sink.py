@@ -7,8 +7,10 @@ named by the client) raises :class:`DeliveryError` and the owner dead-letters th
 
 One way in: :meth:`KafkaSink.send` queues a batch of records at once (a single record is a
 batch of one) and returns one future each: no task, timeout context or retry set-up per record
-on the path where nothing fails (~10 µs per record instead of ~40 µs); a record that fails
-retriably is handed to a retry task of its own.
+on the path where nothing fails (~10 µs per record instead of ~40 µs); records that fail
+retriably are handed to a retry task. The records of one call that travel in the same producer
+batch share one future object (a *group*: one fate, one callback for the caller instead of one
+per record, ≈ 4 µs per record less).
 
 Records whose topic's partitions the producer already knows are built into aiokafka record
 batches directly (``create_batch``/``send_batch``), the partition chosen by
@@ -77,8 +79,17 @@ class _Waiting:
         self.timer: asyncio.TimerHandle | None = None
 
 
-_Member = tuple[asyncio.Future[None], OutRecord, _Waiting]
-"""A record in a batch: its ack, itself, and the waiting count of the ``send`` it came in."""
+class _Group:
+    """Records of one ``send`` call that share a fate, and their one ack future: those that
+    travel in the same producer batch, or a record sent alone."""
+
+    __slots__ = ("ack", "records", "waiting")
+
+    def __init__(self, ack: asyncio.Future[None], record: OutRecord, waiting: _Waiting) -> None:
+        self.ack = ack
+        self.records = [record]
+        self.waiting = waiting  # its send call's deadline; counts groups
+        waiting.count += 1
 
 
 class _Batch:
@@ -88,7 +99,7 @@ class _Batch:
 
     def __init__(self, builder: Any) -> None:
         self.builder = builder
-        self.members: list[_Member] = []
+        self.members: list[_Group] = []
 
 
 class KafkaSink:
@@ -164,24 +175,29 @@ class KafkaSink:
 
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
-        acknowledged it (a single record is a batch of one).
+        acknowledged it (a single record is a batch of one). Records that travel in the same
+        producer batch share one future object (the same object at each of their positions):
+        a caller may handle them together, with one callback.
 
         A retriable failure, or no acknowledgement within ``send_timeout_ms``, hands the
-        record to a retry task (exponential backoff until it is acknowledged or the sink
-        closes), and its future follows that. Returns once every record is queued (it waits
-        only for records that take the producer's own ``send``, see the module docstring).
+        records of that future to a retry task (each record retried with exponential backoff
+        until it is acknowledged or the sink closes), and the future follows that: done when
+        all are acknowledged, failed with the first error that is not retried. Returns once
+        every record is queued (it waits only for records that take the producer's own
+        ``send``, see the module docstring).
 
         A record's future raises:
             DeliveryError: the record can never be delivered (bad topic, partition, size).
             SinkClosedError: the sink closed before the record was acknowledged.
         """
         loop = asyncio.get_running_loop()
-        acks: list[asyncio.Future[None]] = [loop.create_future() for _ in records]
+        acks: list[asyncio.Future[None]] = []
+        groups: list[_Group] = []
         waiting = _Waiting()
-        alone: list[tuple[asyncio.Future[None], OutRecord]] = []
+        alone: list[_Group] = []
         partitions: dict[str, tuple[int, ...] | None] = {}
         default_topic = self._default_topic
-        for ack, record in zip(acks, records, strict=True):
+        for record in records:
             topic = record.topic or default_topic
             parts = partitions.get(topic, ())
             if parts == ():
@@ -194,7 +210,10 @@ class KafkaSink:
                 or partition not in parts
                 or (record.value is not None and len(record.value) > BATCH_VALUE_LIMIT)
             ):
-                alone.append((ack, record))
+                group = _Group(loop.create_future(), record, waiting)
+                alone.append(group)
+                groups.append(group)
+                acks.append(group.ack)
                 continue
             tp = (topic, partition)
             queue = self._queued.get(tp)
@@ -204,18 +223,23 @@ class KafkaSink:
             if not queue or not self._append(queue[-1], record):  # none yet, or full
                 queue.append(_Batch(self._producer.create_batch()))
                 self._append(queue[-1], record)  # an empty batch takes any record
-            queue[-1].members.append((ack, record, waiting))
-            waiting.count += 1
-        for ack, record in alone:
-            try:
-                future = await self._enqueue(record)
-            except Exception as err:  # DeliveryError, or what the producer raised
-                self._settle(ack, record, err)
+            members = queue[-1].members
+            if members and members[-1].waiting is waiting:  # this call's group in this batch
+                members[-1].records.append(record)
             else:
-                waiting.count += 1
-                future.add_done_callback(functools.partial(self._acked, ack, record, waiting))
+                members.append(_Group(loop.create_future(), record, waiting))
+                groups.append(members[-1])
+            acks.append(members[-1].ack)
+        for group in alone:
+            try:
+                future = await self._enqueue(group.records[0])
+            except Exception as err:  # DeliveryError, or what the producer raised
+                self._release(group.waiting)
+                self._settle(group, err)
+            else:
+                future.add_done_callback(functools.partial(self._acked, group))
         if waiting.count:
-            waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, acks, records)
+            waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, groups)
         return acks
 
     def _known_partitions(self, topic: str) -> tuple[int, ...] | None:
@@ -253,15 +277,15 @@ class KafkaSink:
             )
         except Exception as err:
             refused = self._refused(err, topic, partition)
-            for ack, record, waiting in batch.members:
-                self._release(waiting)
-                self._settle(ack, record, refused)
+            for group in batch.members:
+                self._release(group.waiting)
+                self._settle(group, refused)
             return
         future.add_done_callback(functools.partial(self._batch_acked, batch.members))
 
-    def _batch_acked(self, members: list[_Member], future: asyncio.Future[Any]) -> None:
-        for ack, record, waiting in members:
-            self._acked(ack, record, waiting, future)
+    def _batch_acked(self, members: list[_Group], future: asyncio.Future[Any]) -> None:
+        for group in members:
+            self._acked(group, future)
 
     @staticmethod
     def _release(waiting: _Waiting) -> None:
@@ -270,62 +294,60 @@ class KafkaSink:
         if waiting.count == 0 and waiting.timer is not None:
             waiting.timer.cancel()  # drops its references to the batch's records at once
 
-    def _acked(
-        self,
-        ack: asyncio.Future[None],
-        record: OutRecord,
-        waiting: _Waiting,
-        future: asyncio.Future[Any],
-    ) -> None:
-        self._release(waiting)
-        if ack.done() or ack in self._handed_over:
+    def _acked(self, group: _Group, future: asyncio.Future[Any]) -> None:
+        self._release(group.waiting)
+        if group.ack.done() or group.ack in self._handed_over:
             return  # answered already, or being retried after a timeout
         if future.cancelled():
-            self._settle(ack, record, SinkClosedError("the send was cancelled"))
+            self._settle(group, SinkClosedError("the send was cancelled"))
             return
         err = future.exception()
         if err is None:
-            ack.set_result(None)
+            group.ack.set_result(None)
         else:
-            self._settle(ack, record, err)
+            self._settle(group, err)
 
-    def _overdue(self, acks: list[asyncio.Future[None]], records: Sequence[OutRecord]) -> None:
-        for ack, record in zip(acks, records, strict=True):
-            if not ack.done() and ack not in self._handed_over:
-                self._settle(ack, record, TimeoutError("no acknowledgement in time"))
+    def _overdue(self, groups: list[_Group]) -> None:
+        for group in groups:
+            if not group.ack.done() and group.ack not in self._handed_over:
+                self._settle(group, TimeoutError("no acknowledgement in time"))
 
-    def _settle(self, ack: asyncio.Future[None], record: OutRecord, err: BaseException) -> None:
-        """Fail ``ack`` with the error :meth:`send` documents, or retry a retriable error."""
+    def _settle(self, group: _Group, err: BaseException) -> None:
+        """Fail ``group``'s ack with the error :meth:`send` documents, or retry its records
+        after a retriable error (never inside a transaction: a resend could be written twice)."""
         if self._transactional and _retriable(err):
-            ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
+            group.ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
         elif not _retriable(err) or self._closed or isinstance(err, DeliveryError):
-            ack.set_exception(self._translate(err))
+            group.ack.set_exception(self._translate(err))
         else:
-            log.warning(
-                "send to %s failed (%s); retrying", record.topic or self._default_topic, err
-            )
-            self._handed_over.add(ack)
-            task = asyncio.ensure_future(self._send_into(ack, record))
+            topic = group.records[0].topic or self._default_topic
+            log.warning("send of %d to %s failed (%s); retrying", len(group.records), topic, err)
+            self._handed_over.add(group.ack)
+            task = asyncio.ensure_future(self._send_into(group))
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)
 
-    async def _send_into(self, ack: asyncio.Future[None], record: OutRecord) -> None:
-        """Retry ``record`` until acknowledged, a non-retriable error or the sink's close."""
+    async def _send_into(self, group: _Group) -> None:
+        """Retry each of ``group``'s records until acknowledged, a non-retriable error or the
+        sink's close; its ack follows (the first error fails it)."""
+        try:
+            await asyncio.gather(*(self._retry(record) for record in group.records))
+        except Exception as err:
+            group.ack.set_exception(self._translate(err))
+        else:
+            group.ack.set_result(None)
+        finally:
+            self._handed_over.discard(group.ack)
+
+    async def _retry(self, record: OutRecord) -> None:
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retriable(e) and not self._closed),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             reraise=True,
         )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    await self._send_once(record)
-        except Exception as err:
-            ack.set_exception(self._translate(err))
-        else:
-            ack.set_result(None)
-        finally:
-            self._handed_over.discard(ack)
+        async for attempt in retrying:
+            with attempt:
+                await self._send_once(record)
 
     def _translate(self, err: BaseException) -> DeliveryError | SinkClosedError:
         """The sink's error for a failure the retries gave up on (or never started)."""

@@ -4,6 +4,7 @@ fallback, the owner's policy on a dead letter refused even cut, the send bound."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -140,3 +141,48 @@ async def test_max_in_flight_bounds_the_records_waiting_for_the_broker() -> None
         ("finished", 1, True),
         ("finished", 2, True),
     ]
+
+
+class SharingSink(FakeSink):
+    """A sink whose records of one call share one ack future (as ``KafkaSink.send`` gives the
+    records of one producer batch)."""
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        self.calls += 1
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sent.extend(records)
+        self.acks.append(ack)
+        return [ack] * len(records)
+
+
+async def test_records_that_share_an_ack_are_finished_together_each_once() -> None:
+    sink = SharingSink()
+    delivery, tracker, owner, items = make(sink)
+    delivery.send([(item, reply(i)) for i, item in enumerate(items)])
+    await settle()
+    assert len(sink.acks) == 1 and not owner.events
+    sink.acks[0].set_result(None)
+    await settle()
+    assert owner.events == [
+        ev for i in range(3) for ev in (("delivered", i, "out"), ("finished", i, True))
+    ]
+    assert tracker.committable() == {("req", 0): 3} and delivery.open == 0
+
+
+async def test_a_shared_ack_that_fails_dead_letters_each_of_its_records() -> None:
+    sink = SharingSink()
+    delivery, _tracker, owner, items = make(sink)
+    delivery.send([(item, reply(i)) for i, item in enumerate(items[:2])])
+    await settle()
+    sink.acks[0].set_exception(DeliveryError("no such topic"))
+    await settle()
+    for ack in sink.acks[1:]:  # the two dead letters, one send each
+        ack.set_result(None)
+    await settle()
+    assert [len(r.value or b"") > 0 for r in sink.to(DLQ)] == [True, True]
+    code = (ErrorCode.INVALID_REQUEST, True, False)
+    assert sorted(e for e in owner.events if e[0] == "dead_lettered") == [
+        ("dead_lettered", 0, code),
+        ("dead_lettered", 1, code),
+    ]
+    assert delivery.open == 0

@@ -319,6 +319,29 @@ async def test_a_failed_batch_retries_each_record_and_refusals_are_delivery_erro
     await asyncio.wait_for(asyncio.gather(acks[0], acks[1]), 1)
 
 
+async def test_the_records_of_one_call_in_one_batch_share_their_ack(
+    sink: tuple[KafkaSink, FakeProducer],
+) -> None:
+    s, producer = sink
+    producer.metadata["kbatch.replies"] = {0, 1, 2}
+    keys = [b"k%d" % i for i in range(12)]
+    acks = await s.send([record(k) for k in keys])
+    later = await s.send([record(b"k0")])  # the same batch as k0, another call: its own ack
+    await turns()
+    by_partition = {p: ks for _, p, ks in producer.batches}
+    assert len(producer.batches) == len(by_partition)  # one batch per partition
+    assert sum(ks.count(b"k0") for ks in by_partition.values()) == 2
+    partition_of = {k: p for p, ks in by_partition.items() for k in ks}
+    for k, ack in zip(keys, acks, strict=True):  # one ack object per partition's batch
+        assert all((ack is other) == (partition_of[k] == partition_of[j])
+                   for j, other in zip(keys, acks, strict=True))  # fmt: skip
+    assert len({id(a) for a in acks}) == len(by_partition)
+    assert later[0] is not acks[0]
+    for d in producer.deliveries:
+        d.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*acks, *later), 1)
+
+
 @settings(max_examples=300, deadline=None, database=None)
 @given(key=st.binary(max_size=80))
 def test_murmur2_is_kafkas(key: bytes) -> None:

@@ -22,7 +22,11 @@ from hypothesis import strategies as st
 
 from schemas import headers as h
 from schemas.codec import (
+    DEFAULT_MAX_META_BYTES,
+    DEFAULT_MAX_TEXT_BYTES,
     Encoding,
+    _decode_request_fully,
+    _plain_text_request,
     decode_reply,
     decode_request,
     encode_reply,
@@ -404,3 +408,61 @@ def test_nan_and_infinity_never_decode_from_json() -> None:
             continue
         raise AssertionError(literal)
     assert not math.isfinite(float("1e999"))
+
+
+# --- the plain-text fast path of decode_request ------------------------------------------------
+
+
+def _full_or_error(value: bytes, max_text_bytes: int) -> Request | tuple[str, str, Any]:
+    """The full path's verdict: the request, or the error's code, message and meta."""
+    try:
+        return _decode_request_fully(value, MSGPACK, max_text_bytes, DEFAULT_MAX_META_BYTES)
+    except DecodeError as exc:
+        return (exc.code, exc.message, exc.meta)
+
+
+def _decoded_or_error(value: bytes, max_text_bytes: int) -> Request | tuple[str, str, Any]:
+    try:
+        return decode_request(value, MSGPACK, max_text_bytes=max_text_bytes)
+    except DecodeError as exc:
+        return (exc.code, exc.message, exc.meta)
+
+
+plain_prefixes = st.sampled_from([b"\x82\xa1v\x01\xa4text", b"\x81\xa4text"])
+
+
+@fuzz(1500)
+@given(
+    text=st.text(max_size=40) | st.text(min_size=30, max_size=300),
+    with_v=st.booleans(),
+    max_text_bytes=st.sampled_from([1, 8, 64, DEFAULT_MAX_TEXT_BYTES]),
+)
+def test_a_plain_text_request_decodes_as_the_full_path_decodes_it(
+    text: str, with_v: bool, max_text_bytes: int
+) -> None:
+    """A request of a text (and v = 1) alone takes the fast path exactly when it is valid;
+    accepted or refused, the answer is the full path's (fixstr, str8 and str16 headers)."""
+    wire: dict[str, Any] = {"v": 1, "text": text} if with_v else {"text": text}
+    value = msgpack.packb(wire, use_bin_type=True)
+    assert _decoded_or_error(value, max_text_bytes) == _full_or_error(value, max_text_bytes)
+    valid = bool(text) and len(text.encode("utf-8")) <= max_text_bytes
+    assert (_plain_text_request(value, max_text_bytes) is not None) == valid
+
+
+@fuzz(2000)
+@given(prefix=plain_prefixes, rest=st.binary(max_size=40))
+def test_bytes_after_a_plain_prefix_decode_as_the_full_path_decodes_them(
+    prefix: bytes, rest: bytes
+) -> None:
+    """Arbitrary bytes after the fast path's prefix (forged lengths, trailing bytes, invalid
+    UTF-8, other headers): the same request or the same error as the full path."""
+    value = prefix + rest
+    assert _decoded_or_error(value, 16) == _full_or_error(value, 16)
+
+
+def test_a_lone_surrogate_in_a_plain_text_request_is_the_full_paths_error() -> None:
+    value = b"\x81\xa4text\xa5ab" + "\ud800".encode("utf-8", "surrogatepass")
+    assert _plain_text_request(value, 64) is None
+    verdict = _decoded_or_error(value, 64)
+    assert verdict == _full_or_error(value, 64)
+    assert isinstance(verdict, tuple) and verdict[0] == ErrorCode.INVALID_REQUEST
