@@ -34,6 +34,7 @@ from consumer.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.model.loader import load_model
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
+from consumer.supervisor_watch import supervisor_pid, watch_supervisor
 
 log = logging.getLogger("kbatch")
 
@@ -160,6 +161,9 @@ async def serve(settings: ServeSettings) -> int:
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        parent = supervisor_pid()  # set when this process is a replica of --replicas N
+        if parent is not None:
+            stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
         beat: Callable[[], None] = lambda: None  # noqa: E731
         if settings.metrics_port:  # first: liveness is answered during the warm-up
             health = HealthServer(metrics, readiness, settings.metrics_host, settings.metrics_port)

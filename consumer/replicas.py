@@ -15,7 +15,8 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
   topic's partition count (the extra members get no partition).
 - **Signals**: SIGTERM/SIGINT are forwarded to every replica, which drains as ``kbatch serve``
   does; the supervisor waits for all of them (at most ``drain_timeout_s`` +
-  :data:`KILL_GRACE_S`, then SIGKILL).
+  :data:`KILL_GRACE_S`, then SIGKILL). A supervisor killed with SIGKILL forwards nothing: each
+  replica watches for its death and drains by itself (:mod:`consumer.supervisor_watch`).
 - **Restarts**: a replica that exits while no stop was asked for is restarted after a capped
   exponential backoff (:class:`RestartPolicy`), logged with its pid; one that fails to start
   (exit 1) before it was ever ready ends the whole host with exit 1.
@@ -52,6 +53,7 @@ from consumer.config import ServeSettings
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
+from consumer.supervisor_watch import SUPERVISOR_PID_ENV
 
 __all__ = [
     "RestartPolicy",
@@ -329,6 +331,7 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBATCH_")}
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self._multiproc)
         env["PYTHONUNBUFFERED"] = "1"
+        env[SUPERVISOR_PID_ENV] = str(os.getpid())  # the replica stops when we are gone
         taken = {other.port for other in self.replicas if other is not r}
         r.port = _free_port()
         while r.port in taken:  # the OS may hand out a port another replica is about to bind

@@ -6,6 +6,7 @@ takes seconds and a SIGKILL lands while requests are in flight.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -14,6 +15,7 @@ from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
     ServeProcess,
     committed_offsets,
+    kill,
     poll_until,
     produce,
     read_all,
@@ -215,3 +217,46 @@ async def test_more_replicas_than_partitions_is_warned(
         assert server.wait(90) == 0, server.log_tail()
     finally:
         server.stop()
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit may wait for init to reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_replicas_of_a_killed_supervisor_drain_and_exit(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """kill -9 of the supervisor forwards no SIGTERM: its replicas notice (their parent changed),
+    drain and exit instead of running on as orphan members; a new supervisor answers the rest."""
+    req, rep, dlq = (
+        await new_topic("req", PARTITIONS),
+        await new_topic("rep"),
+        await new_topic("dlq"),
+    )
+    n, group = 1_000, unique_group("rep-orphans")
+    server = start_replicas(tmp_path, kafka_bootstrap, (req, rep, dlq), group)
+    second = None
+    pids: list[int] = []
+    try:
+        server.wait_ready()
+        pids = [row["pid"] for row in server.readyz()["replicas"]]
+        await burst(kafka_bootstrap, req, n)
+        poll_until(lambda: replies_ok(server) >= 100, 120, "100 replies")
+        kill(server)
+        poll_until(lambda: not any(running(p) for p in pids), 60, "the orphaned replicas exit")
+        (tmp_path / "second").mkdir()
+        second = start_replicas(tmp_path / "second", kafka_bootstrap, (req, rep, dlq), group)
+        replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)
+    finally:
+        for pid in pids:  # never leave orphans behind when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+        if second is not None:
+            second.stop()
+    assert {r.key for r in replies} == all_keys(n)
