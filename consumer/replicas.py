@@ -9,8 +9,9 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
 - **Settings**: the effective settings go to each child as a ``--config`` file (mode 0600, in a
   private runtime directory; ``KBATCH_*`` variables are not passed on, so the file is the whole
   truth; only ``KBATCH_SUPERVISOR_PID``, which is no setting, is set), plus per-replica flags:
-  ``--torch-threads`` (default ``cores // N``, at least 1: :func:`threads_per_replica`), ``--group-instance-id <id>-<i>`` when one is given
-  (:func:`replica_instance_id`) and an internal ``--metrics-port`` on 127.0.0.1.
+  ``--torch-threads`` (default ``cores // N``, at least 1: :func:`threads_per_replica`),
+  ``--group-instance-id <id>-<i>`` when one is given (:func:`replica_instance_id`) and an
+  internal ``--metrics-port`` on 127.0.0.1.
 - **Topics**: created once here (when ``--create-topics``); a warning when N exceeds the request
   topic's partition count (the extra members get no partition).
 - **Signals**: SIGTERM/SIGINT are forwarded to every replica, which drains as ``kbatch serve``
