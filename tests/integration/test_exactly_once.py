@@ -53,11 +53,15 @@ async def test_serve_sigkill_mid_stream_then_restart_answers_each_key_once(
     )
     try:
         server.wait_ready()
-        poll_until(
-            lambda: server.metrics().get('kbatch_replies_total{status="ok"}', 0) >= 300,
-            120,
-            "300 replies",
-        )
+
+        def answered_and_committed() -> bool:
+            # 300 replies sent and one transaction committed (a loaded machine may send 300
+            # inside the first commit interval: the kill must come after a commit).
+            m = server.metrics()
+            ok = m.get('kbatch_replies_total{status="ok"}', 0)
+            return ok >= 300 and m.get("kbatch_commit_seconds_count", 0) >= 1
+
+        poll_until(answered_and_committed, 120, "300 replies and a committed transaction")
         kill(server)
         at_kill = await committed_offsets(kafka_bootstrap, group, req, 2)
         seen_at_kill = {r.key for r in await read_committed(kafka_bootstrap, rep, 1)}
