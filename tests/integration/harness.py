@@ -295,15 +295,18 @@ async def read_topic(
                 )
             batches = await consumer.getmany(timeout_ms=200)
             for records in batches.values():
-                for r in records:
-                    headers = {k: v for k, v in r.headers}
-                    reply = _decode(r.value or b"", headers) if decode else Reply.model_construct()
-                    out.append(
-                        ReplyRecord(r.key, r.partition, r.offset, headers, r.value or b"", reply)
-                    )
+                out.extend(_reply_record(r, decode) for r in records)
     finally:
         await consumer.stop()
     return out
+
+
+def _reply_record(r: Any, decode: bool) -> ReplyRecord:
+    """One consumed aiokafka ``ConsumerRecord`` as a :class:`ReplyRecord` (value decoded as a
+    reply when ``decode``)."""
+    headers = {k: v for k, v in r.headers}
+    reply = _decode(r.value or b"", headers) if decode else Reply.model_construct()
+    return ReplyRecord(r.key, r.partition, r.offset, headers, r.value or b"", reply)
 
 
 def _decode(value: bytes, headers: dict[str, bytes]) -> Reply:
@@ -372,12 +375,7 @@ async def read_committed(
         while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             assert time.monotonic() < deadline, f"{topic} not read to {ends} in {timeout_s} s"
             for records in (await consumer.getmany(timeout_ms=200)).values():
-                for r in records:
-                    headers = {k: v for k, v in r.headers}
-                    reply = _decode(r.value or b"", headers) if decode else Reply.model_construct()
-                    out.append(
-                        ReplyRecord(r.key, r.partition, r.offset, headers, r.value or b"", reply)
-                    )
+                out.extend(_reply_record(r, decode) for r in records)
     finally:
         await consumer.stop()
     return out

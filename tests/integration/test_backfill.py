@@ -197,14 +197,32 @@ async def test_time_range_selects_exactly_the_right_records(
     assert sorted(source_of(r) for r in written) == [(0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
 
 
-async def test_sigkill_then_resume_leaves_no_gap(
-    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
-) -> None:
-    n_per_partition = 2500
+@dataclass
+class KilledBackfill:
+    """A backfill of two source partitions killed with SIGKILL after its first commit."""
+
+    output: str
+    args: list[str]
+    log_path: Path
+    at_kill: dict[int, int | None]
+    """The group's committed offset per source partition right after the kill."""
+
+
+async def backfill_killed_midway(
+    tmp_path: Path,
+    bootstrap: str,
+    new_topic: TopicFactory,
+    model_dir: Path,
+    n_per_partition: int,
+    *extra: str,
+) -> KilledBackfill:
+    """Fill a 2-partition source with ``n_per_partition`` events each, start ``kbatch backfill``
+    (``extra`` flags added; batches of one, so it runs long enough), SIGKILL it once a commit
+    reached offset 300, and return what a resume needs."""
     source = await new_topic("bf-src", partitions=2)
     output, dlq = await new_topic("bf-out"), await new_topic("bf-dlq")
     await produce_events(
-        kafka_bootstrap,
+        bootstrap,
         source,
         [
             Event(p, f"{p}-{i}".encode(), (f"text {i} " * (1 + i % 9)).encode())
@@ -214,22 +232,33 @@ async def test_sigkill_then_resume_leaves_no_gap(
     )
     group = unique_group("bf")
     args = backfill_args(
-        kafka_bootstrap, source, output, dlq, group, tiny_embed_dir,
-        "--max-batch-size", "1", "--max-in-flight-records", "64",
+        bootstrap, source, output, dlq, group, model_dir,
+        "--max-batch-size", "1", "--max-in-flight-records", "64", *extra,
     )  # fmt: skip
     log_path = tmp_path / "backfill.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        await wait_for_commit(kafka_bootstrap, group, source, 2, proc, min_offset=300)
+        await wait_for_commit(bootstrap, group, source, 2, proc, min_offset=300)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    at_kill = await committed_offsets(kafka_bootstrap, group, source, 2)
+    at_kill = await committed_offsets(bootstrap, group, source, 2)
     assert any(o is not None and 0 < o < n_per_partition for o in at_kill.values()), at_kill
+    return KilledBackfill(output, args, log_path, at_kill)
+
+
+async def test_sigkill_then_resume_leaves_no_gap(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    n_per_partition = 2500
+    killed = await backfill_killed_midway(
+        tmp_path, kafka_bootstrap, new_topic, tiny_embed_dir, n_per_partition
+    )
+    output, args, log_path, at_kill = killed.output, killed.args, killed.log_path, killed.at_kill
     first_run = await read_all(kafka_bootstrap, output, partitions=1)
 
     run = run_backfill(args, log_path)

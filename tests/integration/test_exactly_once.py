@@ -4,9 +4,6 @@ reader sees each reply (serve) or output record (backfill) exactly once."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,12 +21,9 @@ from tests.integration.harness import (
     request,
 )
 from tests.integration.test_backfill import (
-    Event,
-    backfill_args,
-    produce_events,
+    backfill_killed_midway,
     run_backfill,
     source_of,
-    wait_for_commit,
 )
 from tests.integration.test_serve_faults import all_keys, covers, start
 
@@ -105,35 +99,10 @@ async def test_backfill_sigkill_then_resume_writes_each_record_once(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
 ) -> None:
     n_per_partition = 1500
-    source = await new_topic("bf-src", partitions=2)
-    output, dlq = await new_topic("bf-out"), await new_topic("bf-dlq")
-    await produce_events(
-        kafka_bootstrap,
-        source,
-        [
-            Event(p, f"{p}-{i}".encode(), (f"text {i} " * (1 + i % 9)).encode())
-            for p in (0, 1)
-            for i in range(n_per_partition)
-        ],
+    killed = await backfill_killed_midway(
+        tmp_path, kafka_bootstrap, new_topic, tiny_embed_dir, n_per_partition, *EOS
     )
-    group = unique_group("bf-eos")
-    args = backfill_args(
-        kafka_bootstrap, source, output, dlq, group, tiny_embed_dir,
-        "--max-batch-size", "1", "--max-in-flight-records", "64", *EOS,
-    )  # fmt: skip
-    log_path = tmp_path / "backfill.log"
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        await wait_for_commit(kafka_bootstrap, group, source, 2, proc, min_offset=300)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-    at_kill = await committed_offsets(kafka_bootstrap, group, source, 2)
-    assert any(o is not None and 0 < o < n_per_partition for o in at_kill.values()), at_kill
+    output, args, log_path, at_kill = killed.output, killed.args, killed.log_path, killed.at_kill
 
     run = run_backfill(args, log_path)
     assert run.code == 0, run.log[-3000:]
