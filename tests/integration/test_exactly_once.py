@@ -82,13 +82,58 @@ async def test_serve_sigkill_mid_stream_then_restart_answers_each_key_once(
     assert not repeated, list(repeated.items())[:5]
 
 
-async def wait_committed(
-    bootstrap: str, group: str, topic: str, total: int, timeout_s: float
+async def test_a_fenced_serve_stops_and_its_open_transaction_never_shows(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
 ) -> None:
-    """Poll until the group's committed offsets of ``topic`` (2 partitions) sum to ``total``."""
+    """A zombie: another producer opens the request partition's transactional id (as the
+    partition's next owner does). That fences the running serve: its open transaction is
+    aborted, its next send or commit fails, it exits 1; a restart answers the rest, and a
+    ``read_committed`` reader still sees each key once."""
+    from aiokafka import AIOKafkaProducer
+
+    req, rep, dlq = await new_topic("req", 1), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("eos-fence")
+    n = 600
+    first = [request(f"r-{i}", f"text {i} " * (1 + i % 20)) for i in range(n // 2)]
+    await produce(kafka_bootstrap, req, first)
+    server = start(
+        tmp_path, kafka_bootstrap, (req, rep, dlq), group, str(tiny_embed_dir), extra=EOS
+    )
+    try:
+        server.wait_ready()
+        poll_until(
+            lambda: server.metrics().get("kbatch_commit_seconds_count", 0) >= 1,
+            120,
+            "a committed transaction",
+        )
+        fencer = AIOKafkaProducer(
+            bootstrap_servers=kafka_bootstrap,
+            transactional_id=f"kbatch-{group}-{req}-0",  # consumer.kafka.transactions
+        )
+        await fencer.start()  # InitProducerId: a new epoch, the serve's producer is fenced
+        try:
+            second = [request(f"r-{i}", f"text {i}") for i in range(n // 2, n)]
+            await produce(kafka_bootstrap, req, second)  # work for the fenced producer
+            assert server.wait(120) == 1, server.log_tail()
+        finally:
+            await fencer.stop()
+        server.launch()
+        server.wait_ready()
+        await wait_committed(kafka_bootstrap, group, req, n, 120, partitions=1)
+    finally:
+        server.stop()
+    counts = Counter(r.key for r in await read_committed(kafka_bootstrap, rep, 1))
+    assert set(counts) == all_keys(n)
+    assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c != 1][:5]
+
+
+async def wait_committed(
+    bootstrap: str, group: str, topic: str, total: int, timeout_s: float, partitions: int = 2
+) -> None:
+    """Poll until the group's committed offsets of ``topic`` sum to ``total``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        offsets = await committed_offsets(bootstrap, group, topic, 2)
+        offsets = await committed_offsets(bootstrap, group, topic, partitions)
         if sum(o or 0 for o in offsets.values()) >= total:
             return
         assert time.monotonic() < deadline, f"committed {offsets}, not {total}, in {timeout_s} s"
