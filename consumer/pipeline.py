@@ -395,12 +395,21 @@ class Pipeline:
         pending.status = what.status
         return record
 
-    def on_delivered(self, pending: Pending, record: OutRecord) -> None:
-        """Delivery: ``pending``'s reply was acknowledged."""
-        self._metrics.reply_status(pending.status).inc()
-        self._metrics.end_to_end.observe(
-            max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
-        )
+    def on_delivered(self, delivered: Sequence[tuple[Pending, OutRecord]]) -> None:
+        """Delivery: these replies were acknowledged together (one producer batch's ack).
+
+        ``kbatch_replies_total`` is counted once per status and call (a labelled
+        ``Counter.inc`` takes a lock: ≈ 1 µs); the end-to-end latency is a distribution, one
+        observation per record.
+        """
+        m = self._metrics
+        now_ms = self._wall_ms()
+        by_status: dict[str, int] = {}
+        for pending, _ in delivered:
+            by_status[pending.status] = by_status.get(pending.status, 0) + 1
+            m.end_to_end.observe(max(0.0, (now_ms - pending.record.timestamp_ms) / 1000))
+        for status, n in by_status.items():
+            m.reply_status(status).inc(n)
 
     def on_dead_lettered(
         self, pending: Pending, code: ErrorCode, sent: bool, reply_sent: bool
