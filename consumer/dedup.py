@@ -25,6 +25,7 @@ revoke, since the partition's new owner re-reads its uncommitted records.
 from __future__ import annotations
 
 import enum
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -46,7 +47,11 @@ class DedupKind(enum.Enum):
     """A copy was answered within the window: answer from ``Decision.result``."""
 
 
-@dataclass(frozen=True)
+# One Decision per request and one _InFlight/_Done per computation: slotted, not frozen (a
+# frozen __init__ costs ~3× a plain one); read-only all the same.
+
+
+@dataclass(slots=True)
 class Decision(Generic[R]):
     """The outcome of :meth:`DedupCache.begin`.
 
@@ -59,14 +64,14 @@ class Decision(Generic[R]):
     result: R | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _InFlight(Generic[W]):
     item_id: int
     tp: TopicPartition
     waiters: list[W] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Done(Generic[R]):
     result: R
     tp: TopicPartition
@@ -89,6 +94,9 @@ class DedupCache(Generic[W, R]):
         self._max_entries = max_entries
         self._in_flight: dict[bytes, _InFlight[W]] = {}
         self._done: OrderedDict[bytes, _Done[R]] = OrderedDict()
+        # At most the oldest completed entry's ``stored_s`` (+inf when none): begin() looks
+        # for expired entries only once this is ``ttl_s`` old, not on every record.
+        self._oldest_s = math.inf
 
     @property
     def in_flight_count(self) -> int:
@@ -105,7 +113,8 @@ class DedupCache(Generic[W, R]):
         completed entries are dropped first, so a key answered more than ``ttl_s`` ago is
         computed again.
         """
-        self.expire(now)
+        if now - self._oldest_s >= self._ttl_s:
+            self.expire(now)
         flight = self._in_flight.get(key)
         if flight is not None:
             return Decision(DedupKind.IN_FLIGHT, item_id=flight.item_id)
@@ -138,6 +147,7 @@ class DedupCache(Generic[W, R]):
             return []
         self._done[key] = _Done(result, flight.tp, now)
         self._done.move_to_end(key)
+        self._oldest_s = min(self._oldest_s, now)
         while len(self._done) > self._max_entries:
             self._done.popitem(last=False)
         return flight.waiters
@@ -170,9 +180,11 @@ class DedupCache(Generic[W, R]):
         Amortized O(1): entries are in storing order, so it stops at the first live one.
         """
         dropped = 0
+        self._oldest_s = math.inf
         while self._done:
             key, done = next(iter(self._done.items()))
             if now - done.stored_s < self._ttl_s:
+                self._oldest_s = done.stored_s
                 break
             del self._done[key]
             dropped += 1

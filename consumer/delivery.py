@@ -99,8 +99,10 @@ and error reply."""
 class DeliveryOwner(Protocol[P_contra]):
     """What :class:`Delivery` tells its owner (the pipeline, the backfill job); loop thread."""
 
-    def on_delivered(self, pending: P_contra, record: OutRecord) -> None:
-        """``record``, ``pending``'s reply, was acknowledged (just before it is finished)."""
+    def on_delivered(self, delivered: Sequence[tuple[P_contra, OutRecord]]) -> None:
+        """These replies (``(pending, reply)`` pairs) were acknowledged together, by one
+        producer batch's ack (just before each is finished): per-batch bookkeeping, e.g.
+        ``Counter.inc(n)``, happens once per call."""
 
     def on_dead_lettered(
         self, pending: P_contra, code: ErrorCode, sent: bool, reply_sent: bool
@@ -290,8 +292,8 @@ class Delivery(Generic[P]):
             for pending, _ in members:
                 self._done(pending, False)  # answered after a restart
         elif err is None:
-            for pending, record in members:
-                self._owner.on_delivered(pending, record)
+            self._owner.on_delivered(members)
+            for pending, _ in members:
                 self._finish(pending)
         else:  # DeliveryError: e.g. the client named a reply address that cannot exist
             message = f"the {self._what} could not be delivered: {err}"

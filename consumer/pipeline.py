@@ -238,6 +238,7 @@ class Pipeline:
         now, now_ms = self._clock(), self._wall_ms()
         to_compute: list[tuple[Pending, InferenceItem]] = []
         consumed: dict[str, int] = {}
+        taken: dict[TopicPartition, int] = {}  # counted into flow control once per chunk
         skipped = 0
         for record in records:
             generation = self.tracker.generation(record.tp)
@@ -254,7 +255,7 @@ class Pipeline:
                 continue
             # Before the first commit, lag counts from the first record this member took.
             self._committed.setdefault(record.tp, record.offset)
-            self.flow.add(record.tp, 1, 0)
+            taken[record.tp] = taken.get(record.tp, 0) + 1
             consumed[record.topic] = consumed.get(record.topic, 0) + 1
             pending = Pending(record, generation)
             try:
@@ -270,7 +271,10 @@ class Pipeline:
             item = self._admit(pending, now, now_ms)
             if item is not None:
                 to_compute.append((pending, item))
-        for topic, n in consumed.items():  # one labelled update per chunk, not per record
+        # Per chunk, not per record (nothing taken is finished before this returns).
+        for tp, n in taken.items():
+            self.flow.add(tp, n, 0)
+        for topic, n in consumed.items():
             self._metrics.records_consumed.labels(topic).inc(n)
         if skipped:
             self._metrics.skipped_completed.inc(skipped)
@@ -278,10 +282,13 @@ class Pipeline:
 
     async def _submit(self, to_compute: list[tuple[Pending, InferenceItem]]) -> None:
         n_tokens = await self.engine.submit([item for _, item in to_compute])
+        tokens: dict[TopicPartition, int] = {}  # counted into flow control once per partition
         for (pending, item), n in zip(to_compute, n_tokens, strict=True):
             if self._computing.get(item.item_id) is pending:
                 pending.n_tokens = n
-                self.flow.add(pending.record.tp, 0, n)
+                tokens[pending.record.tp] = tokens.get(pending.record.tp, 0) + n
+        for tp, n in tokens.items():
+            self.flow.add(tp, 0, n)
 
     def _admit(self, pending: Pending, now: float, now_ms: int) -> InferenceItem | None:
         """Answer at once what needs no computation; else return the item to compute."""
@@ -395,12 +402,21 @@ class Pipeline:
         pending.status = what.status
         return record
 
-    def on_delivered(self, pending: Pending, record: OutRecord) -> None:
-        """Delivery: ``pending``'s reply was acknowledged."""
-        self._metrics.reply_status(pending.status).inc()
-        self._metrics.end_to_end.observe(
-            max(0.0, (self._wall_ms() - pending.record.timestamp_ms) / 1000)
-        )
+    def on_delivered(self, delivered: Sequence[tuple[Pending, OutRecord]]) -> None:
+        """Delivery: these replies were acknowledged together (one producer batch's ack).
+
+        ``kbatch_replies_total`` is counted once per status and call (a labelled
+        ``Counter.inc`` takes a lock: ≈ 1 µs); the end-to-end latency is a distribution, one
+        observation per record.
+        """
+        m = self._metrics
+        now_ms = self._wall_ms()
+        by_status: dict[str, int] = {}
+        for pending, _ in delivered:
+            by_status[pending.status] = by_status.get(pending.status, 0) + 1
+            m.end_to_end.observe(max(0.0, (now_ms - pending.record.timestamp_ms) / 1000))
+        for status, n in by_status.items():
+            m.reply_status(status).inc(n)
 
     def on_dead_lettered(
         self, pending: Pending, code: ErrorCode, sent: bool, reply_sent: bool

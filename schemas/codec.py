@@ -444,7 +444,9 @@ def decode_request(
     if encoding is Encoding.MSGPACK:
         plain = _plain_text_request(value, max_text_bytes)
         if plain is not None:
-            return Request.model_validate(plain)
+            # model_validate's own validator, without its Python wrapper (1.7 → 1.1 µs).
+            request: Request = Request.__pydantic_validator__.validate_python(plain)
+            return request
     return _decode_request_fully(value, encoding, max_text_bytes, max_meta_bytes)
 
 

@@ -61,11 +61,18 @@ Headers = Sequence[tuple[str, bytes | None]]
 """Record headers as (name, value) pairs; Kafka allows a null value."""
 
 
-@dataclass(frozen=True, slots=True)
+# OutRecord, ReplyAddress and ParsedRequest are built once per request on the serving path, so
+# they are slotted but not ``frozen`` (a frozen ``__init__`` sets each field through
+# ``object.__setattr__``: OutRecord 1.8 → 0.5 µs). They are read-only all the same: nothing
+# changes one after it is built.
+
+
+@dataclass(slots=True)
 class OutRecord:
     """A record to send. ``topic`` None means the configured reply topic; ``partition`` None
     lets the producer's default partitioner (murmur2 of the key) choose. ``key``, ``value`` and
-    header values are None only where the source record's were (dead letters keep them)."""
+    header values are None only where the source record's were (dead letters keep them).
+    Read-only by convention (not ``frozen``: see above)."""
 
     topic: str | None
     partition: int | None
@@ -74,7 +81,7 @@ class OutRecord:
     headers: list[tuple[str, bytes | None]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplyAddress:
     """Where a reply goes, read from the request headers (CONTRACT.md §Reply record).
 
@@ -147,7 +154,7 @@ def _rebuild_record_error(
     return RecordDecodeError(code, message, key=key, address=address, encoding=encoding, meta=meta)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedRequest:
     """A request record that can be served: its non-empty ``key`` (≤ ``MAX_KEY_BYTES``), the
     validated ``request``, the reply ``address`` and the ``encoding`` the reply must use."""

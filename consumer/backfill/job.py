@@ -315,12 +315,13 @@ class BackfillJob:
 
     # -- delivery (see consumer.delivery) -----------------------------------------------------
 
-    def on_delivered(self, pending: _Pending, record: OutRecord) -> None:
-        """Delivery: ``pending``'s output record was acknowledged."""
-        if pending.status == "ok":
-            self.ok += 1
-        else:
-            self.error_replies += 1
+    def on_delivered(self, delivered: Sequence[tuple[_Pending, OutRecord]]) -> None:
+        """Delivery: these output records were acknowledged."""
+        for pending, _ in delivered:
+            if pending.status == "ok":
+                self.ok += 1
+            else:
+                self.error_replies += 1
 
     def on_dead_lettered(
         self, pending: _Pending, code: ErrorCode, sent: bool, reply_sent: bool

@@ -76,6 +76,24 @@ def test_expire_drops_oldest_entries_only() -> None:
     assert cache.begin(b"k2", P0, now=15.0, item_id=9).kind is DedupKind.DONE
 
 
+def test_begin_expires_each_entry_on_time_after_earlier_ones_went() -> None:
+    # begin() looks for expired entries only once the oldest one can have expired: after
+    # the first expiry it must still see the next entry's own deadline, and a key stored
+    # again (moved to the end) must not make an older entry live longer.
+    cache: Cache = DedupCache(ttl_s=10.0)
+    for key, t in ((b"a", 0.0), (b"b", 4.0), (b"c", 6.0)):
+        cache.begin(key, P0, now=t, item_id=0)
+        cache.finish(key, "r", now=t)
+    assert cache.begin(b"a", P0, now=10.0, item_id=1).kind is DedupKind.FIRST
+    cache.finish(b"a", "r2", now=10.0)  # stored again, newest now
+    assert cache.begin(b"b", P0, now=13.9, item_id=2).kind is DedupKind.DONE
+    assert cache.begin(b"b", P0, now=14.0, item_id=3).kind is DedupKind.FIRST
+    assert cache.completed_count == 2  # c and a
+    assert cache.begin(b"x", P0, now=16.0, item_id=4).kind is DedupKind.FIRST
+    assert cache.completed_count == 1  # a, stored at 10
+    assert cache.begin(b"a", P0, now=19.9, item_id=5).kind is DedupKind.DONE
+
+
 @pytest.mark.parametrize(("max_entries", "kept"), [(1, [b"k2"]), (2, [b"k1", b"k2"])])
 def test_entry_bound_evicts_oldest(max_entries: int, kept: list[bytes]) -> None:
     cache: Cache = DedupCache(max_entries=max_entries)
