@@ -11,7 +11,10 @@
 
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
 changes an answer. On CUDA: bf16/fp16 weights and autocast (``--dtype``; the start-up quality
-gate checks them against fp32), reused pinned host buffers (:class:`_PinnedStaging`),
+gate checks them against fp32). On the CPU: bf16 autocast with fp32 weights (``--dtype
+bfloat16``: oneDNN's bf16 matrix multiplies, AMX or AVX512-BF16 where the CPU has them; slower
+than fp32 for a batch of one, 2–3× faster for full batches on an AMX Xeon: BENCHMARKS.md). On
+CUDA also reused pinned host buffers (:class:`_PinnedStaging`),
 non-blocking copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
 An out-of-memory error leaves :meth:`TorchBackend.forward` and :meth:`TorchBackend.warmup` as
 :class:`consumer.model.errors.DeviceOutOfMemoryError`.
@@ -183,7 +186,10 @@ class TorchBackend:
         pad_token_id: the tokenizer's padding id.
         device: a torch device string (``cpu``, ``cuda``, ``cuda:1``).
         pooling: for ``embed``.
-        autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
+        autocast: ``bf16``/``fp16`` autocast on CUDA, ``bf16`` on the CPU; None = fp32.
+
+    Raises:
+        ValueError: ``fp16`` on the CPU (no fast fp16 kernels there; use ``bf16``).
         name / revision: reported in replies.
         warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
             the model's vocabulary (``load_runner`` takes it from the tokenizer, see
@@ -217,7 +223,9 @@ class TorchBackend:
         self.prefetch = self.cuda
         self._staging = _PinnedStaging(self.device) if self.cuda else None
         self.autocast_dtype: torch.dtype | None = None
-        if autocast is not None and self.cuda:
+        if autocast == "fp16" and not self.cuda:
+            raise ValueError("float16 autocast needs CUDA; on the CPU use bfloat16")
+        if autocast is not None:
             self.autocast_dtype = torch.bfloat16 if autocast == "bf16" else torch.float16
         config = getattr(model, "config", None)
         id2label = getattr(config, "id2label", None) or {}
@@ -310,7 +318,7 @@ class TorchBackend:
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 pooled embeddings,

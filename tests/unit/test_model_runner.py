@@ -208,3 +208,33 @@ async def test_a_model_with_a_40_token_vocabulary_warms_up_and_serves(tmp_path: 
     await engine.stop()
     assert outcomes[0].status == "ok" and outcomes[0].result is not None
     assert outcomes[0].result["dim"] == 32
+
+
+def test_cpu_bf16_autocast_runs_in_bf16_and_stays_close_to_fp32_in_padded_batches(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    """``--dtype bfloat16`` on the CPU: autocast over fp32 weights (the matrix multiplies in
+    bf16), float32 results, a padded mixed-length batch close to fp32 row by row."""
+    bf16 = load_runner(tiny_embed_dir, device="cpu", autocast="bf16")
+    backend = bf16.backend
+    assert isinstance(backend, TorchBackend) and backend.autocast_dtype == torch.bfloat16
+    assert next(backend.model.parameters()).dtype == torch.float32  # weights stay fp32
+    seen: list[torch.dtype] = []
+    hook = backend.model.encoder.layer[0].attention.self.query.register_forward_hook(
+        lambda _m, _i, out: seen.append(out.dtype)
+    )
+    items = tokenize(tiny_embed_dir, TEXTS)
+    try:
+        low = bf16.run(batch(items))
+    finally:
+        hook.remove()
+    assert seen == [torch.bfloat16]  # the linear layers really ran in bf16
+    for fast, exact in zip(low, embed_runner.run(batch(items)), strict=True):
+        assert fast.result is not None and exact.result is not None
+        assert fast.result["pooled"].dtype.name == "float32"
+        assert cosine(fast.result["embedding"], exact.result["embedding"]) >= 0.99
+
+
+def test_fp16_autocast_on_the_cpu_is_refused(tiny_embed_dir: Path) -> None:
+    with pytest.raises(ValueError, match="bfloat16"):
+        load_runner(tiny_embed_dir, device="cpu", autocast="fp16")
