@@ -112,7 +112,9 @@ class ModelSettings(BaseModel):
         "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Autocast dtype on CUDA; the CPU always runs float32."
+        "float32",
+        description="Autocast dtype of the torch backend: bfloat16 or float16 on CUDA; "
+        "bfloat16 on the CPU (fast with AMX/AVX512-BF16, gated against float32 at start-up).",
     )
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch and ONNX Runtime (default: cores)."
@@ -159,6 +161,10 @@ class ModelSettings(BaseModel):
             raise ValueError(f"quantize={self.quantize} needs backend=onnx")
         if self.backend == "onnx" and self.device not in ("auto", "cpu"):
             raise ValueError(f"backend=onnx runs on the CPU, not device={self.device}")
+        if self.backend == "onnx" and self.dtype != "float32":
+            raise ValueError(f"dtype={self.dtype} is torch's autocast; backend=onnx runs float32")
+        if self.dtype == "float16" and self.device == "cpu":
+            raise ValueError("dtype=float16 needs CUDA; on the CPU use bfloat16")
         return self
 
 

@@ -12,6 +12,8 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
   transaction commits (the cost of exactly-once, latency included);
 - ``kbatch_onnx`` — the same with ``--backend onnx`` (ONNX Runtime; the export is cached, and
   the start-up quality gate runs before it is ready);
+- ``kbatch_bf16`` — the same with ``--dtype bfloat16`` (torch autocast in bf16: AMX or
+  AVX512-BF16 on a CPU that has them; the start-up quality gate runs before it is ready);
 - ``engine`` — the engine alone, no Kafka, in this process: the ``bucketed`` strategy of
   ``kbatch bench engine`` (:mod:`consumer.bench.engine_bench`), the ceiling;
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
@@ -465,6 +467,8 @@ async def _kafka_variant(
         extra: tuple[str, ...] = ("--backend", backend) if name != "passthrough" else ()
         if name == "kbatch_eos":
             extra = (*extra, "--exactly-once")
+        if name == "kbatch_bf16":
+            extra = (*extra, "--dtype", "bfloat16")
         proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra)
     else:
         proc = _worker_process(name, topics, opts, log_dir)

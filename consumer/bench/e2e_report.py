@@ -51,15 +51,16 @@ __all__ = [
 REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 """The variants ``--replicas`` applies to (``kbatch serve`` processes)."""
 
-SERVED: tuple[str, ...] = ("kbatch", "kbatch_eos", "kbatch_onnx", "passthrough")
-"""The variants that run a ``kbatch serve`` process (``kbatch_eos`` and ``kbatch_onnx`` at one
-replica only)."""
+SERVED: tuple[str, ...] = ("kbatch", "kbatch_eos", "kbatch_onnx", "kbatch_bf16", "passthrough")
+"""The variants that run a ``kbatch serve`` process (``kbatch_eos``, ``kbatch_onnx`` and
+``kbatch_bf16`` at one replica only)."""
 
 VARIANTS: tuple[str, ...] = (
     "naive",
     "kbatch",
     "kbatch_eos",
     "kbatch_onnx",
+    "kbatch_bf16",
     "engine",
     "passthrough",
     "raw_loop",
@@ -72,6 +73,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_eos_vs_kbatch", "kbatch_eos", "kbatch"),
     ("ratio_kbatch_onnx_vs_kbatch", "kbatch_onnx", "kbatch"),
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
+    ("ratio_kbatch_bf16_vs_kbatch", "kbatch_bf16", "kbatch"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""

@@ -260,7 +260,7 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     "--autocast",
     type=click.Choice(["bf16", "fp16"]),
     default=None,
-    help="The candidate in bf16/fp16 on CUDA (torch backend).",
+    help="The candidate under torch autocast: bf16 (CUDA or CPU) or fp16 (CUDA).",
 )
 @click.option(
     "--no-sentence-transformers",
@@ -503,9 +503,10 @@ def e2e(
         given = click.get_current_context().get_parameter_source("variants")
         if given is click.core.ParameterSource.DEFAULT:
             variants = ["kbatch", "passthrough", "raw_loop"]
-        elif {"naive", "engine", "kbatch_onnx"} & set(variants):
+        elif {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
             raise click.BadParameter(
-                "naive, engine and kbatch_onnx need a model directory, not a simulated device",
+                "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
+                "simulated device",
                 param_hint="--variants",
             )
     if model_name is None or sim is not None:

@@ -165,8 +165,8 @@ def load_model(
         prompts=prompts,
         default_prompt_name=default_prompt,
     )
-    cuda_autocast = autocast is not None and device.startswith("cuda")
-    lossy_path = settings.backend != "torch" or settings.quantize != "none" or cuda_autocast
+    reduced = autocast is not None and settings.backend == "torch"
+    lossy_path = settings.backend != "torch" or settings.quantize != "none" or reduced
     if lossy_path and settings.model != NOOP_MODEL and parse_sim(settings.model) is None:
         _quality_gate(runner, tokenizer, model_dir, settings, device)
     return LoadedModel(runner, tokenizer, info, device, profile)
@@ -228,7 +228,8 @@ def load_runner(
         task: ``embed`` or ``classify``; default from ``config.architectures``
             (``*ForSequenceClassification`` → classify).
         device: default :func:`default_device`.
-        autocast: ``bf16``/``fp16`` on CUDA.
+        autocast: ``bf16``/``fp16`` on CUDA (weights converted too), ``bf16`` on the CPU
+            (autocast over fp32 weights: faster there than bf16 weights).
         pad_token_id: default ``config.pad_token_id`` (else 0).
         max_length: default :func:`consumer.model.tokenize.read_max_length`.
         stats: counters sink for the runner.

@@ -11,7 +11,12 @@
 
 Every forward runs under ``torch.inference_mode`` with an attention mask, so padding never
 changes an answer. On CUDA: bf16/fp16 weights and autocast (``--dtype``; the start-up quality
-gate checks them against fp32), reused pinned host buffers (:class:`_PinnedStaging`),
+gate checks them against fp32). On the CPU: bf16 autocast with fp32 weights (``--dtype
+bfloat16``: oneDNN's bf16 matrix multiplies, AMX or AVX512-BF16 where the CPU has them) for
+batches of at least :data:`CPU_BF16_MIN_PADDED_TOKENS` padded tokens: smaller ones run fp32,
+which is faster there (BENCHMARKS.md: 0.5–0.9× below ~100 tokens, 1.5–3.4× for full batches
+on an AMX Xeon). On
+CUDA also reused pinned host buffers (:class:`_PinnedStaging`),
 non-blocking copies, and collation one batch ahead (``prefetch``). Results are float32 on the host.
 An out-of-memory error leaves :meth:`TorchBackend.forward` and :meth:`TorchBackend.warmup` as
 :class:`consumer.model.errors.DeviceOutOfMemoryError`.
@@ -167,6 +172,13 @@ class _PinnedStaging:
         return out
 
 
+CPU_BF16_MIN_PADDED_TOKENS = 128
+"""On the CPU, bf16 autocast only for batches of at least this many padded tokens (rows ×
+padded length). Measured on MiniLM, 2 threads of an AMX Xeon, bf16 time / fp32 time: 1.9 at
+1 × 8, 1.3 at 1 × 16 and 1 × 32, 1.15–1.2 at 64 tokens, 0.87 at 4 × 32 = 128, 0.68 at 8 × 16,
+0.3 at 32 × 64 (for a tiny batch, casting costs more than the bf16 matrix multiply saves)."""
+
+
 @dataclass(slots=True)
 class _Prepared:
     ids: torch.Tensor  # (n, padded_len) int64, on the device
@@ -183,7 +195,10 @@ class TorchBackend:
         pad_token_id: the tokenizer's padding id.
         device: a torch device string (``cpu``, ``cuda``, ``cuda:1``).
         pooling: for ``embed``.
-        autocast: ``bf16``/``fp16`` autocast on CUDA (ignored on CPU); None = fp32.
+        autocast: ``bf16``/``fp16`` autocast on CUDA, ``bf16`` on the CPU; None = fp32.
+
+    Raises:
+        ValueError: ``fp16`` on the CPU (no fast fp16 kernels there; use ``bf16``).
         name / revision: reported in replies.
         warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
             the model's vocabulary (``load_runner`` takes it from the tokenizer, see
@@ -217,7 +232,9 @@ class TorchBackend:
         self.prefetch = self.cuda
         self._staging = _PinnedStaging(self.device) if self.cuda else None
         self.autocast_dtype: torch.dtype | None = None
-        if autocast is not None and self.cuda:
+        if autocast == "fp16" and not self.cuda:
+            raise ValueError("float16 autocast needs CUDA; on the CPU use bfloat16")
+        if autocast is not None:
             self.autocast_dtype = torch.bfloat16 if autocast == "bf16" else torch.float16
         config = getattr(model, "config", None)
         id2label = getattr(config, "id2label", None) or {}
@@ -251,7 +268,7 @@ class TorchBackend:
         """Compute a batch from :meth:`prepare`; one contract ``result`` map per row."""
         if not isinstance(prepared, _Prepared):
             raise TypeError("forward() takes the result of prepare()")
-        with map_device_errors(), torch.inference_mode(), self._autocast():
+        with map_device_errors(), torch.inference_mode(), self._autocast(prepared.ids.numel()):
             if self.task == "embed":
                 out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
                 pooled = self._pool(out.last_hidden_state, prepared.mask)
@@ -307,10 +324,12 @@ class TorchBackend:
             return torch.from_numpy(a)
         return self._staging.to_device(a)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self, padded_tokens: int) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
+        if not self.cuda and padded_tokens < CPU_BF16_MIN_PADDED_TOKENS:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``(n, L, H)`` states and ``(n, L)`` mask → ``(n, H)`` float32 pooled embeddings,

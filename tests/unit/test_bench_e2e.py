@@ -65,6 +65,7 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
         "naive": {"seq_per_s": 80.0},
         "kbatch": {"seq_per_s": 240.0},
         "kbatch_eos": {"seq_per_s": 180.0},
+        "kbatch_bf16": {"seq_per_s": 480.0},
         "engine": {"seq_per_s": 250.0},
         "passthrough": {"seq_per_s": 900.0},
     }
@@ -74,6 +75,7 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
         "ratio_kbatch_eos_vs_kbatch": 0.75,
         "ratio_kbatch_onnx_vs_kbatch": None,
         "ratio_kbatch_onnx_vs_naive": None,
+        "ratio_kbatch_bf16_vs_kbatch": 2.0,
         "ratio_passthrough_vs_raw": None,
     }
 

@@ -16,7 +16,12 @@ from consumer.batching.types import Batch, InferenceItem, ItemOutcome, Tokenized
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer, read_max_length
-from consumer.model.torch_backend import Pooling, TorchBackend, read_pooling
+from consumer.model.torch_backend import (
+    CPU_BF16_MIN_PADDED_TOKENS,
+    Pooling,
+    TorchBackend,
+    read_pooling,
+)
 from tests.fixtures.tiny_models import (
     CLASSIFY_LABELS,
     SMALL_VOCAB_SIZE,
@@ -208,3 +213,37 @@ async def test_a_model_with_a_40_token_vocabulary_warms_up_and_serves(tmp_path: 
     await engine.stop()
     assert outcomes[0].status == "ok" and outcomes[0].result is not None
     assert outcomes[0].result["dim"] == 32
+
+
+def test_cpu_bf16_autocast_runs_full_batches_in_bf16_close_to_fp32(
+    embed_runner: ModelRunner, tiny_embed_dir: Path
+) -> None:
+    """``--dtype bfloat16`` on the CPU: autocast over fp32 weights (the matrix multiplies in
+    bf16) for a batch of at least CPU_BF16_MIN_PADDED_TOKENS, fp32 below; float32 results; a
+    padded mixed-length batch close to fp32 row by row."""
+    bf16 = load_runner(tiny_embed_dir, device="cpu", autocast="bf16")
+    backend = bf16.backend
+    assert isinstance(backend, TorchBackend) and backend.autocast_dtype == torch.bfloat16
+    assert next(backend.model.parameters()).dtype == torch.float32  # weights stay fp32
+    seen: list[torch.dtype] = []
+    hook = backend.model.encoder.layer[0].attention.self.query.register_forward_hook(
+        lambda _m, _i, out: seen.append(out.dtype)
+    )
+    items = tokenize(tiny_embed_dir, TEXTS * 8)  # mixed lengths, 40 rows
+    full = batch(items)
+    assert len(items) * full.padded_len >= CPU_BF16_MIN_PADDED_TOKENS
+    try:
+        low = bf16.run(full)
+        bf16.run(batch(items[:1]))  # "ok": a few tokens
+    finally:
+        hook.remove()
+    assert seen == [torch.bfloat16, torch.float32]  # full batch in bf16, the tiny one in fp32
+    for fast, exact in zip(low, embed_runner.run(full), strict=True):
+        assert fast.result is not None and exact.result is not None
+        assert fast.result["pooled"].dtype.name == "float32"
+        assert cosine(fast.result["embedding"], exact.result["embedding"]) >= 0.99
+
+
+def test_fp16_autocast_on_the_cpu_is_refused(tiny_embed_dir: Path) -> None:
+    with pytest.raises(ValueError, match="bfloat16"):
+        load_runner(tiny_embed_dir, device="cpu", autocast="fp16")

@@ -129,6 +129,14 @@ def test_int8_needs_onnx_and_onnx_needs_cpu() -> None:
     assert ModelSettings(backend="onnx", quantize="int8").quantize == "int8"
 
 
+def test_dtype_is_torchs_autocast_and_float16_needs_cuda() -> None:
+    with pytest.raises(ValidationError, match="backend=onnx runs float32"):
+        ModelSettings(backend="onnx", dtype="bfloat16")
+    with pytest.raises(ValidationError, match="needs CUDA"):
+        ModelSettings(device="cpu", dtype="float16")
+    assert ModelSettings(device="cpu", dtype="bfloat16").dtype == "bfloat16"
+
+
 def test_load_runner_refuses_int8_on_torch(tiny_embed_dir: Path) -> None:
     with pytest.raises(ValueError, match="needs --backend onnx"):
         load_runner(tiny_embed_dir, device="cpu", quantize="int8")
