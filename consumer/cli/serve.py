@@ -32,11 +32,12 @@ def _serve(config: Path | None, **flags: Any) -> None:
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
     from consumer.app import serve
-    from consumer.model.loader import resolve_model
+    from consumer.model.loader import check_task, resolve_model
     from consumer.model.prompts import resolve_default_prompt
 
     try:  # fail before anything starts
         model_dir, _ = resolve_model(settings)
+        check_task(settings, model_dir)
         resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
     except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err

@@ -30,6 +30,7 @@ from schemas.models import ModelInfo
 __all__ = [
     "NOOP_MODEL",
     "LoadedModel",
+    "check_task",
     "load_model",
     "load_runner",
     "resolve_model",
@@ -116,6 +117,7 @@ def load_model(
 
     threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
+    check_task(settings, model_dir)
     prompts, default_prompt = resolve_default_prompt(
         model_dir, settings.task, settings.default_prompt_name
     )
@@ -195,6 +197,30 @@ def _quality_gate(
         reduced_precision=settings.quantize != "none" or settings.dtype != "float32",
         allow_lossy=settings.allow_lossy,
     )
+
+
+def check_task(settings: ModelSettings, model_dir: Path) -> None:
+    """Refuse ``--task classify`` on a model saved without a sequence-classification head.
+
+    transformers would load such a model (an embedding model such as MiniLM) with a freshly
+    initialised, random classifier and answer coin flips; its ``config.architectures`` says
+    what was trained (``*ForSequenceClassification``). A config that names no architecture is
+    let through. Simulated and no-op models are not checked.
+
+    Raises:
+        ValueError: classify asked of a model whose architectures name no classification head.
+    """
+    if settings.task != "classify" or settings.model == NOOP_MODEL or parse_sim(settings.model):
+        return
+    from transformers import AutoConfig
+
+    archs = list(getattr(AutoConfig.from_pretrained(str(model_dir)), "architectures", None) or [])
+    if archs and not any("ForSequenceClassification" in a for a in archs):
+        raise ValueError(
+            f"--task classify needs a model trained for sequence classification; {model_dir} "
+            f"was saved as {', '.join(archs)} (no classification head: its labels would be "
+            "random). Use --task embed, or a *ForSequenceClassification model."
+        )
 
 
 def _detect_task(model_dir: Path) -> Task:

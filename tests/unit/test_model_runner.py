@@ -247,3 +247,23 @@ def test_cpu_bf16_autocast_runs_full_batches_in_bf16_close_to_fp32(
 def test_fp16_autocast_on_the_cpu_is_refused(tiny_embed_dir: Path) -> None:
     with pytest.raises(ValueError, match="bfloat16"):
         load_runner(tiny_embed_dir, device="cpu", autocast="fp16")
+
+
+def test_classify_is_refused_for_a_model_saved_without_a_classification_head(
+    tiny_embed_dir: Path, tiny_classify_dir: Path
+) -> None:
+    """An embedding model (``architectures: [BertModel]``) would load with a random classifier
+    and answer coin flips: ``--task classify`` refuses it, before anything starts."""
+    from click.testing import CliRunner
+
+    from consumer.cli import cli
+    from consumer.config import ModelSettings
+    from consumer.model.loader import check_task
+
+    with pytest.raises(ValueError, match="no classification head"):
+        check_task(ModelSettings(model=str(tiny_embed_dir), task="classify"), tiny_embed_dir)
+    check_task(ModelSettings(model=str(tiny_classify_dir), task="classify"), tiny_classify_dir)
+    check_task(ModelSettings(model=str(tiny_embed_dir), task="embed"), tiny_embed_dir)
+    args = ["serve", "--model", str(tiny_embed_dir), "--task", "classify"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "no classification head" in result.output
