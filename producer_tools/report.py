@@ -385,6 +385,11 @@ def report_console(*, min_width: int = 132) -> Any:
     return console if console.is_terminal else Console(width=min_width)
 
 
+def _or_dash(value: object) -> str:
+    """A figure as printed, ``-`` when unknown (e.g. no ``--metrics-url`` to read it from)."""
+    return "-" if value is None else str(value)
+
+
 def print_report(report: dict[str, Any], console: Any) -> None:
     """Print ``report`` as rich tables on ``console`` (a :class:`rich.console.Console`)."""
     from rich.table import Table
@@ -402,7 +407,7 @@ def print_report(report: dict[str, Any], console: Any) -> None:
         f"{s['reply_throughput_per_s']}/s; latency ms p50 {lat['p50']} p95 {lat['p95']} "
         f"p99 {lat['p99']} max {lat['max']}; batch size {s['batch_size_mean']} (per batch "
         f"{s['batch_size_per_batch_mean']}), padded len {s['padded_len_mean']}, padding "
-        f"efficiency {s['padding_efficiency']}"
+        f"efficiency {_or_dash(s['padding_efficiency'])}"
     )
     if report["pattern"] in ("step", "pulse"):
         table = Table(title=f"per {'step' if report['pattern'] == 'step' else 'phase'}")
@@ -427,7 +432,7 @@ def print_report(report: dict[str, Any], console: Any) -> None:
             cells = []
             for _, key in cols:
                 v = row[key[0]][key[1]] if isinstance(key, tuple) else row[key]
-                cells.append("-" if v is None else str(v))
+                cells.append(_or_dash(v))
             table.add_row(*cells)
         console.print(table)
     if "knee" in report:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 
 from consumer.config import ServeSettings
 
@@ -175,6 +176,12 @@ def request_command(
         result = asyncio.run(call())
     except ClientError as err:
         raise click.ClickException(str(err)) from err
+    except ValidationError as err:  # the request breaks the contract (schemas.records.Request)
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']} (got {e.get('input')!r})"
+            for e in err.errors()
+        )
+        raise click.UsageError(f"not a valid request: {problems}") from err
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     click.echo(json.dumps(result))

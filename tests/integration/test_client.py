@@ -192,6 +192,14 @@ async def test_no_server_raises_the_timeout_error(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert cli.returncode == 1 and "no reply to key" in cli.stderr
+    empty = subprocess.run(
+        [KBATCH, "request", "", "--bootstrap", kafka_bootstrap,
+         "--request-topic", requests, "--reply-topic", replies],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert empty.returncode == 2  # a usage error, one line, not pydantic's report
+    assert "not a valid request: text: String should have at least 1 character" in empty.stderr
+    assert "errors.pydantic.dev" not in empty.stderr
 
 
 async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
