@@ -166,7 +166,21 @@ async def serve(settings: ServeSettings) -> int:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
         beat: Callable[[], None] = lambda: None  # noqa: E731
         if settings.metrics_port:  # first: liveness is answered during the warm-up
-            health = HealthServer(metrics, readiness, settings.metrics_host, settings.metrics_port)
+            try:  # binds the port
+                health = HealthServer(
+                    metrics, readiness, settings.metrics_host, settings.metrics_port
+                )
+            except OSError as err:  # e.g. the port is taken by another serve
+                log.error(
+                    "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
+                    "(0: no metrics server)",
+                    settings.metrics_host,
+                    settings.metrics_port,
+                    err.strerror or err,
+                )
+                for unstarted in (source, sink):  # built, never started: close their clients
+                    await unstarted.stop()
+                return 1
             health.start()
             life.enter("metrics server", health.stop)
             beat = health.beat

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -285,3 +286,24 @@ def test_kbatch_topics_create_reports_created_existing_and_refused(kafka_bootstr
     assert (again.returncode, again.stdout) == (0, f"{name}.a: exists\n"), again.stderr
     assert refused.returncode == 1
     assert f"{name}.b" in refused.stderr and "could not be created" in refused.stderr
+
+
+async def test_a_taken_metrics_port_is_one_error_line_and_exit_1(
+    new_topic: TopicFactory, kafka_bootstrap: str
+) -> None:
+    """Found by a new-user trial: a second serve on a taken --metrics-port printed a traceback
+    and aiokafka's 'Unclosed AIOKafkaProducer/Consumer' errors."""
+    requests, replies = await new_topic("port-req"), await new_topic("port-rep")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [KBATCH, "serve", "--model", "sim:1,1", "--metrics-port", str(port),
+             "--bootstrap", kafka_bootstrap, "--request-topic", requests,
+             "--reply-topic", replies],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Unclosed" not in proc.stderr, proc.stderr[-2000:]
