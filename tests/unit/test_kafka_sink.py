@@ -208,13 +208,20 @@ async def test_failures_after_close_are_sink_closed(sink: tuple[KafkaSink, FakeP
         await ack
 
 
+async def send_twelve_to_three_partitions(
+    s: KafkaSink, producer: FakeProducer
+) -> tuple[list[bytes], list[asyncio.Future[None]]]:
+    """Send records keyed k0…k11 in one call to the 3-partition ``kbatch.replies``: (keys, acks)."""
+    producer.metadata["kbatch.replies"] = {0, 1, 2}
+    keys = [b"k%d" % i for i in range(12)]
+    return keys, await s.send([record(k) for k in keys])
+
+
 async def test_known_topics_go_in_one_batch_per_partition_by_key(
     sink: tuple[KafkaSink, FakeProducer],
 ) -> None:
     s, producer = sink
-    producer.metadata["kbatch.replies"] = {0, 1, 2}
-    keys = [b"k%d" % i for i in range(12)]
-    acks = await s.send([record(k) for k in keys])
+    keys, acks = await send_twelve_to_three_partitions(s, producer)
     await turns()
     assert producer.sent == []  # nothing took the producer's per-record send
     by_partition = {p: ks for _, p, ks in producer.batches}
@@ -323,9 +330,7 @@ async def test_the_records_of_one_call_in_one_batch_share_their_ack(
     sink: tuple[KafkaSink, FakeProducer],
 ) -> None:
     s, producer = sink
-    producer.metadata["kbatch.replies"] = {0, 1, 2}
-    keys = [b"k%d" % i for i in range(12)]
-    acks = await s.send([record(k) for k in keys])
+    keys, acks = await send_twelve_to_three_partitions(s, producer)
     later = await s.send([record(b"k0")])  # the same batch as k0, another call: its own ack
     await turns()
     by_partition = {p: ks for _, p, ks in producer.batches}
