@@ -34,7 +34,7 @@ from typing import Protocol
 
 from consumer.delivery import SourcedSinkLike
 from consumer.exactly_once import GateOwner, TransactionsLike, commit_transactions
-from consumer.kafka.errors import TransactionError
+from consumer.kafka.errors import CommitError, RangeSourceError, TransactionError
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import TopicPartition
@@ -177,8 +177,9 @@ class Checkpoint:
 
 
 class PlainCheckpoint(Checkpoint):
-    """Offsets and kb1 metadata in a plain group commit; a failure in ``retriable`` is logged
-    and retried at the next interval (the records stay unfinished for a new owner)."""
+    """Offsets and kb1 metadata in a plain group commit (``commit_offsets``: the source's
+    ``commit``); a refused commit (:class:`CommitError` of serve's source,
+    :class:`RangeSourceError` of backfill's) is logged and retried at the next interval."""
 
     def __init__(
         self,
@@ -186,12 +187,10 @@ class PlainCheckpoint(Checkpoint):
         offsets_now: OffsetsNow,
         commit_interval_s: float,
         commit_offsets: CommitOffsets,
-        retriable: tuple[type[Exception], ...],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(tracker, offsets_now, commit_interval_s, clock)
         self._commit_offsets = commit_offsets
-        self._retriable = retriable
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
         offsets = dict(self._offsets_now())
@@ -203,7 +202,7 @@ class PlainCheckpoint(Checkpoint):
         metadata = self.tracker.commit_metadata(offsets)
         try:
             await self._commit_offsets(offsets, {tp: m.text for tp, m in metadata.items()})
-        except self._retriable as err:
+        except (CommitError, RangeSourceError) as err:
             log.warning("commit failed (retried at the next interval): %s", err)
             return Committed({}, ok=False)
         self._committed(offsets)
@@ -280,16 +279,14 @@ def checkpoint_for(
     offsets_now: OffsetsNow,
     commit_interval_s: float,
     commit_offsets: CommitOffsets,
-    retriable: tuple[type[Exception], ...],
     gate: GateOwner,
     clock: Callable[[], float] = time.monotonic,
 ) -> Checkpoint:
     """The checkpoint of the delivery mode, chosen once: transactional when ``transactions``
-    is given (``--exactly-once``), else plain (``commit_offsets``, ``retriable``)."""
+    is given (``--exactly-once``: through ``gate``, the delivery), else plain
+    (``commit_offsets``)."""
     if transactions is None:
-        return PlainCheckpoint(
-            tracker, offsets_now, commit_interval_s, commit_offsets, retriable, clock
-        )
+        return PlainCheckpoint(tracker, offsets_now, commit_interval_s, commit_offsets, clock)
     return TransactionalCheckpoint(
         tracker, offsets_now, commit_interval_s, transactions, gate, clock
     )

@@ -43,7 +43,6 @@ from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
 from consumer.delivery import Delivery, SinkLike
-from consumer.kafka.errors import CommitError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
@@ -161,7 +160,6 @@ class Pipeline:
             commit_offsets=lambda offsets, metadata: self.source.commit(
                 dict(offsets), dict(metadata)
             ),
-            retriable=(CommitError,),
             gate=self._delivery,
             clock=clock,
         )

@@ -48,7 +48,6 @@ from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.deadline import Deadline
 from consumer.delivery import Delivery, SinkLike
-from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
@@ -72,7 +71,7 @@ class RangeSourceLike(Protocol):
     def finished(self) -> frozenset[int]: ...
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
     async def commit(
-        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
     ) -> None: ...
 
 
@@ -155,8 +154,7 @@ class BackfillJob:
             tracker=self._tracker,
             offsets_now=self._offsets_to_commit,
             commit_interval_s=settings.commit_interval_ms / 1000,
-            commit_offsets=self._commit_offsets,
-            retriable=(RangeSourceError,),
+            commit_offsets=source.commit,
             gate=self._delivery,
             clock=clock,
         )
@@ -164,7 +162,6 @@ class BackfillJob:
         self._open = 0  # records read and neither finished nor given up
         self._changed = asyncio.Event()
         self._read: dict[int, int] = {}
-        self._ends_committed: set[int] = set()
         self._commit_failed = False
         self.ok = 0
         self.error_replies = 0
@@ -371,27 +368,20 @@ class BackfillJob:
         for p in self._source.finished:
             tp = (self._topic, p)
             if (
-                p not in self._ends_committed
+                not self._end_committed(p)
                 and self._tracker.generation(tp) is not None
                 and self._tracker.pending(tp) == 0
             ):
                 offsets[tp] = plan[p].end
         return offsets
 
-    async def _commit_offsets(
-        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
-    ) -> None:
-        """A plain commit through the range source (which takes partition numbers)."""
-        await self._source.commit(
-            {p: o for (_, p), o in offsets.items()}, {p: m for (_, p), m in metadata.items()}
-        )
+    def _end_committed(self, p: int) -> bool:
+        committed = self._tracker.committed((self._topic, p))
+        return committed is not None and committed >= self._source.plan[p].end
 
     async def _commit(self) -> bool:
         """Commit through the checkpoint; False when a plain commit failed."""
-        done = await self._checkpoint.commit()
-        plan = self._source.plan
-        self._ends_committed.update(p for (_, p), o in done.offsets.items() if o >= plan[p].end)
-        return done.ok
+        return (await self._checkpoint.commit()).ok
 
     async def _finish(self, stopped: bool, deadline: Deadline) -> None:
         if stopped:
@@ -413,7 +403,7 @@ class BackfillJob:
         finished = self._source.finished
         parts: list[PartitionSummary] = []
         for p, r in sorted(plan.items()):
-            reached = r.remaining == 0 or (p in finished and p in self._ends_committed)
+            reached = r.remaining == 0 or (p in finished and self._end_committed(p))
             parts.append(
                 PartitionSummary(
                     partition=p,

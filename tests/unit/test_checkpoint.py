@@ -74,7 +74,6 @@ def _make(
         offsets_now=tracker.committable,
         commit_interval_s=1.0,
         commit_offsets=committer,
-        retriable=(CommitError,),
         gate=gate,
         clock=clock,
     )
