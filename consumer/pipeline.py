@@ -121,7 +121,8 @@ class Pipeline:
 
     ``transactions`` (``--exactly-once``): the
     :class:`~consumer.kafka.transactions.TransactionalSink` that sends and commits per input
-    partition (``sink`` is then unused).
+    partition (``sink`` is then unused); it picks the checkpoint, once
+    (:func:`consumer.checkpoint.checkpoint_for`).
     """
 
     def __init__(
