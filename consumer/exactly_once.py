@@ -16,6 +16,10 @@ that, per input partition:
 * :meth:`IntervalGate.reopen` (the commit ended): the held records start, in the next
   transaction.
 
+:func:`commit_transactions` is that commit step; its one caller is
+:class:`consumer.checkpoint.TransactionalCheckpoint`, the commit half of serve and backfill
+under ``--exactly-once`` (the Kafka side is :mod:`consumer.kafka.transactions`).
+
 Why replies finished above the committed offset are committed with kb1 metadata rather than
 held back until the offset passes them: holding them would hold every reply behind the
 slowest record of its partition (one long text delays hundreds of replies by a whole batch)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from schemas.embedding import embedding_result
-from schemas.models import EncodingFormat, Request
+from schemas.models import EMBED_OPTIONS, EncodingFormat, Request
 
 __all__ = [
     "EmbedOptions",
@@ -72,7 +72,8 @@ class ModelProfile:
 
 @dataclass(frozen=True, slots=True)
 class EmbedOptions:
-    """The four embed options of one request (None: absent)."""
+    """The four embed options of one request (None: absent); its fields are
+    :data:`schemas.models.EMBED_OPTIONS`, in that order."""
 
     dimensions: int | None = None
     normalize: bool | None = None
@@ -82,19 +83,12 @@ class EmbedOptions:
     @classmethod
     def of(cls, request: Request) -> EmbedOptions:
         """The options ``request`` carries."""
-        return cls(
-            request.dimensions, request.normalize, request.prompt_name, request.encoding_format
-        )
+        return cls(**{name: getattr(request, name) for name in EMBED_OPTIONS})
 
     @property
     def any_set(self) -> bool:
         """Whether any option is given, even with its default value."""
-        return (
-            self.dimensions is not None
-            or self.normalize is not None
-            or self.prompt_name is not None
-            or self.encoding_format is not None
-        )
+        return any(getattr(self, name) is not None for name in EMBED_OPTIONS)
 
 
 def admit_options(options: EmbedOptions, profile: ModelProfile) -> str | None:
@@ -107,7 +101,7 @@ def admit_options(options: EmbedOptions, profile: ModelProfile) -> str | None:
     if profile.task == "classify":
         if options.any_set:
             raise OptionError(
-                "dimensions, normalize, prompt_name and encoding_format are embed options; "
+                f"{', '.join(EMBED_OPTIONS[:-1])} and {EMBED_OPTIONS[-1]} are embed options; "
                 "this model classifies"
             )
         return None

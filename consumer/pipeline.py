@@ -13,8 +13,9 @@ Rules this module keeps (CONTRACT.md §Delivery):
 * A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
 * A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
   while paused so the member stays in its group.
-* ``--exactly-once`` (:mod:`consumer.exactly_once`): each partition's replies and offsets are
-  committed in its own Kafka transaction every commit interval (:meth:`Pipeline.commit`).
+* Commits, their kb1 metadata, the lag base and the read-back at assignment are the
+  checkpoint's (:mod:`consumer.checkpoint`), plain or ``--exactly-once`` (each partition's
+  replies and offsets in its own Kafka transaction), chosen once when the pipeline is built.
 * A revoke first finishes the revoked partitions' buffered work within the rebalance timeout,
   so a rebalance that finishes in time repeats nothing; what is still queued at the deadline is
   dropped, stays uncommitted, and is computed by the next owner.
@@ -37,14 +38,12 @@ from typing import Protocol
 
 from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
-from consumer.delivery import Delivery, SinkLike, SourcedSinkLike
-from consumer.exactly_once import TransactionsLike, commit_transactions
-from consumer.kafka.errors import CommitError, TransactionError
+from consumer.delivery import Delivery, SinkLike
 from consumer.kafka.flow import FlowConfig, FlowControl
-from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
@@ -87,13 +86,6 @@ class SourceLike(Protocol):
     def seek(self, tp: TopicPartition, offset: int) -> None: ...
 
 
-class Transactional(TransactionsLike, SourcedSinkLike, Protocol):
-    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
-
-    async def open(self, tp: TopicPartition) -> None: ...
-    async def close(self, tp: TopicPartition) -> None: ...
-
-
 class EngineLike(Protocol):
     """What the pipeline needs of :class:`consumer.batching.engine.Engine`."""
 
@@ -129,7 +121,8 @@ class Pipeline:
 
     ``transactions`` (``--exactly-once``): the
     :class:`~consumer.kafka.transactions.TransactionalSink` that sends and commits per input
-    partition (``sink`` is then unused).
+    partition (``sink`` is then unused); it picks the checkpoint, once
+    (:func:`consumer.checkpoint.checkpoint_for`).
     """
 
     def __init__(
@@ -140,11 +133,9 @@ class Pipeline:
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
-        transactions: Transactional | None = None,
+        transactions: TransactionalSinkLike | None = None,
     ) -> None:
         self.settings = settings
-        self._transactions = transactions
-        self._commit_lock = asyncio.Lock()  # one transactional commit at a time
         self._replies = replies
         self._metrics = metrics
         self._clock = clock
@@ -156,14 +147,22 @@ class Pipeline:
         )
         self._ids = itertools.count()
         self._computing: dict[int, Pending] = {}  # item id → the record that asked for it
-        # The lag gauge's base per partition: the last committed offset, or before the first
-        # commit the first offset this member took.
-        self._committed: dict[TopicPartition, int] = {}
         self._progress = asyncio.Event()
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
         self._delivery: Delivery[Pending] = Delivery(
             sink, self.tracker, self, replies, sourced=transactions
+        )
+        self.checkpoint = checkpoint_for(
+            transactions,
+            tracker=self.tracker,
+            offsets_now=self.tracker.committable,
+            commit_interval_s=settings.commit_interval_ms / 1000,
+            commit_offsets=lambda offsets, metadata: self.source.commit(
+                dict(offsets), dict(metadata)
+            ),
+            gate=self._delivery,
+            clock=clock,
         )
         self._resubmits: set[asyncio.Task[None]] = set()
         # Replies due, built and sent together once per loop iteration (see on_outcomes).
@@ -192,7 +191,7 @@ class Pipeline:
     async def run(self, stop: asyncio.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Poll, feed and commit until ``stop`` is set; then drain (see :meth:`drain`)."""
         s = self.settings
-        next_commit = self._clock() + s.commit_interval_ms / 1000
+        self.checkpoint.restart_interval()
         chunk = min(FIRST_POLL_RECORDS, s.poll_max_records)
         while not stop.is_set():
             beat()
@@ -208,10 +207,10 @@ class Pipeline:
                     await self._submitted()
                     self._submitting = asyncio.ensure_future(self._submit(to_compute))
             self._apply_flow()
-            if self._clock() >= next_commit:
+            if self.checkpoint.due():
                 await self.commit()
                 self._update_gauges()
-                next_commit = self._clock() + s.commit_interval_ms / 1000
+                self.checkpoint.restart_interval()
         if self._lag_refresh is not None:
             self._lag_refresh.cancel()
 
@@ -253,8 +252,7 @@ class Pipeline:
             except ValueError:  # an offset at or below one already taken: a re-delivery
                 log.warning("skipping re-delivered %s@%d", record.tp, record.offset)
                 continue
-            # Before the first commit, lag counts from the first record this member took.
-            self._committed.setdefault(record.tp, record.offset)
+            self.checkpoint.took(record.tp, record.offset)
             taken[record.tp] = taken.get(record.tp, 0) + 1
             consumed[record.topic] = consumed.get(record.topic, 0) + 1
             pending = Pending(record, generation)
@@ -483,55 +481,17 @@ class Pipeline:
         self._metrics.paused_partitions.set(len(self.flow.paused))
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> None:
-        """Commit every partition's safe offset (those in ``only`` when given).
+        """Commit every partition's safe offset (those in ``only`` when given): the
+        checkpoint's :meth:`~consumer.checkpoint.Checkpoint.commit`, plus its metrics.
 
         Raises:
             TransactionError: ``--exactly-once``, a transaction could not be committed (the
                 command stops: see :class:`consumer.kafka.errors.TransactionError`).
         """
-        if self._transactions is not None:
-            await self._commit_transactions(self._transactions, only)
-            return
-        offsets = self.tracker.committable()
-        if only is not None:
-            offsets = {tp: off for tp, off in offsets.items() if tp in only}
-        if not offsets:
-            return
-        started = self._clock()
-        metadata = self.tracker.commit_metadata(offsets)
-        try:
-            await self.source.commit(offsets, {tp: m.text for tp, m in metadata.items()})
-        except CommitError as err:
-            log.warning("%s; retrying at the next interval", err)
-            return
-        self._metrics.commit_time.observe(self._clock() - started)
-        self._metrics.commit_metadata_truncated.inc(sum(m.truncated for m in metadata.values()))
-        self.tracker.mark_committed(offsets)
-        self._committed.update(offsets)
-
-    async def _commit_transactions(
-        self, transactions: Transactional, only: frozenset[TopicPartition] | None
-    ) -> None:
-        async with self._commit_lock:
-            tps = self.tracker.assigned if only is None else only & self.tracker.assigned
-            started = self._clock()
-            try:
-                committed, truncated = await commit_transactions(
-                    self._delivery,
-                    transactions,
-                    tps,
-                    self.tracker.committable,
-                    self.tracker.commit_metadata,
-                )
-            except TransactionError as err:
-                committed, truncated = err.committed, 0
-                raise
-            finally:
-                self.tracker.mark_committed(committed)
-                self._committed.update(committed)
-                self._metrics.commit_metadata_truncated.inc(truncated)
-            if committed:
-                self._metrics.commit_time.observe(self._clock() - started)
+        done = await self.checkpoint.commit(only)
+        if done.offsets:
+            self._metrics.commit_time.observe(done.elapsed_s)
+        self._metrics.commit_metadata_truncated.inc(done.truncated)
 
     def _update_gauges(self) -> None:
         m = self._metrics
@@ -558,7 +518,7 @@ class Pipeline:
         assigned = self.tracker.assigned
         ends = await self.source.end_offsets(assigned)
         for tp, end in ends.items():
-            base = self._committed.get(tp)
+            base = self.checkpoint.lag_base(tp)
             if base is None:  # nothing taken yet; its position may wait for an offset reset
                 with contextlib.suppress(TimeoutError):
                     base = await asyncio.wait_for(self.source.position(tp), LAG_REFRESH_S)
@@ -578,19 +538,8 @@ class Pipeline:
         for tp in tps:
             self.tracker.assign(tp)
             self.flow.assign(tp)
-        for tp in tps:
-            if self._transactions is not None:  # fences the previous owner first
-                await self._transactions.open(tp)
-            committed, metadata = await self.source.committed_metadata(tp)
-            if committed is not None and self._transactions is not None:
-                # The client fetched its start offset on its own, maybe while the previous
-                # owner's last transaction was still completing: start where it committed.
-                self.source.seek(tp, committed)
-            if committed is not None:
-                self._committed[tp] = committed
-                # Answered before a crash above the committed offset: skipped on intake.
-                done = read_completed(committed, metadata, where=tp)
-                self.tracker.add_completed(tp, done)
+        for tp in tps:  # the committed offset and what was answered above it (skipped)
+            await self.checkpoint.assign(tp, self.source)
         self.flow.decide()
         paused = self.flow.reapply()
         self.source.resume(tps - paused)
@@ -613,10 +562,8 @@ class Pipeline:
             self.dedup.drop_partition(tp)
             self.tracker.revoke(tp)
             self.flow.revoke(tp)
-            self._committed.pop(tp, None)
             self._metrics.forget_partition(tp)
-            if self._transactions is not None:  # what was not committed is aborted
-                await self._transactions.close(tp)
+            await self.checkpoint.revoke(tp)  # --exactly-once: what was not committed is aborted
         log.info("revoked %s in %.1f s", sorted(tps), loop.time() - started)
 
     async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:

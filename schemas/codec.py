@@ -40,7 +40,7 @@ import msgpack
 from pydantic import ValidationError
 
 from schemas.errors import DecodeError, EncodeError, ErrorCode
-from schemas.models import Reply, Request
+from schemas.models import EMBED_OPTIONS, Reply, Request
 
 __all__ = [
     "DEFAULT_MAX_META_BYTES",
@@ -560,16 +560,7 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
         EncodeError: when ``meta`` holds something the encoding cannot carry.
     """
     wire: dict[str, Any] = {"v": request.v, "text": request.text}
-    for name in (
-        "task",
-        "deadline_ms",
-        "truncate",
-        "meta",
-        "dimensions",
-        "normalize",
-        "prompt_name",
-        "encoding_format",
-    ):
+    for name in ("task", "deadline_ms", "truncate", "meta", *EMBED_OPTIONS):
         field = getattr(request, name)
         if field is not None:
             wire[name] = field

@@ -16,7 +16,7 @@ Third-party errors (msgpack's ``ExtraData``/``StackError``/``ValueError``, ``jso
 at the codec boundary; nothing else escapes a decode function.
 
 This module imports nothing of ``schemas/``: the codec, the models and the records import it
-(no import circle; ``tests/unit/test_import_cycles.py``).
+(no import circle; ``tests/unit/test_import_graph.py``).
 
 Messages are written for a person reading a reply or a dead letter: they name the field and the
 rule and never echo the input itself (it may be large or hostile).

@@ -32,6 +32,7 @@ from schemas.errors import ErrorCode
 __all__ = [
     "CONTRACT_REVISION",
     "CONTRACT_VERSION",
+    "EMBED_OPTIONS",
     "ENCODING_FORMATS",
     "ClassifyResult",
     "EmbedResult",
@@ -93,6 +94,14 @@ def _not_bool(value: object) -> object:
 Version = Annotated[Literal[1], BeforeValidator(_not_bool)]
 
 _FROZEN_STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+EMBED_OPTIONS: tuple[str, ...] = ("dimensions", "normalize", "prompt_name", "encoding_format")
+"""The names of contract 1.1's embed options: fields of :class:`Request`, of
+``consumer.options.EmbedOptions`` and of ``kbatch backfill``'s settings. Every list of them
+(``has_embed_options``, the request codec, ``EmbedOptions.of``) is derived from this one, so a
+new option cannot be forgotten on one path (tests/unit/test_embed_options.py holds the fields
+to it)."""
 
 
 class Request(BaseModel):
@@ -165,12 +174,7 @@ class Request(BaseModel):
     @property
     def has_embed_options(self) -> bool:
         """Whether any of the four embed options is set (even to its default value)."""
-        return (
-            self.dimensions is not None
-            or self.normalize is not None
-            or self.prompt_name is not None
-            or self.encoding_format is not None
-        )
+        return any(getattr(self, name) is not None for name in EMBED_OPTIONS)
 
 
 class ModelInfo(BaseModel):

@@ -3,11 +3,11 @@
 #
 #   scripts/gpu_bench.sh [OUT_JSON]        (default: bench-gpu.json; at most 8 minutes)
 #
-# Runs `kbatch bench quality --device cuda --autocast bf16` (bf16 against fp32 on 400 VADER
+# Runs `kbatch bench quality --device cuda --dtype bfloat16` (bf16 against fp32 on 400 VADER
 # texts in mixed-length batches: min/mean cosine; written to ${OUT%.json}-quality.json), then
 # `kbatch bench engine` (single, fixed, bucketed and the baselines sorted_offline, runner_loop,
 # plain_loop on the VADER texts; plain transformers in bf16 on the GPU too) with --device cuda
-# --autocast bf16 and the GPU token budget, then prints tokens/s, the achieved model TFLOP/s
+# --dtype bfloat16 and the GPU token budget, then prints tokens/s, the achieved model TFLOP/s
 # (padded tokens/s x 2 x non-embedding parameters, the usual 2-FLOPs-per-parameter-per-token
 # estimate, attention not counted) and that as a fraction of the device's dense bf16 peak
 # (consumer/model/torch_backend.py's table). The paced phase runs at a fixed RATE that even the
@@ -39,13 +39,13 @@ print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA {t
       file=sys.stderr)
 PY
 
-timeout 120 "$KBATCH" bench quality --device cuda --autocast bf16 --backend torch \
+timeout 120 "$KBATCH" bench quality --device cuda --dtype bfloat16 --backend torch \
   --no-sentence-transformers --n 400 --json > "${OUT%.json}-quality.json" \
   || echo "gpu_bench.sh: bf16 fails the quality gate (see ${OUT%.json}-quality.json)" >&2
 "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print('bf16 vs fp32:', r['vs_torch_fp32'], 'passes_gate', r['passes_gate'])" "${OUT%.json}-quality.json" || true
 
 timeout "$TIMEOUT_S" "$KBATCH" bench engine \
-  --device cuda --autocast bf16 --strategies "$STRATEGIES" \
+  --device cuda --dtype bfloat16 --strategies "$STRATEGIES" \
   --n "$N" --rate "$RATE" --seconds "$SECONDS_PACED" \
   --max-batch-tokens "$MAX_BATCH_TOKENS" --max-batch-size "$MAX_BATCH_SIZE" \
   --batch-overhead-tokens "${BATCH_OVERHEAD_TOKENS:-2048}" \

@@ -201,10 +201,13 @@ class FakeRangeSource:
         return out
 
     async def commit(
-        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
     ) -> None:
-        self.commits.append(dict(offsets))
-        self.metadata.append(dict(metadata or {}))
+        """Recorded per partition number (the range is one topic's)."""
+        self.commits.append({p: o for (_, p), o in offsets.items()})
+        self.metadata.append({p: m for (_, p), m in (metadata or {}).items()})
 
     def last_committed(self) -> dict[int, int]:
         merged: dict[int, int] = {}

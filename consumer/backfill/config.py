@@ -26,7 +26,7 @@ from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, Settings
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
 from consumer.options import EmbedOptions
-from schemas.models import EncodingFormat
+from schemas.models import EMBED_OPTIONS, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -152,7 +152,7 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     @property
     def embed_options(self) -> EmbedOptions:
         """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
-        return EmbedOptions(self.dimensions, self.normalize, self.prompt_name, self.encoding_format)
+        return EmbedOptions(**{name: getattr(self, name) for name in EMBED_OPTIONS})
 
     @property
     def from_bound(self) -> RangeBound:

@@ -45,13 +45,12 @@ from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.deadline import Deadline
-from consumer.delivery import Delivery, SinkLike, SourcedSinkLike
-from consumer.exactly_once import TransactionsLike, commit_transactions
-from consumer.kafka.errors import RangeSourceError
+from consumer.delivery import Delivery, SinkLike
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
-from consumer.kafka.records import InRecord
+from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
@@ -72,12 +71,8 @@ class RangeSourceLike(Protocol):
     def finished(self) -> frozenset[int]: ...
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
     async def commit(
-        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
     ) -> None: ...
-
-
-class TransactionalJobSink(TransactionsLike, SourcedSinkLike, Protocol):
-    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
 
 
 class EngineLike(Protocol):
@@ -123,10 +118,9 @@ class BackfillJob:
         *,
         stats: EngineStats | None = None,
         clock: Callable[[], float] = time.monotonic,
-        transactions: TransactionalJobSink | None = None,
+        transactions: TransactionalSinkLike | None = None,
     ) -> None:
         self.settings = settings
-        self._transactions = transactions
         self._source = source
         self._replies = replies
         self._progress: ProgressSink = progress or NullProgress()
@@ -155,11 +149,19 @@ class BackfillJob:
             max_in_flight=settings.max_concurrent_sends,
             sourced=transactions,
         )
+        self._checkpoint = checkpoint_for(
+            transactions,
+            tracker=self._tracker,
+            offsets_now=self._offsets_to_commit,
+            commit_interval_s=settings.commit_interval_ms / 1000,
+            commit_offsets=source.commit,
+            gate=self._delivery,
+            clock=clock,
+        )
         self._write_scheduled = False
         self._open = 0  # records read and neither finished nor given up
         self._changed = asyncio.Event()
         self._read: dict[int, int] = {}
-        self._ends_committed: set[int] = set()
         self._commit_failed = False
         self.ok = 0
         self.error_replies = 0
@@ -195,8 +197,7 @@ class BackfillJob:
         total = sum(r.remaining for r in plan.values())
         self._progress.begin(total, f"{self._topic} → {s.output_topic}")
         t0 = self._clock()
-        interval_s = s.commit_interval_ms / 1000
-        next_commit = t0 + interval_s
+        self._checkpoint.restart_interval()
         relay = asyncio.create_task(self._relay_stop(stop))
         try:
             while not stop.is_set():
@@ -204,16 +205,16 @@ class BackfillJob:
                 if all_read and self._open == 0:
                     break
                 if all_read or self._open >= s.max_in_flight_records:
-                    await self._wait_change(max(0.0, next_commit - self._clock()))
+                    await self._wait_change(self._checkpoint.seconds_to_due())
                 else:
                     room = s.max_in_flight_records - self._open
                     records = await self._source.poll(
                         min(s.poll_max_records, room), s.poll_timeout_ms
                     )
                     await self._take(records)
-                if self._clock() >= next_commit:
+                if self._checkpoint.due():
                     await self._commit()
-                    next_commit = self._clock() + interval_s
+                    self._checkpoint.restart_interval()
         finally:
             relay.cancel()
             if drain_deadline is None:
@@ -359,52 +360,28 @@ class BackfillJob:
 
     # -- commit and shutdown ------------------------------------------------------------------
 
-    def _offsets_to_commit(self) -> dict[int, int]:
-        offsets = {p: off for (_, p), off in self._tracker.committable().items()}
+    def _offsets_to_commit(self) -> dict[TopicPartition, int]:
+        """The tracker's committable offsets, and the end offset of each partition read to
+        its end with every record finished (rule 2)."""
+        offsets = self._tracker.committable()
         plan = self._source.plan
         for p in self._source.finished:
             tp = (self._topic, p)
             if (
-                p not in self._ends_committed
+                not self._end_committed(p)
                 and self._tracker.generation(tp) is not None
                 and self._tracker.pending(tp) == 0
             ):
-                offsets[p] = plan[p].end
+                offsets[tp] = plan[p].end
         return offsets
 
-    async def _commit(self) -> bool:
-        if self._transactions is not None:
-            return await self._commit_transactions(self._transactions)
-        offsets = self._offsets_to_commit()
-        if not offsets:
-            return True
-        tps = {(self._topic, p): o for p, o in offsets.items()}
-        metadata = {tp[1]: m.text for tp, m in self._tracker.commit_metadata(tps).items()}
-        try:
-            await self._source.commit(offsets, metadata)
-        except RangeSourceError as err:
-            log.warning("commit failed (retried at the next interval): %s", err)
-            return False
-        self._tracker.mark_committed({(self._topic, p): o for p, o in offsets.items()})
-        plan = self._source.plan
-        self._ends_committed.update(p for p, o in offsets.items() if o >= plan[p].end)
-        return True
+    def _end_committed(self, p: int) -> bool:
+        committed = self._tracker.committed((self._topic, p))
+        return committed is not None and committed >= self._source.plan[p].end
 
-    async def _commit_transactions(self, transactions: TransactionalJobSink) -> bool:
-        """``--exactly-once``: end each partition's transaction with its offsets (see
-        :func:`consumer.exactly_once.commit_transactions`). A failed transaction raises."""
-        topic = self._topic
-        committed, _ = await commit_transactions(
-            self._delivery,
-            transactions,
-            self._tracker.assigned,
-            lambda: {(topic, p): o for p, o in self._offsets_to_commit().items()},
-            self._tracker.commit_metadata,
-        )
-        self._tracker.mark_committed(committed)
-        plan = self._source.plan
-        self._ends_committed.update(p for (_, p), o in committed.items() if o >= plan[p].end)
-        return True
+    async def _commit(self) -> bool:
+        """Commit through the checkpoint; False when a plain commit failed."""
+        return (await self._checkpoint.commit()).ok
 
     async def _finish(self, stopped: bool, deadline: Deadline) -> None:
         if stopped:
@@ -426,7 +403,7 @@ class BackfillJob:
         finished = self._source.finished
         parts: list[PartitionSummary] = []
         for p, r in sorted(plan.items()):
-            reached = r.remaining == 0 or (p in finished and p in self._ends_committed)
+            reached = r.remaining == 0 or (p in finished and self._end_committed(p))
             parts.append(
                 PartitionSummary(
                     partition=p,

@@ -2,7 +2,7 @@
 models, from sentence-transformers' own ``encode``) on real texts, and its speed beside it.
 
 The same texts (a seeded VADER sample) are scored by torch fp32 (the reference) and by the
-candidate (``--backend``, ``--quantize``; on a GPU ``--device cuda --autocast bf16``) in the
+candidate (``--backend``, ``--quantize``; on a GPU ``--device cuda --dtype bfloat16``) in the
 same **mixed-length batches**: consecutive texts of the sample, ``batch_size`` at a time, each
 padded to its longest — the case a wrong export gets wrong. Figures
 (:class:`consumer.model.quality.QualityReport`): embed — min/mean cosine; classify — label

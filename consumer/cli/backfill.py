@@ -29,14 +29,11 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import RangeSourceError, RangeSpecError, TransactionError
     from consumer.model.errors import LossyBackendError
-    from consumer.model.loader import check_task, resolve_model
-    from consumer.model.prompts import resolve_default_prompt
+    from consumer.model.loader import check_model
     from consumer.options import OptionError
 
     try:  # fail before anything starts
-        model_dir, _ = resolve_model(settings)
-        check_task(settings, model_dir)
-        resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
+        check_model(settings)
     except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err
     try:

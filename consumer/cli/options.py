@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import annotated_types
 import click
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from consumer.config import SettingsBase
 
@@ -92,3 +94,50 @@ def settings_options(
                 )
             )
     return options
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_UNSET: Any = object()
+
+
+def _bounded(field: Any) -> Any:
+    """The field's click type, with its ``ge``/``gt``/``le`` bounds for an int or a float."""
+    kind = _click_type(field.annotation)
+    if kind not in (click.INT, click.FLOAT):
+        return kind
+    bounds: dict[str, Any] = {}
+    for m in field.metadata:
+        if isinstance(m, annotated_types.Ge):
+            bounds["min"] = m.ge
+        elif isinstance(m, annotated_types.Gt):
+            bounds.update(min=m.gt, min_open=True)
+        elif isinstance(m, annotated_types.Le):
+            bounds["max"] = m.le
+    if not bounds:
+        return kind
+    if kind is click.INT:
+        if bounds.pop("min_open", False):  # gt=n on an int: at least n + 1
+            bounds["min"] += 1
+        return click.IntRange(**bounds)
+    return click.FloatRange(**bounds)
+
+
+def group_option(
+    group: type[BaseModel],
+    name: str,
+    *,
+    default: Any = _UNSET,
+    aliases: tuple[str, ...] = (),
+    note: str = "",
+) -> Callable[[F], F]:
+    """A click option of one field of a settings ``group`` for a command that takes only a
+    few of them (``kbatch bench``): the flag, type, bounds and description ``kbatch serve``
+    has (``--max-batch-size``, 1 … 4096), with the command's own ``default`` (the group's
+    when not given) and, after the description, ``note``. ``aliases``: older spellings that
+    still work (``--threads``)."""
+    field = group.model_fields[name]
+    value = field.default if default is _UNSET else default
+    help_text = " ".join(p for p in (field.description or "", note) if p) + _shown(value)
+    flag = "--" + name.replace("_", "-")
+    return click.option(flag, *aliases, name, type=_bounded(field), default=value, help=help_text)

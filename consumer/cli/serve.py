@@ -32,13 +32,10 @@ def _serve(config: Path | None, **flags: Any) -> None:
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
     from consumer.app import serve
-    from consumer.model.loader import check_task, resolve_model
-    from consumer.model.prompts import resolve_default_prompt
+    from consumer.model.loader import check_model
 
     try:  # fail before anything starts
-        model_dir, _ = resolve_model(settings)
-        check_task(settings, model_dir)
-        resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
+        check_model(settings)
     except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err
 

@@ -125,6 +125,12 @@ class OffsetTracker:
         state = self._partitions.get(tp)
         return None if state is None else state.generation
 
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The highest offset :meth:`mark_committed` recorded for ``tp`` in this assignment;
+        None when none yet or ``tp`` is not assigned."""
+        state = self._partitions.get(tp)
+        return None if state is None else state.committed
+
     @property
     def assigned(self) -> frozenset[TopicPartition]:
         """The partitions currently assigned."""

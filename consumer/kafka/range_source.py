@@ -55,7 +55,7 @@ from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.errors import RangeSourceError, RangeSpecError, map_kafka_errors
 from consumer.kafka.offset_metadata import read_completed
-from consumer.kafka.records import InRecord
+from consumer.kafka.records import InRecord, TopicPartition
 
 __all__ = [
     "AtOffsets",
@@ -394,10 +394,13 @@ class RangeSource:
         return out
 
     async def commit(
-        self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
     ) -> None:
-        """Commit ``offsets`` (partition → next offset to read) for the job's group, each with
-        its ``metadata`` string ("" when not given; :mod:`consumer.kafka.offset_metadata`).
+        """Commit ``offsets`` (next offset to read, per partition of :attr:`topic`) for the
+        job's group, each with its ``metadata`` string ("" when not given;
+        :mod:`consumer.kafka.offset_metadata`); as :meth:`KafkaSource.commit`.
 
         Raises:
             RangeSourceError: the broker refused or could not be reached.
@@ -407,7 +410,7 @@ class RangeSource:
         meta = metadata or {}
         with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
             await self._consumer.commit(
-                {KafkaTP(self.topic, p): (off, meta.get(p, "")) for p, off in offsets.items()}
+                {KafkaTP(*tp): (off, meta.get(tp, "")) for tp, off in offsets.items()}
             )
 
     # -- internals -------------------------------------------------------------------------------

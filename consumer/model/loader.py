@@ -3,7 +3,10 @@
 - :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a
   directory) → the directory and the name/revision replies report; cheap (no torch), so the
   CLI checks it first.
-- :func:`load_model`: the runner and its tokenizer for a :class:`consumer.config.ModelSettings`.
+- :func:`check_model`: the start-up check ``kbatch serve`` and ``kbatch backfill`` share
+  (resolves, task head, default prompt; no torch).
+- :func:`load_model`: the runner and its tokenizer for a
+  :class:`~consumer.model.settings.ModelSettings`.
 - :func:`load_runner`: one ``save_pretrained`` directory → a torch
   :class:`~consumer.model.batch_runner.ModelRunner` (the benchmarks call it directly).
 
@@ -19,10 +22,10 @@ from pathlib import Path
 
 from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
-from consumer.config import PACKAGED_MODEL, ModelSettings
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
 from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
+from consumer.model.settings import DTYPE_AUTOCAST, PACKAGED_MODEL, ModelSettings, check_backend
 from consumer.model.sim_backend import SimBackend, parse_sim
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
@@ -30,6 +33,7 @@ from schemas.models import ModelInfo
 __all__ = [
     "NOOP_MODEL",
     "LoadedModel",
+    "check_model",
     "check_task",
     "load_model",
     "load_runner",
@@ -124,9 +128,7 @@ def load_model(
     device = default_device() if settings.device == "auto" else settings.device
     if settings.backend == "onnx":
         device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
-    autocast: AutocastName | None = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}[
-        settings.dtype
-    ]
+    autocast = DTYPE_AUTOCAST[settings.dtype]
     runner: ModelRunner
     if settings.model == NOOP_MODEL:
         from consumer.model.protocol import FakeBackend
@@ -199,6 +201,24 @@ def _quality_gate(
     )
 
 
+def check_model(settings: ModelSettings) -> Path:
+    """The start-up check of ``kbatch serve`` and ``kbatch backfill``, before anything starts:
+    the model resolves (:func:`resolve_model`), has the head ``--task`` needs
+    (:func:`check_task`) and the default prompt it names; cheap (no torch). Returns the
+    model directory.
+
+    Raises:
+        ModelNotFoundError: (a ``FileNotFoundError``) the model directory does not exist.
+        ValueError: the task or the default prompt does not fit the model.
+    """
+    from consumer.model.prompts import resolve_default_prompt
+
+    model_dir, _ = resolve_model(settings)
+    check_task(settings, model_dir)
+    resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
+    return model_dir
+
+
 def check_task(settings: ModelSettings, model_dir: Path) -> None:
     """Refuse ``--task classify`` on a model saved without a sequence-classification head.
 
@@ -267,7 +287,8 @@ def load_runner(
 
     Raises:
         OSError / ValueError: from transformers when the directory is not a model;
-            ``ValueError`` for ``onnx`` on a non-CPU device or ``int8`` without ``onnx``.
+            ``ValueError`` for a combination :func:`~consumer.model.settings.check_backend`
+            refuses (``onnx`` on a non-CPU device, ``int8`` without ``onnx``).
     """
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
@@ -280,18 +301,15 @@ def load_runner(
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     task = task or _detect_task(path)
     dev = device or default_device()
+    check_backend(backend=backend, quantize=quantize, device=dev)
     model: torch.nn.Module
     if backend == "onnx":
         from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
 
-        if torch.device(dev).type != "cpu":
-            raise ValueError(f"--backend onnx runs on the CPU, not on {dev}")
         onnx_path = ensure_onnx(path, task, quantize)
         cfg = AutoConfig.from_pretrained(str(path))
         model = OrtNetwork(onnx_path, task, cfg, threads or torch.get_num_threads())
     else:
-        if quantize != "none":
-            raise ValueError(f"--quantize {quantize} needs --backend onnx")
         cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
         model = cls.from_pretrained(str(path))
         model.eval().to(dev)

@@ -77,3 +77,23 @@ def test_a_bad_option_value_is_refused_by_the_settings() -> None:
         _settings(dimensions=0)
     with pytest.raises(ValueError):
         _settings(encoding_format="base64")
+
+
+def test_the_embed_option_names_are_one_list_everywhere() -> None:
+    """EMBED_OPTIONS names the options of a request, of EmbedOptions and of backfill's flags:
+    a new option missing on one of them would be dropped silently on that path."""
+    import dataclasses
+
+    from consumer.backfill.config import BackfillSettings
+    from consumer.options import EmbedOptions
+    from schemas.codec import decode_request, encode_request
+    from schemas.models import EMBED_OPTIONS, Request
+
+    assert tuple(f.name for f in dataclasses.fields(EmbedOptions)) == EMBED_OPTIONS
+    assert set(EMBED_OPTIONS) <= set(Request.model_fields) & set(BackfillSettings.model_fields)
+    values = {"dimensions": 2, "normalize": False, "prompt_name": "q", "encoding_format": "f16le"}
+    assert set(values) == set(EMBED_OPTIONS)
+    request = Request(text="x", **values)  # type: ignore[arg-type]
+    assert request.has_embed_options and EmbedOptions.of(request) == EmbedOptions(**values)  # type: ignore[arg-type]
+    assert decode_request(encode_request(request)) == request
+    assert _settings(**values).embed_options == EmbedOptions(**values)  # type: ignore[arg-type]

@@ -40,3 +40,16 @@ def test_bench_quality_refuses_int8_on_torch(tiny_embed_dir: Path) -> None:
         cli, ["bench", "quality", "--model", str(tiny_embed_dir), "--quantize", "int8"]
     )
     assert result.exit_code == 2 and "needs --backend onnx" in result.output
+
+
+def test_bench_flags_are_the_model_and_batching_settings_of_serve(tiny_embed_dir: Path) -> None:
+    """The bench takes --dtype, --torch-threads, --max-batch-size … from the settings groups:
+    the same rules (check_backend) and bounds as kbatch serve."""
+    model = ["--model", str(tiny_embed_dir)]
+    onnx_bf16 = ["bench", "quality", *model, "--backend", "onnx", "--dtype", "bfloat16"]
+    result = CliRunner().invoke(cli, onnx_bf16)
+    assert result.exit_code == 2 and "--backend onnx runs float32" in result.output
+    result = CliRunner().invoke(cli, ["bench", "engine", *model, "--max-batch-size", "5000"])
+    assert result.exit_code == 2 and "5000 is not in the range 1<=x<=4096" in result.output
+    result = CliRunner().invoke(cli, ["bench", "quality", *model, "--torch-threads", "0"])
+    assert result.exit_code == 2 and "--torch-threads" in result.output

@@ -130,3 +130,17 @@ def test_the_kafka_layer_imports_nothing_of_consumer_outside_it() -> None:
 def test_schemas_errors_is_a_leaf_of_schemas() -> None:
     graph = import_graph(ROOT, PACKAGES)
     assert {d for d in graph["schemas.errors"] if d.startswith("schemas")} == set()
+
+
+COMMANDS = ("consumer.config", "consumer.cli", "consumer.app", "consumer.backfill.config")
+"""The command modules: settings of whole commands, the CLI, the serve wiring."""
+
+
+def test_the_model_layer_imports_nothing_of_the_commands() -> None:
+    graph = import_graph(ROOT, PACKAGES)
+    leaks = {
+        module: sorted(d for d in deps if d.startswith(COMMANDS))
+        for module, deps in graph.items()
+        if module == "consumer.model" or module.startswith("consumer.model.")
+    }
+    assert {m: deps for m, deps in leaks.items() if deps} == {}

@@ -122,7 +122,7 @@ def test_session_options_do_not_spin() -> None:
 
 
 def test_int8_needs_onnx_and_onnx_needs_cpu() -> None:
-    with pytest.raises(ValidationError, match="needs backend=onnx"):
+    with pytest.raises(ValidationError, match="--quantize int8 needs --backend onnx"):
         ModelSettings(quantize="int8")
     with pytest.raises(ValidationError, match="runs on the CPU"):
         ModelSettings(backend="onnx", device="cuda")
@@ -130,7 +130,7 @@ def test_int8_needs_onnx_and_onnx_needs_cpu() -> None:
 
 
 def test_dtype_is_torchs_autocast_and_float16_needs_cuda() -> None:
-    with pytest.raises(ValidationError, match="backend=onnx runs float32"):
+    with pytest.raises(ValidationError, match="--backend onnx runs float32"):
         ModelSettings(backend="onnx", dtype="bfloat16")
     with pytest.raises(ValidationError, match="needs CUDA"):
         ModelSettings(device="cpu", dtype="float16")

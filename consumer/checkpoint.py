@@ -1,0 +1,292 @@
+"""The commit half of ``kbatch serve`` and ``kbatch backfill``: one checkpoint per process.
+
+A checkpoint owns what a commit needs beyond the offset tracker: when offsets are committed
+with their kb1 metadata, how (plain group commit, or each input partition's Kafka
+transaction), the lag base of each partition and, in serve, the read-back of the committed
+offset at assignment. It is chosen once, at start-up (:func:`checkpoint_for`), as
+quix-streams chooses its ``Checkpoint``; the pipeline and the backfill job never ask which
+delivery mode runs.
+
+::
+
+    PlainCheckpoint          commit: offsets_now() → kb1 metadata → source commit
+                             (a retriable failure: logged, retried at the next interval)
+    TransactionalCheckpoint  commit: hold new sends of each partition, wait for started ones,
+                             offsets_now() → kb1 metadata → send_offsets_to_transaction →
+                             commit_transaction (:func:`consumer.exactly_once.commit_transactions`);
+                             assign: open the partition's producer (fences the previous owner)
+                             before reading its committed offset, then seek there;
+                             revoke: abort what is open
+
+Both then record what was committed in the tracker (:meth:`OffsetTracker.mark_committed`)
+and as the lag base. The rules come from CONTRACT.md §Delivery and README §Operations
+(``--exactly-once``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from consumer.delivery import SourcedSinkLike
+from consumer.exactly_once import GateOwner, TransactionsLike, commit_transactions
+from consumer.kafka.errors import CommitError, RangeSourceError, TransactionError
+from consumer.kafka.offset_metadata import read_completed
+from consumer.kafka.offsets import OffsetTracker
+from consumer.kafka.records import TopicPartition
+
+__all__ = [
+    "Checkpoint",
+    "Committed",
+    "PlainCheckpoint",
+    "TransactionalCheckpoint",
+    "TransactionalSinkLike",
+    "checkpoint_for",
+]
+
+log = logging.getLogger(__name__)
+
+Offsets = Mapping[TopicPartition, int]
+OffsetsNow = Callable[[], Offsets]
+"""The offsets to commit now (next offset to read, per input partition); asked at the moment
+of the commit (for a transaction: once its partitions are quiet)."""
+CommitOffsets = Callable[[Offsets, Mapping[TopicPartition, str]], Awaitable[None]]
+"""A plain group commit: offsets and their metadata text, per partition."""
+
+
+class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
+    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
+
+    async def open(self, tp: TopicPartition) -> None: ...
+    async def close(self, tp: TopicPartition) -> None: ...
+
+
+class CommittedReader(Protocol):
+    """What the read-back at assignment needs of :class:`consumer.kafka.source.KafkaSource`."""
+
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]: ...
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What one :meth:`Checkpoint.commit` did.
+
+    Attributes:
+        offsets: the offsets committed (empty: nothing to commit, or the commit failed).
+        truncated: partitions whose kb1 metadata was cut to fit ``offset.metadata.max.bytes``
+            (plain: committed with the cut metadata; transactional: left for the next interval).
+        elapsed_s: seconds the commit took (monotonic).
+        ok: False when a plain commit failed (retried at the next interval).
+    """
+
+    offsets: dict[TopicPartition, int]
+    truncated: int = 0
+    elapsed_s: float = 0.0
+    ok: bool = True
+
+
+class Checkpoint:
+    """Commit cadence, kb1 metadata, lag base, read-back: the part both modes share.
+
+    Args:
+        tracker: the owner's offset tracker.
+        offsets_now: the offsets to commit now (serve: ``tracker.committable``; backfill adds
+            each finished partition's end offset).
+        commit_interval_s: seconds between two commits of :meth:`due`.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        offsets_now: OffsetsNow,
+        commit_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tracker = tracker
+        self._offsets_now = offsets_now
+        self._interval_s = commit_interval_s
+        self._clock = clock
+        self._next_commit_s = clock() + commit_interval_s
+        # The lag base per partition: the last committed offset, or before the first commit
+        # the first offset this member took.
+        self._base: dict[TopicPartition, int] = {}
+
+    # ---- cadence --------------------------------------------------------------------------------
+
+    def due(self) -> bool:
+        """True once the commit interval has passed since start or the last :meth:`committed`."""
+        return self._clock() >= self._next_commit_s
+
+    def seconds_to_due(self) -> float:
+        """Seconds until :meth:`due` (0 when due)."""
+        return max(0.0, self._next_commit_s - self._clock())
+
+    def restart_interval(self) -> None:
+        """The interval counts again from now (after an interval's commit)."""
+        self._next_commit_s = self._clock() + self._interval_s
+
+    # ---- the lag base ---------------------------------------------------------------------------
+
+    def took(self, tp: TopicPartition, offset: int) -> None:
+        """A record was taken: before the first commit, lag counts from the first one."""
+        self._base.setdefault(tp, offset)
+
+    def lag_base(self, tp: TopicPartition) -> int | None:
+        """The offset ``tp``'s lag counts from; None before anything was taken or read back."""
+        return self._base.get(tp)
+
+    # ---- commit ---------------------------------------------------------------------------------
+
+    async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
+        """Commit every partition's safe offset (those in ``only`` when given) with its kb1
+        metadata; the tracker and the lag base then know what was committed.
+
+        Raises:
+            TransactionError: transactional, a transaction could not be committed (the command
+                stops; what was committed is recorded first).
+        """
+        raise NotImplementedError
+
+    def _committed(self, offsets: Offsets) -> None:
+        self.tracker.mark_committed(offsets)
+        self._base.update(offsets)
+
+    # ---- assignment -----------------------------------------------------------------------------
+
+    async def assign(self, tp: TopicPartition, source: CommittedReader) -> None:
+        """Read back ``tp``'s committed offset and kb1 metadata (the tracker assigned it
+        already): the lag base, and the offsets answered above it that intake skips."""
+        await self._read_back(tp, source)
+
+    async def _read_back(self, tp: TopicPartition, source: CommittedReader) -> int | None:
+        committed, metadata = await source.committed_metadata(tp)
+        if committed is not None:
+            self._base[tp] = committed
+            self.tracker.add_completed(tp, read_completed(committed, metadata, where=tp))
+        return committed
+
+    async def revoke(self, tp: TopicPartition) -> None:
+        """Forget ``tp`` (the tracker revokes it itself)."""
+        self._base.pop(tp, None)
+
+
+class PlainCheckpoint(Checkpoint):
+    """Offsets and kb1 metadata in a plain group commit (``commit_offsets``: the source's
+    ``commit``); a refused commit (:class:`CommitError` of serve's source,
+    :class:`RangeSourceError` of backfill's) is logged and retried at the next interval."""
+
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        offsets_now: OffsetsNow,
+        commit_interval_s: float,
+        commit_offsets: CommitOffsets,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(tracker, offsets_now, commit_interval_s, clock)
+        self._commit_offsets = commit_offsets
+
+    async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
+        offsets = dict(self._offsets_now())
+        if only is not None:
+            offsets = {tp: off for tp, off in offsets.items() if tp in only}
+        if not offsets:
+            return Committed({})
+        started = self._clock()
+        metadata = self.tracker.commit_metadata(offsets)
+        try:
+            await self._commit_offsets(offsets, {tp: m.text for tp, m in metadata.items()})
+        except (CommitError, RangeSourceError) as err:
+            log.warning("commit failed (retried at the next interval): %s", err)
+            return Committed({}, ok=False)
+        self._committed(offsets)
+        truncated = sum(m.truncated for m in metadata.values())
+        return Committed(offsets, truncated, self._clock() - started)
+
+
+class TransactionalCheckpoint(Checkpoint):
+    """``--exactly-once``: each input partition's replies and offsets in its own Kafka
+    transaction (:mod:`consumer.exactly_once`, :mod:`consumer.kafka.transactions`); one
+    commit at a time.
+
+    Args:
+        transactions: the transactional sink the replies are sent through.
+        gate: the delivery whose interval gate bounds each transaction.
+    """
+
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        offsets_now: OffsetsNow,
+        commit_interval_s: float,
+        transactions: TransactionalSinkLike,
+        gate: GateOwner,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(tracker, offsets_now, commit_interval_s, clock)
+        self._transactions = transactions
+        self._gate = gate
+        self._lock = asyncio.Lock()
+
+    async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
+        async with self._lock:
+            assigned = self.tracker.assigned
+            tps = assigned if only is None else only & assigned
+            started = self._clock()
+            committed: dict[TopicPartition, int] = {}
+            try:
+                committed, truncated = await commit_transactions(
+                    self._gate,
+                    self._transactions,
+                    tps,
+                    self._offsets_now,
+                    self.tracker.commit_metadata,
+                )
+            except TransactionError as err:
+                committed = err.committed
+                raise
+            finally:
+                self._committed(committed)
+            elapsed_s = self._clock() - started if committed else 0.0
+            return Committed(committed, truncated, elapsed_s)
+
+    async def assign(self, tp: TopicPartition, source: CommittedReader) -> None:
+        """Open ``tp``'s producer first (fencing the previous owner and aborting its open
+        transaction), then read back; start at the committed offset: the client fetched its
+        start offset on its own, maybe while the previous owner's last transaction was still
+        completing."""
+        await self._transactions.open(tp)
+        committed = await self._read_back(tp, source)
+        if committed is not None:
+            source.seek(tp, committed)
+
+    async def revoke(self, tp: TopicPartition) -> None:
+        """What was not committed is aborted."""
+        await super().revoke(tp)
+        await self._transactions.close(tp)
+
+
+def checkpoint_for(
+    transactions: TransactionalSinkLike | None,
+    *,
+    tracker: OffsetTracker,
+    offsets_now: OffsetsNow,
+    commit_interval_s: float,
+    commit_offsets: CommitOffsets,
+    gate: GateOwner,
+    clock: Callable[[], float] = time.monotonic,
+) -> Checkpoint:
+    """The checkpoint of the delivery mode, chosen once: transactional when ``transactions``
+    is given (``--exactly-once``: through ``gate``, the delivery), else plain
+    (``commit_offsets``)."""
+    if transactions is None:
+        return PlainCheckpoint(tracker, offsets_now, commit_interval_s, commit_offsets, clock)
+    return TransactionalCheckpoint(
+        tracker, offsets_now, commit_interval_s, transactions, gate, clock
+    )
