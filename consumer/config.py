@@ -107,7 +107,11 @@ class ModelSettings(BaseModel):
         description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
     )
     model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = Field("embed", description="What the model computes.")
+    task: Literal["embed", "classify", "rerank", "sparse", "token-classify"] = Field(
+        "embed",
+        description="What the model computes: embed, classify, or (contract 1.2) rerank "
+        "(a cross-encoder), sparse (a SPLADE encoder), token-classify (entities, redaction).",
+    )
     device: str = Field(
         "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
     )
@@ -165,6 +169,20 @@ class ModelSettings(BaseModel):
             raise ValueError(f"dtype={self.dtype} is torch's autocast; backend=onnx runs float32")
         if self.dtype == "float16" and self.device == "cpu":
             raise ValueError("dtype=float16 needs CUDA; on the CPU use bfloat16")
+        return self
+
+    @model_validator(mode="after")
+    def _check_new_task(self) -> ModelSettings:
+        # The start-up quality gate compares embeddings and labels; the 1.2 tasks have no
+        # gate yet, so only their exact path (torch, float32) is served.
+        if self.task in ("rerank", "sparse", "token-classify"):
+            if self.backend != "torch" or self.dtype != "float32":
+                raise ValueError(
+                    f"task={self.task} runs on backend=torch with dtype=float32 only (got "
+                    f"backend={self.backend}, dtype={self.dtype}): no quality gate covers it yet"
+                )
+            if self.default_prompt_name is not None:
+                raise ValueError(f"default_prompt_name applies to embed models, not {self.task}")
         return self
 
 

@@ -569,6 +569,11 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
         "normalize",
         "prompt_name",
         "encoding_format",
+        "documents",
+        "top_n",
+        "top_k",
+        "aggregation",
+        "redact",
     ):
         field = getattr(request, name)
         if field is not None:
@@ -637,9 +642,15 @@ def encode_reply_wire(wire: dict[str, Any], encoding: Encoding) -> bytes:
     """
     if encoding is Encoding.JSON:
         result = wire.get("result")
-        if isinstance(result, dict) and type(result.get("embedding")) is bytes:
-            text = base64.b64encode(result["embedding"]).decode("ascii")
-            wire = {**wire, "result": {**result, "embedding": text}}
+        if isinstance(result, dict) and any(type(v) is bytes for v in result.values()):
+            # f32le/f16le/binary embeddings, f32le/f16le sparse indices and values (1.2)
+            wire = {
+                **wire,
+                "result": {
+                    name: base64.b64encode(v).decode("ascii") if type(v) is bytes else v
+                    for name, v in result.items()
+                },
+            }
     return _encode(wire, encoding, _pack_reply)
 
 
