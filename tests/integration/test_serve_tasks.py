@@ -15,7 +15,7 @@ import pytest
 from consumer.kafka.admin import create_topics, delete_topics
 from schemas.codec import Encoding
 from schemas.errors import ErrorCode
-from schemas.models import RerankResult, Reply, SparseResult, TokenClassifyResult
+from schemas.models import Reply, RerankResult, SparseResult, TokenClassifyResult
 from schemas.sparse import decode_sparse
 from tests.conftest import unique_group
 from tests.fixtures.task_models import (
