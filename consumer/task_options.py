@@ -76,31 +76,36 @@ class TaskOptions:
         )
 
 
-def check_task_options(request: Request, task: Task) -> None:
+def check_task_options(request: object, task: Task) -> None:
     """Check ``request``'s 1.2 options (and embed options on a 1.2 task) against ``task``.
+
+    ``request`` is a :class:`~schemas.models.Request`, or anything with its option names as
+    attributes (``kbatch backfill``'s settings: one set of options for every record); an
+    attribute it lacks counts as absent.
 
     Raises:
         TaskOptionError: an option of another task, an embed option on a 1.2 task other than
             ``encoding_format`` float/f32le/f16le on sparse, or rerank without ``documents``.
     """
     for name, owner in TASK_OPTIONS.items():
-        if owner != task and getattr(request, name) is not None:
+        if owner != task and getattr(request, name, None) is not None:
             raise TaskOptionError(f"{name} is a {owner} option; this model's task is {task}")
     if task not in NEW_TASKS:
         return
-    if task == "rerank" and request.documents is None:
+    if task == "rerank" and getattr(request, "documents", None) is None:
         raise TaskOptionError("a rerank request needs documents (1 to 64 strings)")
     embed = [
         name
         for name in ("dimensions", "normalize", "prompt_name", "encoding_format")
-        if getattr(request, name) is not None
+        if getattr(request, name, None) is not None
     ]
-    if task == "sparse" and request.encoding_format in SPARSE_ENCODINGS:
+    encoding_format = getattr(request, "encoding_format", None)
+    if task == "sparse" and encoding_format in SPARSE_ENCODINGS:
         embed.remove("encoding_format")
     if embed:
         what = ", ".join(embed)
         if task == "sparse" and "encoding_format" in embed:
-            what = f"encoding_format {request.encoding_format!r} (float, f32le or f16le)"
+            what = f"encoding_format {encoding_format!r} (float, f32le or f16le)"
         raise TaskOptionError(f"{what}: not an option of task {task}")
 
 

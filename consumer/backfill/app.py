@@ -37,6 +37,7 @@ from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
 from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
+from consumer.task_options import NEW_TASKS, check_task_options
 from schemas.models import ModelInfo
 
 __all__ = ["EXIT_COMPLETE", "EXIT_INCOMPLETE", "EXIT_STOPPED", "run_backfill"]
@@ -120,7 +121,10 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             model = load_model(
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
-            admit_options(settings.embed_options, model.profile)  # OptionError: a bad flag
+            # OptionError: a bad flag
+            check_task_options(settings, model.profile.task)
+            if model.profile.task not in NEW_TASKS:
+                admit_options(settings.embed_options, model.profile)
             cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
             if policy.max_batch_tokens < model.runner.max_length:

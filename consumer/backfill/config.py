@@ -26,7 +26,8 @@ from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, Settings
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
 from consumer.options import EmbedOptions
-from schemas.models import EncodingFormat
+from consumer.task_options import TaskOptions
+from schemas.models import Aggregation, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -96,6 +97,17 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         None, description="float (default), f32le, f16le or binary."
     )
 
+    # ---- task options of contract 1.2, applied to every record -----------------------------
+    top_k: int | None = Field(
+        None, ge=1, description="sparse: keep each vector's top_k largest weights."
+    )
+    aggregation: Aggregation | None = Field(
+        None, description="token-classify: simple (default), first, max, average or none."
+    )
+    redact: bool | None = Field(
+        None, description="token-classify: also write each text with its entities as [LABEL]."
+    )
+
     # ---- reading and delivery --------------------------------------------------------------
     max_in_flight_records: int = Field(
         4096,
@@ -139,6 +151,15 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         return value
 
     @model_validator(mode="after")
+    def _check_rerank(self) -> BackfillSettings:
+        if self.task == "rerank":
+            raise ValueError(
+                "kbatch backfill does not rerank: a rerank request carries its own documents "
+                "(use kbatch serve); backfill serves embed, classify, sparse, token-classify"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_topics(self) -> BackfillSettings:
         if self.source_topic == self.output_topic:
             raise ValueError(
@@ -153,6 +174,17 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     def embed_options(self) -> EmbedOptions:
         """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
         return EmbedOptions(self.dimensions, self.normalize, self.prompt_name, self.encoding_format)
+
+    @property
+    def task_options(self) -> TaskOptions:
+        """The 1.2 task options every record gets (``--top-k``, ``--aggregation``,
+        ``--redact``; ``--encoding-format`` for sparse)."""
+        return TaskOptions(
+            top_k=self.top_k,
+            encoding_format=self.encoding_format,
+            aggregation=self.aggregation,
+            redact=self.redact,
+        )
 
     @property
     def from_bound(self) -> RangeBound:
@@ -189,6 +221,9 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         options = (self.default_prompt_name, *dataclasses.astuple(self.embed_options))
         if any(option is not None for option in options):  # jobs without options keep their id
             parts.extend("" if option is None else str(option) for option in options)
+        task_options = (self.top_k, self.aggregation, self.redact)
+        if any(option is not None for option in task_options):
+            parts.extend("" if option is None else str(option) for option in task_options)
         identity = "\0".join(parts)
         digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
         return f"kbatch-backfill.{self.source_topic}.{self.output_topic}.{digest}"

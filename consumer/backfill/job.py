@@ -137,6 +137,7 @@ class BackfillJob:
         # Contract 1.1 options, the same for every record (checked by run_backfill).
         options = settings.embed_options
         self._options = options if options.any_set else None
+        self._task_options = settings.task_options  # contract 1.2 (sparse, token-classify)
         profile = replies.profile
         prompt_name = options.prompt_name or profile.default_prompt_name
         self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
@@ -287,7 +288,9 @@ class BackfillJob:
         """The output record of one outcome; its status on ``pending``."""
         r = pending.record
         try:
-            reply = self._replies.reply(outcome, options=self._options)
+            reply = self._replies.reply(
+                outcome, options=self._options, task_options=self._task_options
+            )
             value = encode_reply(reply, pending.encoding)
         except (ValueError, EncodeError) as err:  # e.g. an embedding value overflowing float32
             log.warning("result of %s@%d cannot be encoded: %s", r.tp, r.offset, err)
