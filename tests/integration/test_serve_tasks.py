@@ -5,6 +5,8 @@ built here, the real broker, a few requests each; results against the reference 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from consumer.kafka.admin import create_topics, delete_topics
+from producer_tools.client import RequestReplyClient
 from schemas.codec import Encoding
 from schemas.errors import ErrorCode
 from schemas.models import Reply, RerankResult, SparseResult, TokenClassifyResult
@@ -23,7 +26,7 @@ from tests.fixtures.task_models import (
     build_tiny_splade,
     build_tiny_token_classifier,
 )
-from tests.integration.harness import Req, ServeProcess, produce, read_topic, request
+from tests.integration.harness import KBATCH, Req, ServeProcess, produce, read_topic, request
 
 DOCUMENTS = ["Consumers commit offsets to Kafka.", "Bananas are yellow.", "offsets", "x " * 30]
 TEXT = "Sarah Connor met John in Los Angeles."
@@ -112,6 +115,17 @@ async def test_rerank_through_kafka(
         (reply,) = by_key[key]
         assert reply.error is not None and reply.error.code is ErrorCode.INVALID_OPTION
     assert server.metrics()["kbatch_dedup_hits_total"] == 1
+    # kbatch request: --document per document, --top-n
+    out = subprocess.run(
+        [KBATCH, "request", query, "--task", "rerank", "--top-n", "1",
+         *(arg for d in DOCUMENTS[:2] for arg in ("--document", d)),
+         "--bootstrap", kafka_bootstrap, "--request-topic", requests, "--reply-topic", replies],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cli = json.loads(out.stdout)["result"]
+    np.testing.assert_allclose(cli["scores"], expected[:2], atol=1e-5)
+    assert cli["top"] == [{"index": int(np.argmax(expected[:2])), "score": max(cli["scores"])}]
 
 
 async def test_sparse_through_kafka(
@@ -147,6 +161,16 @@ async def test_sparse_through_kafka(
         np.testing.assert_allclose(values, dense[expected], atol=1e-5)
     (bad,) = by_key[b"bin"]
     assert bad.error is not None and bad.error.code is ErrorCode.INVALID_OPTION
+    async with RequestReplyClient(
+        bootstrap=kafka_bootstrap, request_topic=requests, reply_topic=replies
+    ) as client:
+        envelope = await client.request(texts["a"], "client", encoding_format="f16le")
+    got = envelope.sparse()
+    assert got is not None and got[1].dtype == np.float16
+    (expected,) = np.nonzero(full)
+    assert got[0].tolist() == expected.tolist()
+    np.testing.assert_allclose(got[1], full[expected], atol=2e-3)
+    assert envelope.to_json()["reply"]["result"]["indices"] == expected.tolist()
 
 
 async def test_token_classify_and_redaction_through_kafka(
