@@ -209,11 +209,12 @@ class SparseBackend(_TaskBackend):
             self._autocast(RerankBackend._numel(prepared)),
         ):
             task_prepared, out = self._run(prepared)
-            logits = out.logits.float()  # (n, L, V)
-            mask = task_prepared.mask.unsqueeze(-1).to(logits.dtype)
-            weights = torch.log1p(torch.relu(logits * mask))
+            # (n, L, V) float32: the batch's largest tensor (30 522 floats a padded token for
+            # a BERT vocabulary), so it is transformed in place, never copied.
+            weights = out.logits.float()
+            weights.mul_(task_prepared.mask.unsqueeze(-1).to(weights.dtype)).relu_().log1p_()
             if self.splade.activation == "log1p_relu":
-                weights = torch.log1p(weights)
+                weights.log1p_()
             pooled = weights.max(dim=1).values if self.splade.pooling == "max" else weights.sum(1)
             rows = pooled.cpu().numpy()
         results: list[dict[str, Any]] = []
