@@ -114,6 +114,19 @@ Version = Annotated[Literal[1], BeforeValidator(_not_bool)]
 _FROZEN_STRICT = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+def _text_or_query(schema: dict[str, Any]) -> None:
+    """JSON Schema: ``text`` or its rerank alias ``query`` (contract 1.2) is required."""
+    schema["properties"]["query"] = {
+        "type": "string",
+        "minLength": 1,
+        "description": "rerank (contract 1.2): the query, another name for text; send one.",
+    }
+    schema["required"] = [name for name in schema.get("required", []) if name != "text"]
+    if not schema["required"]:
+        del schema["required"]
+    schema["anyOf"] = [{"required": ["text"]}, {"required": ["query"]}]
+
+
 class Request(BaseModel):
     """The request value: a map in msgpack or JSON (CONTRACT.md §Request record).
 
@@ -122,7 +135,9 @@ class Request(BaseModel):
     field counts as absent (Jackson and friends write nulls).
     """
 
-    model_config = _FROZEN_STRICT
+    model_config = ConfigDict(
+        strict=True, extra="ignore", frozen=True, json_schema_extra=_text_or_query
+    )
 
     text: Annotated[
         str,

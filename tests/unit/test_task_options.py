@@ -220,3 +220,27 @@ def test_rerank_requests_take_query_and_at_most_64_documents() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             Request.model_validate(bad)
+
+
+def test_the_committed_json_schemas_describe_the_1_2_values() -> None:
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    root = Path(__file__).resolve().parents[2] / "schemas"
+    request_schema = json.loads((root / "request.schema.json").read_text())
+    reply_schema = json.loads((root / "reply.schema.json").read_text())
+    jsonschema.validate({"query": "q", "documents": ["a", "b"], "top_n": 1}, request_schema)
+    jsonschema.validate({"text": "t", "aggregation": "first", "redact": True}, request_schema)
+    for bad in ({"documents": ["a"]}, {"text": "t", "documents": []}, {"text": "t", "top_k": 0}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, request_schema)
+    timing = Timing(queue_ms=1, infer_ms=1, batch_size=1, padded_len=4)
+    for result in (
+        RerankResult(scores=[0.5]),
+        SparseResult.model_validate(sparse_result([2], [0.5], dim=8, encoding_format="f32le")),
+        TokenClassifyResult(entities=[], redacted="nothing to hide"),
+    ):
+        reply = Reply(status="ok", result=result, model=ModelInfo(name="m"), timing=timing)
+        jsonschema.validate(json.loads(encode_reply(reply, Encoding.JSON)), reply_schema)
