@@ -80,8 +80,8 @@ def check_task_options(request: object, task: Task) -> None:
     """Check ``request``'s 1.2 options (and embed options on a 1.2 task) against ``task``.
 
     ``request`` is a :class:`~schemas.models.Request`, or anything with its option names as
-    attributes (``kbatch backfill``'s settings: one set of options for every record); an
-    attribute it lacks counts as absent.
+    attributes (``kbatch backfill``'s settings: one set of options for every record, the
+    documents read from each record); an attribute it lacks counts as absent.
 
     Raises:
         TaskOptionError: an option of another task, an embed option on a 1.2 task other than
@@ -92,7 +92,7 @@ def check_task_options(request: object, task: Task) -> None:
             raise TaskOptionError(f"{name} is a {owner} option; this model's task is {task}")
     if task not in NEW_TASKS:
         return
-    if task == "rerank" and getattr(request, "documents", None) is None:
+    if task == "rerank" and isinstance(request, Request) and request.documents is None:
         raise TaskOptionError("a rerank request needs documents (1 to 64 strings)")
     embed = [
         name

@@ -77,6 +77,11 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         description="Dotted path of the text in a JSON or msgpack value (a.b.0.c: list "
         "indexes are numbers); default: the whole value as UTF-8 text.",
     )
+    documents_field: str | None = Field(
+        None,
+        description="rerank: dotted path of the documents (a list of strings) in a JSON or "
+        "msgpack value; --text-field is the query.",
+    )
     value_format: Literal["auto", "json", "msgpack"] = Field(
         "auto",
         description="Encoding of the values when --text-field is given; auto: the "
@@ -98,6 +103,7 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     )
 
     # ---- task options of contract 1.2, applied to every record -----------------------------
+    top_n: int | None = Field(None, ge=1, description="rerank: also write the best top_n.")
     top_k: int | None = Field(
         None, ge=1, description="sparse: keep each vector's top_k largest weights."
     )
@@ -143,20 +149,24 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         parse_bound(value, "to")
         return value
 
-    @field_validator("text_field")
+    @field_validator("text_field", "documents_field")
     @classmethod
     def _check_text_field(cls, value: str | None) -> str | None:
         if value is not None and (not value or any(not part for part in value.split("."))):
-            raise ValueError(f"text_field={value!r} must be dot-separated non-empty names")
+            raise ValueError(f"field path {value!r} must be dot-separated non-empty names")
         return value
 
     @model_validator(mode="after")
     def _check_rerank(self) -> BackfillSettings:
-        if self.task == "rerank":
+        rerank = self.task == "rerank"
+        if rerank and (self.documents_field is None or self.text_field is None):
             raise ValueError(
-                "kbatch backfill does not rerank: a rerank request carries its own documents "
-                "(use kbatch serve); backfill serves embed, classify, sparse, token-classify"
+                "task=rerank reads each record's query at text_field and its documents at "
+                f"documents_field (got text_field={self.text_field!r}, "
+                f"documents_field={self.documents_field!r})"
             )
+        if not rerank and self.documents_field is not None:
+            raise ValueError(f"documents_field is for task=rerank, not task={self.task}")
         return self
 
     @model_validator(mode="after")
@@ -177,9 +187,10 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
 
     @property
     def task_options(self) -> TaskOptions:
-        """The 1.2 task options every record gets (``--top-k``, ``--aggregation``,
-        ``--redact``; ``--encoding-format`` for sparse)."""
+        """The 1.2 task options every record gets (``--top-n``, ``--top-k``,
+        ``--aggregation``, ``--redact``; ``--encoding-format`` for sparse)."""
         return TaskOptions(
+            top_n=self.top_n,
             top_k=self.top_k,
             encoding_format=self.encoding_format,
             aggregation=self.aggregation,
@@ -221,7 +232,7 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         options = (self.default_prompt_name, *dataclasses.astuple(self.embed_options))
         if any(option is not None for option in options):  # jobs without options keep their id
             parts.extend("" if option is None else str(option) for option in options)
-        task_options = (self.top_k, self.aggregation, self.redact)
+        task_options = (self.documents_field, self.top_n, self.top_k, self.aggregation, self.redact)
         if any(option is not None for option in task_options):
             parts.extend("" if option is None else str(option) for option in task_options)
         identity = "\0".join(parts)

@@ -134,6 +134,7 @@ class BackfillJob:
         self._stats = stats or EngineStats(keep=1)
         self._topic = settings.source_topic
         self._path = parse_text_path(settings.text_field)
+        self._documents_path = parse_text_path(settings.documents_field)  # rerank
         # Contract 1.1 options, the same for every record (checked by run_backfill).
         options = settings.embed_options
         self._options = options if options.any_set else None
@@ -246,6 +247,7 @@ class BackfillJob:
                     self._path,
                     value_format=s.value_format,
                     max_text_bytes=s.max_text_bytes,
+                    documents_path=self._documents_path,
                 )
             except ExtractError as err:
                 dlq = self._replies.dead_letter(r, ErrorCode.INVALID_REQUEST, str(err))
@@ -254,7 +256,9 @@ class BackfillJob:
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
             text = self._prompt + got.text
-            items.append(InferenceItem(item_id, text, arrival_s=now, group=r.tp))
+            items.append(
+                InferenceItem(item_id, text, arrival_s=now, group=r.tp, documents=got.documents)
+            )
         if items:
             await self.engine.submit(items)
 

@@ -1,19 +1,25 @@
 """``kbatch backfill`` with contract 1.2's tasks, end to end: redact a topic's history
-(token-classify ``--redact``) and re-index it with sparse vectors (``--top-k``), the real
-command and broker, tiny models built here, the reference libraries to compare with."""
+(token-classify ``--redact``), re-index it with sparse vectors (``--top-k``), rerank each
+record's documents (``--documents-field``); the real command and broker, tiny models built
+here, the reference libraries to compare with."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from schemas.models import SparseResult, TokenClassifyResult
+from schemas.models import RerankResult, SparseResult, TokenClassifyResult
 from schemas.sparse import decode_sparse
 from tests.conftest import TopicFactory, unique_group
-from tests.fixtures.task_models import build_tiny_splade, build_tiny_token_classifier
+from tests.fixtures.task_models import (
+    build_tiny_cross_encoder,
+    build_tiny_splade,
+    build_tiny_token_classifier,
+)
 from tests.integration.harness import read_all
 from tests.integration.test_backfill import Event, backfill_args, produce_events, run_backfill
 
@@ -78,8 +84,38 @@ async def test_backfill_redacts_and_sparse_encodes_a_topic(
         assert indices.tolist() == expected.tolist() and len(expected) == 8
         np.testing.assert_allclose(values, dense[i][expected], atol=1e-5)
 
-    rerank = run_backfill(
-        [*args, "--task", "rerank", "--top-k", "8", "--group-id", unique_group("bft")],
-        tmp_path / "rerank.log",
+
+async def test_backfill_reranks_each_records_documents(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    source, output, dlq = [await new_topic(n) for n in ("bfr-src", "bfr-out", "bfr-dlq")]
+    events = [
+        {"q": "where are offsets committed?", "docs": ["In Kafka.", "Bananas.", "offsets"]},
+        {"q": "fruit", "docs": ["Bananas are yellow."]},
+        {"q": "no documents", "docs": []},  # a dead letter: 1 to 64 documents
+    ]
+    await produce_events(
+        kafka_bootstrap,
+        source,
+        [Event(0, f"k{i}".encode(), json.dumps(e).encode()) for i, e in enumerate(events)],
     )
-    assert rerank.code == 2 and "does not rerank" in rerank.log
+    model = build_tiny_cross_encoder(tmp_path / "ce")
+    args = backfill_args(
+        kafka_bootstrap, source, output, dlq, unique_group("bfr"), model,
+        "--task", "rerank", "--text-field", "q", "--documents-field", "docs", "--top-n", "1",
+    )  # fmt: skip
+    run = run_backfill(args, tmp_path / "rerank.log")
+    assert run.code == 0, run.log[-3000:]
+    reference = CrossEncoder(str(model), device="cpu")
+    written = {r.key: r.reply for r in await read_all(kafka_bootstrap, output, partitions=1)}
+    assert set(written) == {b"k0", b"k1"}
+    for i, event in enumerate(events[:2]):
+        result = written[f"k{i}".encode()].result
+        assert isinstance(result, RerankResult) and result.top is not None
+        expected = reference.predict([(event["q"], d) for d in event["docs"]])
+        np.testing.assert_allclose(result.scores, expected, atol=1e-5)
+        assert result.top[0].index == int(np.argmax(expected))
+    dead = await read_all(kafka_bootstrap, dlq, partitions=1, decode=False)
+    assert [d.key for d in dead] == [b"k2"]

@@ -244,3 +244,43 @@ def test_the_committed_json_schemas_describe_the_1_2_values() -> None:
     ):
         reply = Reply(status="ok", result=result, model=ModelInfo(name="m"), timing=timing)
         jsonschema.validate(json.loads(encode_reply(reply, Encoding.JSON)), reply_schema)
+
+
+def test_backfill_reads_a_records_query_and_documents() -> None:
+    import json
+
+    from consumer.backfill.extract import ExtractError, extract_text
+
+    value = json.dumps({"q": "query", "body": {"docs": ["a", "b"]}}).encode()
+    got = extract_text(value, [], ("q",), documents_path=("body", "docs"))
+    assert (got.text, got.documents, got.encoding) == ("query", ("a", "b"), Encoding.JSON)
+    assert extract_text(value, [], ("q",)).documents is None
+    for docs, message in (
+        ([], "has 0 documents; 1 to 64"),
+        (["a", ""], "not a list of non-empty strings"),
+        ("a", "is a string, not a list"),
+        (["d"] * 65, "has 65 documents"),
+        (["x" * 60, "y" * 60], "at most 100 are accepted"),
+    ):
+        bad = json.dumps({"q": "query", "docs": docs}).encode()
+        with pytest.raises(ExtractError, match=message):
+            extract_text(bad, [], ("q",), documents_path=("docs",), max_text_bytes=100)
+
+
+def test_backfill_settings_rerank_needs_both_fields_and_only_rerank_takes_documents() -> None:
+    from pydantic import ValidationError
+
+    from consumer.backfill.config import BackfillSettings
+
+    base = {"source_topic": "s", "output_topic": "o"}
+    ok = BackfillSettings(**base, task="rerank", text_field="q", documents_field="d", top_n=2)  # type: ignore[arg-type]
+    assert ok.task_options == TaskOptions(top_n=2)
+    with pytest.raises(ValidationError, match="documents at documents_field"):
+        BackfillSettings(**base, task="rerank", text_field="q")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="documents_field is for task=rerank"):
+        BackfillSettings(**base, documents_field="d")  # type: ignore[arg-type]
+    ner = {**base, "task": "token-classify"}
+    plain = BackfillSettings(**ner)  # type: ignore[arg-type]
+    redacting = BackfillSettings(**ner, redact=True)  # type: ignore[arg-type]
+    assert plain.effective_group_id != redacting.effective_group_id  # another job
+    assert plain.effective_group_id == BackfillSettings(**ner).effective_group_id  # type: ignore[arg-type]
