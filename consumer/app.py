@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
+from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
@@ -118,11 +119,13 @@ async def serve(settings: ServeSettings) -> int:
         sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
     pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
+    # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
+    fanout = FanOutEngine(pipeline.on_outcomes) if settings.task == "rerank" else None
     engine = Engine(
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        on_outcomes=pipeline.on_outcomes,
+        on_outcomes=pipeline.on_outcomes if fanout is None else fanout.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -137,7 +140,9 @@ async def serve(settings: ServeSettings) -> int:
         topics=(settings.request_topic,),
         max_poll_records=settings.poll_max_records,
     )
-    pipeline.bind(source, engine)
+    if fanout is not None:
+        fanout.bind(engine)
+    pipeline.bind(source, engine if fanout is None else fanout)
 
     def readiness() -> tuple[bool, dict[str, object]]:
         detail: dict[str, object] = {

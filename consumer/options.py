@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from schemas.embedding import embedding_result
-from schemas.models import EMBED_OPTIONS, EncodingFormat, Request
+from schemas.models import EMBED_OPTIONS, EncodingFormat, Request, Task
 
 __all__ = [
     "EmbedOptions",
@@ -47,7 +47,7 @@ class ModelProfile:
     """What the served model offers to the options.
 
     Attributes:
-        task: ``embed`` or ``classify``.
+        task: the served task (:data:`schemas.models.Task`).
         dim: the pooled embedding's dimension (embed), None when unknown.
         normalizes: whether the model's sentence-transformers config has a ``Normalize`` module
             (the default of ``normalize``).
@@ -56,7 +56,7 @@ class ModelProfile:
             ``--default-prompt-name``, else the model's ``default_prompt_name``, else None.
     """
 
-    task: Literal["embed", "classify"] = "embed"
+    task: Task = "embed"
     dim: int | None = None
     normalizes: bool = False
     prompts: Mapping[str, str] = field(default_factory=dict)

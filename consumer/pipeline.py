@@ -49,6 +49,7 @@ from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
+from consumer.task_options import NEW_TASKS, check_task_options
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
 from schemas.records import (
@@ -300,14 +301,17 @@ class Pipeline:
             return None
         prompt_name: str | None = None
         profile = self._replies.profile
-        if request.has_embed_options or profile.default_prompt_name is not None:
-            try:
+        try:
+            check_task_options(request, profile.task)  # contract 1.2 options, on any task
+            if profile.task not in NEW_TASKS and (
+                request.has_embed_options or profile.default_prompt_name is not None
+            ):
                 prompt_name = admit_options(EmbedOptions.of(request), profile)
-            except OptionError as err:
-                self._reply(
-                    pending, self._replies.error(pending.parsed, ErrorCode.INVALID_OPTION, str(err))
-                )
-                return None
+        except OptionError as err:
+            self._reply(
+                pending, self._replies.error(pending.parsed, ErrorCode.INVALID_OPTION, str(err))
+            )
+            return None
         if request.deadline_ms is not None and request.deadline_ms <= now_ms:
             self._metrics.expired.inc()
             self._reply(
@@ -341,6 +345,7 @@ class Pipeline:
             arrival_s=now,
             deadline_s=deadline_s,
             group=pending.record.tp,
+            documents=None if request.documents is None else tuple(request.documents),
         )
 
     # ---- outcomes → replies -------------------------------------------------------------------

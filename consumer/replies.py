@@ -16,11 +16,13 @@ reply, plus the encoding), with the same bytes; whatever it cannot vouch for goe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.records import InRecord
 from consumer.options import EmbedOptions, ModelProfile, shape_result
+from consumer.task_options import NEW_TASKS, TaskOptions, shape_task_result
 from schemas.errors import ErrorCode
 from schemas.models import (
     ErrorInfo,
@@ -58,6 +60,8 @@ class ReplyBuilder:
         self.profile = profile if profile is not None else ModelProfile()
         self._model_wire = model.model_dump()
         self._dlq_topic = dlq_topic
+        # Contract 1.2's results are shaped per request from the runner's (task_options).
+        self._shapes_task = self.profile.task in NEW_TASKS
 
     def _record(self, parsed: ParsedRequest, wire: dict[str, Any]) -> OutRecord:
         return reply_record(wire, key=parsed.key, address=parsed.address, encoding=parsed.encoding)
@@ -74,6 +78,11 @@ class ReplyBuilder:
         """
         request = parsed.request
         options = EmbedOptions.of(request) if request.has_embed_options else self._NO_OPTIONS
+        if outcome.status == "ok" and outcome.result is not None and self._shapes_task:
+            outcome = replace(
+                outcome, result=dict(shape_task_result(outcome.result, TaskOptions.of(request)))
+            )
+            options = self._NO_OPTIONS
         return self._record(parsed, self._wire(outcome, dedup, request.meta, options))
 
     def _wire(
@@ -123,17 +132,21 @@ class ReplyBuilder:
         dedup: bool = False,
         meta: dict[str, Any] | None = None,
         options: EmbedOptions | None = None,
+        task_options: TaskOptions | None = None,
     ) -> Reply:
         """The contract's reply value for ``outcome`` (ok, error or expired), without a record
         around it (``kbatch backfill`` writes it to its own output records); ``options`` shape
-        an embedding (:func:`consumer.options.shape_result`).
+        an embedding (:func:`consumer.options.shape_result`), ``task_options`` a 1.2 task's
+        result (:func:`consumer.task_options.shape_task_result`; default: no options).
 
         Raises:
             ValueError: ``outcome.error_code`` is not a contract error code.
         """
         if outcome.status == "ok":
             result: Mapping[str, Any] | None = outcome.result
-            if result is not None and options is not None:
+            if result is not None and self._shapes_task:
+                result = shape_task_result(result, task_options or TaskOptions())
+            elif result is not None and options is not None:
                 result = shape_result(result, options, self.profile)
             return Reply(
                 status="ok",

@@ -36,11 +36,12 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -50,7 +51,16 @@ from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.embedding import decode_embedding
 from schemas.errors import DecodeError
-from schemas.models import EmbedResult, EncodingFormat, Reply, Request
+from schemas.models import (
+    Aggregation,
+    EmbedResult,
+    EncodingFormat,
+    Reply,
+    Request,
+    SparseResult,
+    Task,
+)
+from schemas.sparse import decode_sparse
 
 __all__ = [
     "ClientClosedError",
@@ -174,12 +184,30 @@ class ReplyEnvelope:
             result.embedding, result.format, result.dim, unpack_bits=unpack_bits
         )
 
+    def sparse(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]] | None:
+        """A sparse reply's ``(indices int64, values)`` (float32, or float16 for ``f16le``),
+        whatever ``encoding_format`` carried them; None for a reply without one."""
+        result = self.reply.result
+        if not isinstance(result, SparseResult):
+            return None
+        return decode_sparse(result.model_dump())
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: the reply as the contract writes it (an embedding sent as bytes
         shown as its decoded list: floats, or 0/1 bits for ``binary``), plus the record and
         timing."""
         vector = self.embedding()
-        if vector is None:
+        sparse = self.sparse()
+        if sparse is not None:  # bytes have no JSON form: the decoded lists instead
+            reply = self.reply.model_dump(
+                mode="json", exclude_none=True, exclude={"result": {"indices", "values"}}
+            )
+            reply["result"] = {
+                "indices": sparse[0].tolist(),
+                "values": sparse[1].astype(float).tolist(),
+                **reply["result"],
+            }
+        elif vector is None:
             reply = self.reply.model_dump(mode="json", exclude_none=True)
         else:  # bytes have no JSON form: the decoded vector instead
             exclude = {"result": {"embedding"}}
@@ -400,7 +428,7 @@ class RequestReplyClient:
         *,
         timeout_s: float = 30.0,
         deadline_ms: int | None = None,
-        task: Literal["embed", "classify"] | None = None,
+        task: Task | None = None,
         meta: dict[str, Any] | None = None,
         truncate: bool | None = None,
         encoding: Encoding | None = None,
@@ -410,6 +438,11 @@ class RequestReplyClient:
         normalize: bool | None = None,
         prompt_name: str | None = None,
         encoding_format: EncodingFormat | None = None,
+        documents: Sequence[str] | None = None,
+        top_n: int | None = None,
+        top_k: int | None = None,
+        aggregation: Aggregation | None = None,
+        redact: bool | None = None,
     ) -> ReplyEnvelope:
         """Send ``text`` and return its reply (any status: ok, error or expired).
 
@@ -426,7 +459,13 @@ class RequestReplyClient:
             retries: Extra sends of the same key while no reply has come.
             retry_after_s: Seconds between sends; default ``timeout_s / (retries + 1)``.
             dimensions, normalize, prompt_name, encoding_format: the embed options of
-                contract 1.1 (docs/CONTRACT.md §Embed options).
+                contract 1.1 (docs/CONTRACT.md §Embed options); ``encoding_format`` also
+                carries a sparse result (float, f32le, f16le).
+            documents, top_n: rerank (contract 1.2): ``text`` is the query, scored against
+                each document; ``top_n`` adds the best ``top_n`` as ``result.top``.
+            top_k: sparse (1.2): keep the ``top_k`` largest weights.
+            aggregation, redact: token-classify (1.2): how tokens become entities; also the
+                redacted text.
 
         Raises:
             RequestTimeoutError: no reply within ``timeout_s``.
@@ -456,6 +495,11 @@ class RequestReplyClient:
                 normalize=normalize,
                 prompt_name=prompt_name,
                 encoding_format=encoding_format,
+                documents=None if documents is None else list(documents),
+                top_n=top_n,
+                top_k=top_k,
+                aggregation=aggregation,
+                redact=redact,
             ),
             enc,
         )

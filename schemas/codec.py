@@ -40,7 +40,7 @@ import msgpack
 from pydantic import ValidationError
 
 from schemas.errors import DecodeError, EncodeError, ErrorCode
-from schemas.models import EMBED_OPTIONS, Reply, Request
+from schemas.models import EMBED_OPTIONS, TASK_OPTIONS, Reply, Request
 
 __all__ = [
     "DEFAULT_MAX_META_BYTES",
@@ -560,7 +560,7 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
         EncodeError: when ``meta`` holds something the encoding cannot carry.
     """
     wire: dict[str, Any] = {"v": request.v, "text": request.text}
-    for name in ("task", "deadline_ms", "truncate", "meta", *EMBED_OPTIONS):
+    for name in ("task", "deadline_ms", "truncate", "meta", *EMBED_OPTIONS, *TASK_OPTIONS):
         field = getattr(request, name)
         if field is not None:
             wire[name] = field
@@ -628,9 +628,15 @@ def encode_reply_wire(wire: dict[str, Any], encoding: Encoding) -> bytes:
     """
     if encoding is Encoding.JSON:
         result = wire.get("result")
-        if isinstance(result, dict) and type(result.get("embedding")) is bytes:
-            text = base64.b64encode(result["embedding"]).decode("ascii")
-            wire = {**wire, "result": {**result, "embedding": text}}
+        if isinstance(result, dict) and any(type(v) is bytes for v in result.values()):
+            # f32le/f16le/binary embeddings, f32le/f16le sparse indices and values (1.2)
+            wire = {
+                **wire,
+                "result": {
+                    name: base64.b64encode(v).decode("ascii") if type(v) is bytes else v
+                    for name, v in result.items()
+                },
+            }
     return _encode(wire, encoding, _pack_reply)
 
 

@@ -30,20 +30,29 @@ from pydantic.types import FiniteFloat
 from schemas.errors import ErrorCode
 
 __all__ = [
+    "AGGREGATIONS",
     "CONTRACT_REVISION",
     "CONTRACT_VERSION",
     "EMBED_OPTIONS",
     "ENCODING_FORMATS",
+    "MAX_DOCUMENTS",
+    "TASKS",
+    "TASK_OPTIONS",
+    "Aggregation",
     "ClassifyResult",
     "EmbedResult",
     "EncodingFormat",
+    "Entity",
     "ErrorInfo",
     "ModelInfo",
     "Reply",
     "Request",
+    "RerankResult",
+    "SparseResult",
     "Status",
     "Task",
     "Timing",
+    "TokenClassifyResult",
     "Usage",
     "embedding_bytes",
     "reply_wire",
@@ -53,15 +62,26 @@ __all__ = [
 CONTRACT_VERSION: Final = 1
 """The only version this code speaks (field ``v``)."""
 
-CONTRACT_REVISION: Final = "1.1"
+CONTRACT_REVISION: Final = "1.2"
 """The contract revision this server implements, sent as ``model.contract`` in every reply
-(CONTRACT.md §Additions in 1.1; ``v`` stays 1)."""
+(CONTRACT.md §Additions in 1.1 and 1.2; ``v`` stays 1)."""
 
 MAX_DEADLINE_MS: Final = 2**63 - 1
 """``deadline_ms`` must fit a signed 64-bit integer (Java ``long``)."""
 
-Task = Literal["embed", "classify"]
-"""The two task names (CONTRACT.md §Request record, ``task``)."""
+Task = Literal["embed", "classify", "rerank", "sparse", "token-classify"]
+"""The task names (CONTRACT.md §Request record, ``task``; the last three since 1.2)."""
+
+TASKS: Final[tuple[Task, ...]] = ("embed", "classify", "rerank", "sparse", "token-classify")
+
+MAX_DOCUMENTS: Final = 64
+"""At most this many ``documents`` in one rerank request (CONTRACT.md §Additions in 1.2): each
+(query, document) pair is one sequence for the model, so one request is at most 64 rows."""
+
+Aggregation = Literal["none", "simple", "first", "max", "average"]
+"""How token-classify groups tokens into entities (transformers' ``aggregation_strategy``)."""
+
+AGGREGATIONS: Final[tuple[Aggregation, ...]] = ("none", "simple", "first", "max", "average")
 
 Status = Literal["ok", "error", "expired"]
 """Reply status, also sent as the ``kbatch-status`` header (CONTRACT.md §Reply record)."""
@@ -103,6 +123,29 @@ EMBED_OPTIONS: tuple[str, ...] = ("dimensions", "normalize", "prompt_name", "enc
 new option cannot be forgotten on one path (tests/unit/test_embed_options.py holds the fields
 to it)."""
 
+TASK_OPTIONS: Final[Mapping[str, Task]] = {
+    "documents": "rerank",
+    "top_n": "rerank",
+    "top_k": "sparse",
+    "aggregation": "token-classify",
+    "redact": "token-classify",
+}
+"""Contract 1.2's request options (fields of :class:`Request`), each → the one task it belongs
+to: the one list of them (the request codec, ``consumer.task_options``)."""
+
+
+def _text_or_query(schema: dict[str, Any]) -> None:
+    """JSON Schema: ``text`` or its rerank alias ``query`` (contract 1.2) is required."""
+    schema["properties"]["query"] = {
+        "type": "string",
+        "minLength": 1,
+        "description": "rerank (contract 1.2): the query, another name for text; send one.",
+    }
+    schema["required"] = [name for name in schema.get("required", []) if name != "text"]
+    if not schema["required"]:
+        del schema["required"]
+    schema["anyOf"] = [{"required": ["text"]}, {"required": ["query"]}]
+
 
 class Request(BaseModel):
     """The request value: a map in msgpack or JSON (CONTRACT.md §Request record).
@@ -112,7 +155,9 @@ class Request(BaseModel):
     field counts as absent (Jackson and friends write nulls).
     """
 
-    model_config = _FROZEN_STRICT
+    model_config = ConfigDict(
+        strict=True, extra="ignore", frozen=True, json_schema_extra=_text_or_query
+    )
 
     text: Annotated[
         str,
@@ -170,6 +215,47 @@ class Request(BaseModel):
         '"f16le" (little-endian float32/float16 bytes), "binary" (1 bit per dimension, 1 '
         "where > 0, most significant bit first); bytes are msgpack bin, JSON base64.",
     )
+
+    # ---- contract 1.2: the rerank, sparse and token-classify options ----------------------
+    documents: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1)]],
+            Field(min_length=1, max_length=MAX_DOCUMENTS),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="rerank: 1 to 64 non-empty documents scored against the query (text, or "
+        "its alias query); the whole value stays within the request size limit.",
+    )
+    top_n: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="rerank: also answer result.top, the best top_n documents as "
+        "{index, score}, highest score first.",
+    )
+    top_k: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="sparse: keep only the top_k largest weights (sentence-transformers' "
+        "max_active_dims).",
+    )
+    aggregation: Aggregation | None = Field(
+        default=None,
+        description='token-classify: "simple" (default), "first", "max", "average" or "none", '
+        "as the transformers pipeline's aggregation_strategy.",
+    )
+    redact: bool | None = Field(
+        default=None,
+        description="token-classify: also answer result.redacted, the text with every entity "
+        "replaced by [LABEL].",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _query_is_text(cls, data: Any) -> Any:
+        # A rerank request may name its query "query" (TEI's /rerank); it is the text.
+        if isinstance(data, dict) and "query" in data and data.get("text") is None:
+            data = {k: v for k, v in data.items() if k != "query"} | {"text": data["query"]}
+        return data
 
     @property
     def has_embed_options(self) -> bool:
@@ -264,6 +350,119 @@ class ClassifyResult(BaseModel):
         return self
 
 
+class RankedDocument(BaseModel):
+    """One entry of a rerank result's ``top``: the document's ``index`` in the request's
+    ``documents`` and its ``score``."""
+
+    model_config = _FROZEN_STRICT
+
+    index: Annotated[int, Field(ge=0)]
+    score: FiniteFloat
+
+
+class RerankResult(BaseModel):
+    """A rerank answer (contract 1.2): ``scores[i]`` is document ``i``'s relevance to the
+    query, in request order (the cross-encoder's logit, or its sigmoid/softmax as the model's
+    sentence-transformers config says: ``CrossEncoder.predict``); ``top`` (only with
+    ``top_n``) the best ``top_n`` documents, highest score first, ties by index."""
+
+    model_config = _FROZEN_STRICT
+
+    scores: Annotated[list[FiniteFloat], Field(min_length=1)]
+    top: list[RankedDocument] | None = None
+
+    @model_validator(mode="after")
+    def _top_in_range(self) -> RerankResult:
+        if self.top is not None and any(d.index >= len(self.scores) for d in self.top):
+            raise ValueError("a top index is beyond the scores")
+        return self
+
+
+_SparseBytes = Annotated[
+    bytes,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "contentEncoding": "base64",
+            "description": "f32le/f16le: indices as little-endian uint32 bytes, values as "
+            "float32/float16 bytes; msgpack bin, in JSON base64.",
+        }
+    ),
+]
+
+
+class SparseResult(BaseModel):
+    """A sparse embedding (contract 1.2): the non-zero weights of a ``dim``-sized vector
+    (``dim`` = the vocabulary size), ``indices`` ascending. ``format`` ``float``: two lists;
+    ``f32le``/``f16le``: ``indices`` as little-endian uint32 bytes and ``values`` as
+    float32/float16 bytes (msgpack bin; JSON base64)."""
+
+    model_config = _FROZEN_STRICT
+
+    indices: list[Annotated[int, Field(ge=0)]] | _SparseBytes
+    values: list[FiniteFloat] | _SparseBytes
+    dim: Annotated[int, Field(ge=1)]
+    format: EncodingFormat = "float"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base64_to_bytes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("format", "float") != "float":
+            data = dict(data)
+            for name in ("indices", "values"):
+                if isinstance(data.get(name), str):
+                    try:
+                        data[name] = base64.b64decode(data[name], validate=True)
+                    except (binascii.Error, ValueError):
+                        raise ValueError(f"{name} is not valid base64") from None
+        return data
+
+    @model_validator(mode="after")
+    def _shapes_match(self) -> SparseResult:
+        if self.format == "binary":
+            raise ValueError("a sparse result is float, f32le or f16le")
+        if self.format == "float":
+            if not isinstance(self.indices, list) or not isinstance(self.values, list):
+                raise ValueError('a "float" sparse result is two lists')
+            count = len(self.indices)
+            if len(self.values) != count:
+                raise ValueError(f"{count} indices but {len(self.values)} values")
+            return self
+        if not isinstance(self.indices, bytes) or not isinstance(self.values, bytes):
+            raise ValueError(f"a {self.format} sparse result is two byte strings")
+        width = 4 if self.format == "f32le" else 2
+        if len(self.indices) % 4 or len(self.values) != len(self.indices) // 4 * width:
+            raise ValueError(
+                f"{len(self.indices)} index bytes and {len(self.values)} value bytes do not "
+                f"make whole uint32/{self.format} pairs"
+            )
+        return self
+
+
+class Entity(BaseModel):
+    """One entity of a token-classify result: ``label`` (the model's label, a B-/I- prefix
+    removed when aggregated), ``score``, the character span ``[start, end)`` of the request's
+    text (Python string indices: code points) and that ``text``."""
+
+    model_config = _FROZEN_STRICT
+
+    label: str
+    score: FiniteFloat
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+    text: str
+
+
+class TokenClassifyResult(BaseModel):
+    """A token-classify answer (contract 1.2): ``entities`` in text order; ``redacted`` (only
+    with ``redact: true``) the text with each entity's span replaced by ``[LABEL]``."""
+
+    model_config = _FROZEN_STRICT
+
+    entities: list[Entity]
+    redacted: str | None = None
+
+
 class ErrorInfo(BaseModel):
     """``{"code", "message"}`` of an ``error`` or ``expired`` reply."""
 
@@ -333,7 +532,9 @@ class Reply(BaseModel):
 
     v: Version = CONTRACT_VERSION
     status: Status
-    result: EmbedResult | ClassifyResult | None = None
+    result: (
+        EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult | None
+    ) = None
     error: ErrorInfo | None = None
     model: ModelInfo
     truncated: bool = Field(
@@ -377,7 +578,7 @@ class Reply(BaseModel):
         """
         wire: dict[str, Any] = {"v": self.v, "status": self.status}
         if self.result is not None:
-            wire["result"] = self.result.model_dump()
+            wire["result"] = self.result.model_dump(exclude_none=True)
         if self.error is not None:
             wire["error"] = self.error.model_dump()
         wire["model"] = self.model.model_dump()
@@ -392,17 +593,28 @@ class Reply(BaseModel):
         return wire
 
 
-def result_from_map(result: Mapping[str, Any]) -> EmbedResult | ClassifyResult:
+ResultModel = EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult
+
+
+def result_from_map(result: Mapping[str, Any]) -> ResultModel:
     """The typed result for a contract ``result`` map (e.g. ``ItemOutcome.result``).
 
-    ``{"embedding": [...], "dim": n}`` gives an ``EmbedResult``; anything else is validated as
-    a ``ClassifyResult`` (``{"label", "score", "scores"}``).
+    ``embedding`` gives an ``EmbedResult``, ``scores`` as a list a ``RerankResult``,
+    ``indices`` a ``SparseResult``, ``entities`` a ``TokenClassifyResult``; anything else is
+    validated as a ``ClassifyResult`` (``{"label", "score", "scores"}``). Keys outside the
+    contract (the runner's ``pooled``, ``tokens``) are ignored.
 
     Raises:
-        pydantic.ValidationError: when the map is neither shape.
+        pydantic.ValidationError: when the map is none of these shapes.
     """
     if "embedding" in result:
         return EmbedResult.model_validate(result)
+    if isinstance(result.get("scores"), list):
+        return RerankResult.model_validate(result)
+    if "indices" in result:
+        return SparseResult.model_validate(result)
+    if "entities" in result:
+        return TokenClassifyResult.model_validate(result)
     return ClassifyResult.model_validate(result)
 
 

@@ -24,6 +24,7 @@ from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
 from consumer.batching.engine import Engine
+from consumer.batching.fanout import FanOutEngine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.kafka.admin import ensure_topics
@@ -37,6 +38,7 @@ from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
 from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
+from consumer.task_options import NEW_TASKS, check_task_options
 from schemas.models import ModelInfo
 
 __all__ = ["EXIT_COMPLETE", "EXIT_INCOMPLETE", "EXIT_STOPPED", "run_backfill"]
@@ -120,7 +122,10 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
             model = load_model(
                 settings, stats, max_length=settings.max_length, truncate=settings.truncate
             )
-            admit_options(settings.embed_options, model.profile)  # OptionError: a bad flag
+            # OptionError: a bad flag
+            check_task_options(settings, model.profile.task)
+            if model.profile.task not in NEW_TASKS:
+                admit_options(settings.embed_options, model.profile)
             cuda = model.device.startswith("cuda")
             policy = settings.batch_policy(cuda=cuda)
             if policy.max_batch_tokens < model.runner.max_length:
@@ -134,16 +139,20 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 stats=stats,
                 transactions=transactions,
             )
+            # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
+            fanout = FanOutEngine(job.on_outcomes) if settings.task == "rerank" else None
             engine = Engine(
                 model.runner,
                 model.tokenizer,
                 policy,
-                on_outcomes=job.on_outcomes,
+                on_outcomes=job.on_outcomes if fanout is None else fanout.on_outcomes,
                 stats=stats,
                 batch_timeout_s=settings.batch_timeout_s,
                 warmup="all" if cuda else "largest",
             )
-            job.bind(engine)
+            if fanout is not None:
+                fanout.bind(engine)
+            job.bind(engine if fanout is None else fanout)
             for name, part in (("engine", engine), ("producer", sink)):
                 await part.start()
                 life.enter(name, part.stop)

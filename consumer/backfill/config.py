@@ -26,7 +26,8 @@ from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, Settings
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import RangeBound, parse_bound
 from consumer.options import EmbedOptions
-from schemas.models import EMBED_OPTIONS, EncodingFormat
+from consumer.task_options import TaskOptions
+from schemas.models import EMBED_OPTIONS, Aggregation, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -76,6 +77,11 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         description="Dotted path of the text in a JSON or msgpack value (a.b.0.c: list "
         "indexes are numbers); default: the whole value as UTF-8 text.",
     )
+    documents_field: str | None = Field(
+        None,
+        description="rerank: dotted path of the documents (a list of strings) in a JSON or "
+        "msgpack value; --text-field is the query.",
+    )
     value_format: Literal["auto", "json", "msgpack"] = Field(
         "auto",
         description="Encoding of the values when --text-field is given; auto: the "
@@ -94,6 +100,18 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     )
     encoding_format: EncodingFormat | None = Field(
         None, description="float (default), f32le, f16le or binary."
+    )
+
+    # ---- task options of contract 1.2, applied to every record -----------------------------
+    top_n: int | None = Field(None, ge=1, description="rerank: also write the best top_n.")
+    top_k: int | None = Field(
+        None, ge=1, description="sparse: keep each vector's top_k largest weights."
+    )
+    aggregation: Aggregation | None = Field(
+        None, description="token-classify: simple (default), first, max, average or none."
+    )
+    redact: bool | None = Field(
+        None, description="token-classify: also write each text with its entities as [LABEL]."
     )
 
     # ---- reading and delivery --------------------------------------------------------------
@@ -131,12 +149,25 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         parse_bound(value, "to")
         return value
 
-    @field_validator("text_field")
+    @field_validator("text_field", "documents_field")
     @classmethod
     def _check_text_field(cls, value: str | None) -> str | None:
         if value is not None and (not value or any(not part for part in value.split("."))):
-            raise ValueError(f"text_field={value!r} must be dot-separated non-empty names")
+            raise ValueError(f"field path {value!r} must be dot-separated non-empty names")
         return value
+
+    @model_validator(mode="after")
+    def _check_rerank(self) -> BackfillSettings:
+        rerank = self.task == "rerank"
+        if rerank and (self.documents_field is None or self.text_field is None):
+            raise ValueError(
+                "task=rerank reads each record's query at text_field and its documents at "
+                f"documents_field (got text_field={self.text_field!r}, "
+                f"documents_field={self.documents_field!r})"
+            )
+        if not rerank and self.documents_field is not None:
+            raise ValueError(f"documents_field is for task=rerank, not task={self.task}")
+        return self
 
     @model_validator(mode="after")
     def _check_topics(self) -> BackfillSettings:
@@ -153,6 +184,18 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     def embed_options(self) -> EmbedOptions:
         """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
         return EmbedOptions(**{name: getattr(self, name) for name in EMBED_OPTIONS})
+
+    @property
+    def task_options(self) -> TaskOptions:
+        """The 1.2 task options every record gets (``--top-n``, ``--top-k``,
+        ``--aggregation``, ``--redact``; ``--encoding-format`` for sparse)."""
+        return TaskOptions(
+            top_n=self.top_n,
+            top_k=self.top_k,
+            encoding_format=self.encoding_format,
+            aggregation=self.aggregation,
+            redact=self.redact,
+        )
 
     @property
     def from_bound(self) -> RangeBound:
@@ -189,6 +232,9 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         options = (self.default_prompt_name, *dataclasses.astuple(self.embed_options))
         if any(option is not None for option in options):  # jobs without options keep their id
             parts.extend("" if option is None else str(option) for option in options)
+        task_options = (self.documents_field, self.top_n, self.top_k, self.aggregation, self.redact)
+        if any(option is not None for option in task_options):
+            parts.extend("" if option is None else str(option) for option in task_options)
         identity = "\0".join(parts)
         digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
         return f"kbatch-backfill.{self.source_topic}.{self.output_topic}.{digest}"

@@ -29,6 +29,7 @@ import msgpack
 from schemas import headers as h
 from schemas.codec import Encoding
 from schemas.errors import DecodeError
+from schemas.models import MAX_DOCUMENTS
 from schemas.records import OutRecord
 
 __all__ = [
@@ -59,6 +60,8 @@ class Extracted:
 
     text: str
     encoding: Encoding
+    documents: tuple[str, ...] | None = None
+    """rerank: the documents at ``--documents-field`` (the text is the query)."""
 
 
 def parse_text_path(dotted: str | None) -> TextPath | None:
@@ -82,8 +85,9 @@ def extract_text(
     *,
     value_format: ValueFormat = "auto",
     max_text_bytes: int = 512 * 1024,
+    documents_path: TextPath | None = None,
 ) -> Extracted:
-    """The text of one source record.
+    """The text of one source record (and, for rerank, its documents).
 
     Args:
         value: the record's value (None: a null value, e.g. a tombstone).
@@ -91,10 +95,14 @@ def extract_text(
         path: the parsed ``--text-field``; None: the whole value is UTF-8 text.
         value_format: how a value with a ``path`` is decoded.
         max_text_bytes: longest text accepted, in UTF-8 bytes (the contract's limit).
+        documents_path: the parsed ``--documents-field`` (rerank; needs ``path``): a list of
+            1 to :data:`~schemas.models.MAX_DOCUMENTS` non-empty strings, together at most
+            ``max_text_bytes``.
 
     Raises:
         ExtractError: null value; not UTF-8; not JSON/msgpack; no map; the path missing or not
-            a string; an empty text; a text over ``max_text_bytes``.
+            a string; an empty text; a text over ``max_text_bytes``; documents missing, not a
+            list of non-empty strings, more than 64 or too large.
     """
     if value is None:
         raise ExtractError("the record's value is null (a tombstone?): no text")
@@ -106,6 +114,29 @@ def extract_text(
         return Extracted(_checked(text, "the value", max_text_bytes), Encoding.MSGPACK)
     encoding = _encoding(value, headers, value_format)
     document = _decode(value, encoding)
+    node = _walk(document, path)
+    field = ".".join(path)
+    if not isinstance(node, str):
+        raise ExtractError(f"field {field} is {_kind(node)}, not a string")
+    text = _checked(node, f"field {field}", max_text_bytes)
+    if documents_path is None:
+        return Extracted(text, encoding)
+    return Extracted(text, encoding, _documents(document, documents_path, max_text_bytes))
+
+
+def _documents(document: Any, path: TextPath, max_text_bytes: int) -> tuple[str, ...]:
+    field = ".".join(path)
+    node = _walk(document, path)
+    if not isinstance(node, list) or not all(isinstance(d, str) and d for d in node):
+        raise ExtractError(f"field {field} is {_kind(node)}, not a list of non-empty strings")
+    if not 1 <= len(node) <= MAX_DOCUMENTS:
+        raise ExtractError(f"field {field} has {len(node)} documents; 1 to {MAX_DOCUMENTS}")
+    _checked("".join(node), f"field {field}", max_text_bytes)
+    return tuple(node)
+
+
+def _walk(document: Any, path: TextPath) -> Any:
+    """The node at ``path`` (map keys, list indexes); raises ``ExtractError`` naming where."""
     field = ".".join(path)
     node: Any = document
     for depth, name in enumerate(path):
@@ -125,9 +156,7 @@ def extract_text(
             node = node[int(name)]
         else:
             raise ExtractError(f"field {field}: {where} is {_kind(node)}, not a map")
-    if not isinstance(node, str):
-        raise ExtractError(f"field {field} is {_kind(node)}, not a string")
-    return Extracted(_checked(node, f"field {field}", max_text_bytes), encoding)
+    return node
 
 
 def output_record(

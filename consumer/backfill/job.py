@@ -128,9 +128,11 @@ class BackfillJob:
         self._stats = stats or EngineStats(keep=1)
         self._topic = settings.source_topic
         self._path = parse_text_path(settings.text_field)
+        self._documents_path = parse_text_path(settings.documents_field)  # rerank
         # Contract 1.1 options, the same for every record (checked by run_backfill).
         options = settings.embed_options
         self._options = options if options.any_set else None
+        self._task_options = settings.task_options  # contract 1.2 (sparse, token-classify)
         profile = replies.profile
         prompt_name = options.prompt_name or profile.default_prompt_name
         self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
@@ -246,6 +248,7 @@ class BackfillJob:
                     self._path,
                     value_format=s.value_format,
                     max_text_bytes=s.max_text_bytes,
+                    documents_path=self._documents_path,
                 )
             except ExtractError as err:
                 dlq = self._replies.dead_letter(r, ErrorCode.INVALID_REQUEST, str(err))
@@ -254,7 +257,9 @@ class BackfillJob:
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
             text = self._prompt + got.text
-            items.append(InferenceItem(item_id, text, arrival_s=now, group=r.tp))
+            items.append(
+                InferenceItem(item_id, text, arrival_s=now, group=r.tp, documents=got.documents)
+            )
         if items:
             await self.engine.submit(items)
 
@@ -288,7 +293,9 @@ class BackfillJob:
         """The output record of one outcome; its status on ``pending``."""
         r = pending.record
         try:
-            reply = self._replies.reply(outcome, options=self._options)
+            reply = self._replies.reply(
+                outcome, options=self._options, task_options=self._task_options
+            )
             value = encode_reply(reply, pending.encoding)
         except (ValueError, EncodeError) as err:  # e.g. an embedding value overflowing float32
             log.warning("result of %s@%d cannot be encoded: %s", r.tp, r.offset, err)

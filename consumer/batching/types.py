@@ -42,6 +42,11 @@ class InferenceItem:
             never computed); ``None`` = no deadline.
         group: an opaque tag (the pipeline uses ``(topic, partition)``) for
             ``Engine.cancel_group``; ``None`` = no group.
+        documents: rerank (contract 1.2): the documents ``text`` (the query) is scored
+            against; :class:`consumer.batching.fanout.FanOutEngine` makes one item of each
+            (query, document) pair, so each pair is one sequence for buckets and the budget.
+        text_pair: the second sequence of a pair item (a cross-encoder's document): tokenized
+            as ``(text, text_pair)``, truncated longest-first.
     """
 
     item_id: int
@@ -50,6 +55,26 @@ class InferenceItem:
     arrival_s: float = 0.0
     deadline_s: float | None = None
     group: Hashable | None = None
+    documents: tuple[str, ...] | None = None
+    text_pair: str | None = None
+
+
+@dataclass(slots=True)
+class TokenAlignment:
+    """Where each token of an item lies in its text (token-classify, contract 1.2).
+
+    Attributes:
+        offsets: ``(start, end)`` character span of each token in the item's text (code points;
+            ``(0, 0)`` for special tokens).
+        special: whether each token is a special token (``[CLS]``, ``[SEP]``).
+        is_subword: whether each token continues the previous word (the transformers
+            token-classification pipeline's rule: a ``##``-style continuing-subword prefix
+            where the vocabulary has one, else no space before the token).
+    """
+
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+    is_subword: list[bool]
 
 
 @dataclass(slots=True)
@@ -67,6 +92,10 @@ class TokenizedItem:
     input_ids: list[int]
     n_tokens: int
     truncated: bool
+    type_ids: list[int] | None = None
+    """Segment ids of a pair item (``text_pair``); None: all zero."""
+    alignment: TokenAlignment | None = None
+    """Token spans for token-classify; None for the other tasks."""
 
 
 @dataclass(frozen=True, slots=True)

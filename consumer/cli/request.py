@@ -16,6 +16,7 @@ import click
 from pydantic import ValidationError
 
 from consumer.config import ServeSettings
+from schemas.models import AGGREGATIONS, TASKS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +78,7 @@ def encoding_option(func: F) -> F:
     show_default=True,
     help="Re-send the same key this many times while unanswered (the server dedups).",
 )
-@click.option("--task", type=click.Choice(["embed", "classify"]), default=None)
+@click.option("--task", type=click.Choice(list(TASKS)), default=None)
 @click.option(
     "--deadline-after-ms",
     type=click.IntRange(min=0),
@@ -100,7 +101,26 @@ def encoding_option(func: F) -> F:
     "--encoding-format",
     type=click.Choice(["float", "f32le", "f16le", "binary"]),
     default=None,
-    help="How the embedding travels; printed as a list either way (binary: 0/1 bits).",
+    help="How the embedding (or sparse vector: not binary) travels; printed as lists.",
+)
+@click.option(
+    "--document",
+    "documents",
+    multiple=True,
+    help="rerank: a document to score against TEXT (the query); repeat, 1 to 64.",
+)
+@click.option("--top-n", type=click.IntRange(min=1), default=None, help="rerank: the best N too.")
+@click.option(
+    "--top-k", type=click.IntRange(min=1), default=None, help="sparse: keep the K largest weights."
+)
+@click.option(
+    "--aggregation",
+    type=click.Choice(list(AGGREGATIONS)),
+    default=None,
+    help="token-classify: how tokens become entities (default simple).",
+)
+@click.option(
+    "--redact/--no-redact", default=None, help="token-classify: also the text with [LABEL]s."
 )
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
@@ -118,6 +138,11 @@ def request_command(
     normalize: bool | None,
     prompt_name: str | None,
     encoding_format: str | None,
+    documents: tuple[str, ...],
+    top_n: int | None,
+    top_k: int | None,
+    aggregation: str | None,
+    redact: bool | None,
     full: bool,
     encoding: str,
     bootstrap: str,
@@ -168,6 +193,11 @@ def request_command(
                 normalize=normalize,
                 prompt_name=prompt_name,
                 encoding_format=encoding_format,  # type: ignore[arg-type]  # click.Choice
+                documents=list(documents) or None,
+                top_n=top_n,
+                top_k=top_k,
+                aggregation=aggregation,  # type: ignore[arg-type]  # click.Choice
+                redact=redact,
             )
         out = envelope.to_json()
         return out if full else out["reply"]

@@ -9,6 +9,7 @@ module                   what is there
 ``batch_runner``         :class:`ModelRunner`: what the engine calls; splits a failing batch in
                          half, times each batch, feeds the counters
 ``torch_backend``        :class:`TorchBackend`: embed/classify with a HF model on CPU or CUDA
+``task_backends``        contract 1.2: rerank (cross-encoder pairs), sparse (SPLADE), token-classify
 ``sim_backend``          :class:`SimBackend`: a simulated accelerator (``--model sim:MS,US[,DIM]``)
                          that sleeps a device's time per batch and answers unit vectors
 ``tokenize``             the fast tokenizer stage (and the word-count stand-in of ``noop``)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
@@ -122,8 +123,15 @@ def load_model(
     threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
     check_task(settings, model_dir)
-    prompts, default_prompt = resolve_default_prompt(
-        model_dir, settings.task, settings.default_prompt_name
+    new_task = settings.task in ("rerank", "sparse", "token-classify")
+    if new_task and (settings.model == NOOP_MODEL or parse_sim(settings.model)):
+        raise ValueError(
+            f"--task {settings.task} needs a real model directory, not {settings.model}"
+        )
+    prompts, default_prompt = (
+        ({}, None)  # the 1.2 tasks take no prompts
+        if new_task
+        else resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
     )
     device = default_device() if settings.device == "auto" else settings.device
     if settings.backend == "onnx":
@@ -160,7 +168,10 @@ def load_model(
         tokenizer = WordCountTokenizer(runner.max_length, truncate_by_default=truncate)
     else:
         tokenizer = HFTokenizer(
-            model_dir, max_length=runner.max_length, truncate_by_default=truncate
+            model_dir,
+            max_length=runner.max_length,
+            truncate_by_default=truncate,
+            alignment=settings.task == "token-classify",
         )
     profile = ModelProfile(
         task=settings.task,
@@ -220,7 +231,9 @@ def check_model(settings: ModelSettings) -> Path:
 
 
 def check_task(settings: ModelSettings, model_dir: Path) -> None:
-    """Refuse ``--task classify`` on a model saved without a sequence-classification head.
+    """Refuse a task whose head the model was not saved with: ``classify``/``rerank`` need
+    ``*ForSequenceClassification``, ``sparse`` ``*ForMaskedLM``, ``token-classify``
+    ``*ForTokenClassification``.
 
     transformers would load such a model (an embedding model such as MiniLM) with a freshly
     initialised, random classifier and answer coin flips; its ``config.architectures`` says
@@ -230,17 +243,34 @@ def check_task(settings: ModelSettings, model_dir: Path) -> None:
     Raises:
         ValueError: classify asked of a model whose architectures name no classification head.
     """
-    if settings.task != "classify" or settings.model == NOOP_MODEL or parse_sim(settings.model):
+    head = _HEADS.get(settings.task)
+    if head is None or settings.model == NOOP_MODEL or parse_sim(settings.model):
         return
     from transformers import AutoConfig
 
     archs = list(getattr(AutoConfig.from_pretrained(str(model_dir)), "architectures", None) or [])
-    if archs and not any("ForSequenceClassification" in a for a in archs):
+    if archs and not any(head in a for a in archs):
+        what = _HEAD_NAMES[head]
         raise ValueError(
-            f"--task classify needs a model trained for sequence classification; {model_dir} "
-            f"was saved as {', '.join(archs)} (no classification head: its labels would be "
-            "random). Use --task embed, or a *ForSequenceClassification model."
+            f"--task {settings.task} needs a model trained with a {what} head (*{head}); "
+            f"{model_dir} was saved as {', '.join(archs)} (no {what} head: its outputs would "
+            "be random). Use the task that model was trained for."
         )
+
+
+_HEADS: dict[str, str] = {
+    "classify": "ForSequenceClassification",
+    "rerank": "ForSequenceClassification",
+    "sparse": "ForMaskedLM",
+    "token-classify": "ForTokenClassification",
+}
+"""The transformers head (``config.architectures`` suffix) each task needs."""
+
+_HEAD_NAMES: dict[str, str] = {
+    "ForSequenceClassification": "classification",
+    "ForMaskedLM": "masked-language-model",
+    "ForTokenClassification": "token-classification",
+}
 
 
 def _detect_task(model_dir: Path) -> Task:
@@ -303,6 +333,8 @@ def load_runner(
     dev = device or default_device()
     check_backend(backend=backend, quantize=quantize, device=dev)
     model: torch.nn.Module
+    if task in ("rerank", "sparse", "token-classify"):
+        return _load_task_runner(path, task, dev, max_length, stats, name, revision)
     if backend == "onnx":
         from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
 
@@ -332,6 +364,62 @@ def load_runner(
         warmup_token_id=warmup_token_id(path, int(cfg.vocab_size)),
     )
     return ModelRunner(net_backend, stats=stats)
+
+
+def _load_task_runner(
+    path: Path,
+    task: Task,
+    device: str,
+    max_length: int | None,
+    stats: StatsSink | None,
+    name: str | None,
+    revision: str | None,
+) -> ModelRunner:
+    """A contract-1.2 task's runner (torch, float32: :mod:`consumer.model.task_backends`).
+
+    Raises:
+        ValueError: a rerank model with more than one label, an unknown cross-encoder
+            activation or SPLADE pooling.
+    """
+    from transformers import (
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    from consumer.model.task_backends import (
+        RerankBackend,
+        SparseBackend,
+        TokenClassifyBackend,
+        read_activation,
+        read_splade,
+    )
+    from consumer.model.tokenize import read_max_length
+
+    cls: Any = {
+        "rerank": AutoModelForSequenceClassification,
+        "sparse": AutoModelForMaskedLM,
+        "token-classify": AutoModelForTokenClassification,
+    }[task]
+    model = cls.from_pretrained(str(path))
+    model.eval().to(device)
+    cfg = model.config
+    common: dict[str, Any] = {
+        "max_length": max_length or read_max_length(path),
+        "pad_token_id": int(getattr(cfg, "pad_token_id", None) or 0),
+        "device": device,
+        "name": name or path.name,
+        "revision": revision,
+        "warmup_token_id": warmup_token_id(path, int(cfg.vocab_size)),
+    }
+    backend: Any
+    if task == "rerank":
+        backend = RerankBackend(model, activation=read_activation(path), **common)
+    elif task == "sparse":
+        backend = SparseBackend(model, splade=read_splade(path), **common)
+    else:
+        backend = TokenClassifyBackend(model, **common)
+    return ModelRunner(backend, stats=stats)
 
 
 WARMUP_TEXT = "warm up the model"

@@ -25,8 +25,10 @@ __all__ = [
     "Task",
 ]
 
-Task = Literal["embed", "classify"]
-"""What a model computes: ``embed`` (a vector) or ``classify`` (labels and scores)."""
+Task = Literal["embed", "classify", "rerank", "sparse", "token-classify"]
+"""What a model computes: ``embed`` (a vector), ``classify`` (labels and scores), or contract
+1.2's ``rerank`` (a pair's relevance), ``sparse`` (SPLADE weights), ``token-classify``
+(per-token labels): :mod:`consumer.model.task_backends`."""
 
 AutocastName = Literal["bf16", "fp16"]
 """A CUDA autocast dtype (``--dtype bfloat16`` / ``float16``)."""

@@ -37,13 +37,17 @@ DTYPE_AUTOCAST: dict[str, AutocastName | None] = {
 _GROUP = ConfigDict(frozen=True, extra="forbid")
 
 
-def check_backend(*, backend: str, quantize: str, device: str, dtype: str = "float32") -> None:
+def check_backend(
+    *, backend: str, quantize: str, device: str, dtype: str = "float32", task: str = "embed"
+) -> None:
     """Refuse a backend/quantize/device/dtype combination that cannot run.
 
     Rules: int8 is ONNX Runtime's dynamic quantization (``--quantize int8`` needs
     ``--backend onnx``); ONNX Runtime runs on the CPU (its CPU execution provider: ``device``
     ``auto``/``cpu``) and in float32 (``--dtype`` is torch's autocast); float16 autocast needs
-    CUDA (on the CPU, bfloat16).
+    CUDA (on the CPU, bfloat16). Contract 1.2's tasks (rerank, sparse, token-classify) run on
+    torch in float32 only: the start-up quality gate compares embeddings and labels, so no gate
+    covers a faster backend for them yet.
 
     Args:
         device: as asked (``auto``, ``cpu``, ``cuda``, ``cuda:1``) or as resolved.
@@ -59,6 +63,13 @@ def check_backend(*, backend: str, quantize: str, device: str, dtype: str = "flo
         raise ValueError(f"--dtype {dtype} is torch's autocast; --backend onnx runs float32")
     if dtype == "float16" and device == "cpu":
         raise ValueError("--dtype float16 needs CUDA; on the CPU use bfloat16")
+    if task in ("rerank", "sparse", "token-classify") and (
+        backend != "torch" or dtype != "float32"
+    ):
+        raise ValueError(
+            f"--task {task} runs on --backend torch with --dtype float32 only (got --backend "
+            f"{backend}, --dtype {dtype}): no quality gate covers it yet"
+        )
 
 
 class ModelSettings(BaseModel):
@@ -71,7 +82,11 @@ class ModelSettings(BaseModel):
         description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
     )
     model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
-    task: Literal["embed", "classify"] = Field("embed", description="What the model computes.")
+    task: Literal["embed", "classify", "rerank", "sparse", "token-classify"] = Field(
+        "embed",
+        description="What the model computes: embed, classify, or (contract 1.2) rerank "
+        "(a cross-encoder), sparse (a SPLADE encoder), token-classify (entities, redaction).",
+    )
     device: str = Field(
         "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
     )
@@ -122,6 +137,14 @@ class ModelSettings(BaseModel):
     @model_validator(mode="after")
     def _check_backend(self) -> ModelSettings:
         check_backend(
-            backend=self.backend, quantize=self.quantize, device=self.device, dtype=self.dtype
+            backend=self.backend,
+            quantize=self.quantize,
+            device=self.device,
+            dtype=self.dtype,
+            task=self.task,
         )
+        if self.default_prompt_name is not None and self.task != "embed":
+            raise ValueError(
+                f"--default-prompt-name applies to embed models, not --task {self.task}"
+            )
         return self

@@ -20,7 +20,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
+from consumer.batching.types import InferenceItem, Rejected, TokenAlignment, TokenizedItem
 from schemas.errors import ErrorCode
 
 __all__ = ["HFTokenizer", "WordCountTokenizer", "read_max_length"]
@@ -58,11 +58,29 @@ def read_max_length(model_dir: Path) -> int:
     return min(found)
 
 
-def _encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list[Any]:
+Input = str | tuple[str, str]
+"""A text, or a (text, text_pair) pair (a cross-encoder's query and document)."""
+
+
+def _encode_batch(tokenizer: Tokenizer, texts: list[Input], offsets: bool = False) -> list[Any]:
     """``encode_batch_fast`` (tokenizers ≥ 0.21: the same ids, no character offsets; ~25 %
-    less CPU) where the installed tokenizers has it, else ``encode_batch``."""
-    fast = getattr(tokenizer, "encode_batch_fast", None)
+    less CPU) where the installed tokenizers has it and no ``offsets`` are needed, else
+    ``encode_batch``."""
+    fast = None if offsets else getattr(tokenizer, "encode_batch_fast", None)
     return list(fast(texts) if fast is not None else tokenizer.encode_batch(texts))
+
+
+def _input(item: InferenceItem, max_chars: int) -> Input:
+    """The item's text (and pair), each cut to the character pre-limit."""
+    if item.text_pair is None:
+        return item.text[:max_chars]
+    return (item.text[:max_chars], item.text_pair[:max_chars])
+
+
+def _longer_than(item: InferenceItem, max_chars: int) -> bool:
+    return len(item.text) > max_chars or (
+        item.text_pair is not None and len(item.text_pair) > max_chars
+    )
 
 
 def _too_long(item: InferenceItem, n_tokens: int, why: str, max_length: int) -> Rejected:
@@ -86,6 +104,12 @@ class HFTokenizer:
         max_length: maximum tokens per item; default :func:`read_max_length`.
         truncate_by_default: the server's policy for items whose ``truncate`` is None.
         max_chars: the character pre-limit; default ``16 × max_length``.
+        alignment: also record each token's character span (:class:`TokenAlignment`,
+            token-classify): the slower ``encode_batch`` with offsets.
+
+    Pair items (``text_pair`` set, rerank) are tokenized as ``(text, text_pair)`` with their
+    segment ids; truncation cuts the longer of the two first (``longest_first``, as
+    transformers' tokenizers and sentence-transformers' ``CrossEncoder`` do).
 
     Raises:
         ValueError: when only a slow (Python) tokenizer is available.
@@ -100,8 +124,10 @@ class HFTokenizer:
         max_length: int | None = None,
         truncate_by_default: bool = True,
         max_chars: int | None = None,
+        alignment: bool = False,
     ) -> None:
         path = Path(model_dir)
+        self.alignment = alignment
         hf = AutoTokenizer.from_pretrained(str(path), use_fast=True)
         backend = getattr(hf, "backend_tokenizer", None)
         if not isinstance(backend, Tokenizer):
@@ -119,10 +145,32 @@ class HFTokenizer:
         self._cut = Tokenizer.from_str(backend.to_str())
         self._cut.no_padding()
         self._cut.enable_truncation(max_length=self.max_length)
+        self._unk_id = hf.unk_token_id
+        model = self._full.model
+        self._subword_prefix = bool(getattr(model, "continuing_subword_prefix", None))
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, truncated to ``max_length`` (special tokens included)."""
         return [e.ids for e in _encode_batch(self._cut, [t[: self.max_chars] for t in texts])]
+
+    def _tokenized(self, item: InferenceItem, enc: Any, truncated: bool) -> TokenizedItem:
+        type_ids = list(enc.type_ids) if item.text_pair is not None else None
+        alignment = self._align(item.text, enc) if self.alignment else None
+        return TokenizedItem(item, enc.ids, len(enc.ids), truncated, type_ids, alignment)
+
+    def _align(self, text: str, enc: Any) -> TokenAlignment:
+        """Spans, special flags and the pipeline's ``is_subword`` rule of one encoding
+        (transformers ``TokenClassificationPipeline.gather_pre_entities``)."""
+        offsets = [(int(a), int(b)) for a, b in enc.offsets]
+        special = [bool(m) for m in enc.special_tokens_mask]
+        subword: list[bool] = []
+        for token, token_id, (start, end) in zip(enc.tokens, enc.ids, offsets, strict=True):
+            if self._subword_prefix:
+                is_sub = len(token) != end - start
+            else:
+                is_sub = start > 0 and " " not in text[start - 1 : start + 1]
+            subword.append(is_sub and token_id != self._unk_id)
+        return TokenAlignment(offsets, special, subword)
 
     def tokenize(self, items: Sequence[InferenceItem]) -> list[TokenizedItem | Rejected]:
         """Tokenize one chunk of items; one result per item, in order.
@@ -133,15 +181,15 @@ class HFTokenizer:
         """
         if not items:
             return []
-        texts = [it.text[: self.max_chars] for it in items]
-        cut_chars = [len(it.text) > self.max_chars for it in items]
-        encodings = _encode_batch(self._full, texts)
+        texts = [_input(it, self.max_chars) for it in items]
+        cut_chars = [_longer_than(it, self.max_chars) for it in items]
+        encodings = _encode_batch(self._full, texts, self.alignment)
         results: list[TokenizedItem | Rejected | None] = [None] * len(items)
         to_cut: list[int] = []
         for i, (it, enc) in enumerate(zip(items, encodings, strict=True)):
             n = len(enc.ids)
             if n <= self.max_length and not cut_chars[i]:
-                results[i] = TokenizedItem(it, enc.ids, n, truncated=False)
+                results[i] = self._tokenized(it, enc, truncated=False)
                 continue
             allowed = self.truncate_by_default if it.truncate is None else it.truncate
             if allowed:
@@ -155,9 +203,9 @@ class HFTokenizer:
                     why = f"more than {self.max_chars} characters (at least {n} tokens)"
                 results[i] = _too_long(it, max(n, self.max_length + 1), why, self.max_length)
         if to_cut:
-            cut = _encode_batch(self._cut, [texts[i] for i in to_cut])
+            cut = _encode_batch(self._cut, [texts[i] for i in to_cut], self.alignment)
             for i, enc in zip(to_cut, cut, strict=True):
-                results[i] = TokenizedItem(items[i], enc.ids, len(enc.ids), truncated=True)
+                results[i] = self._tokenized(items[i], enc, truncated=True)
         return [r for r in results if r is not None]
 
 

@@ -1,0 +1,134 @@
+"""The options of contract 1.2's tasks (rerank, sparse, token-classify) against the served task
+(CONTRACT.md §Additions in 1.2).
+
+Pure (no torch, no I/O), the same two steps as the embed options (:mod:`consumer.options`):
+
+1. at admission, :func:`check_task_options` refuses (``invalid_option``) an option of another
+   task, an embed option on a 1.2 task (``encoding_format`` excepted on sparse, not
+   ``binary``), and a rerank request without ``documents``;
+2. at reply time, :func:`shape_task_result` derives the request's ``result`` from the runner's
+   (which holds everything every option needs), so dedup copies with other options share one
+   computation: rerank's ``top_n``, sparse's ``top_k`` and ``encoding_format``,
+   token-classify's ``aggregation`` and ``redact``.
+
+:data:`TASK_OPTIONS` is the one list of the 1.2 option names and their task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from consumer.entities import TOKENS, aggregate, redact
+from consumer.options import OptionError
+from schemas.models import TASK_OPTIONS, Aggregation, EncodingFormat, Request, Task
+from schemas.sparse import SPARSE, sparse_result
+
+__all__ = [
+    "NEW_TASKS",
+    "TASK_OPTIONS",
+    "TaskOptionError",
+    "TaskOptions",
+    "check_task_options",
+    "shape_task_result",
+]
+
+NEW_TASKS: Final[frozenset[Task]] = frozenset({"rerank", "sparse", "token-classify"})
+"""The tasks of contract 1.2."""
+
+
+SPARSE_ENCODINGS: Final = ("float", "f32le", "f16le")
+"""The ``encoding_format`` values a sparse result can take (``binary`` has no meaning there)."""
+
+
+class TaskOptionError(OptionError):
+    """A well-formed option this task cannot honour: the ``invalid_option`` reply's message."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """The reply-time options of one request (None: absent)."""
+
+    top_n: int | None = None
+    top_k: int | None = None
+    encoding_format: EncodingFormat | None = None
+    aggregation: Aggregation | None = None
+    redact: bool | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> TaskOptions:
+        """The options ``request`` carries."""
+        return cls(
+            request.top_n,
+            request.top_k,
+            request.encoding_format,
+            request.aggregation,
+            request.redact,
+        )
+
+
+def check_task_options(request: object, task: Task) -> None:
+    """Check ``request``'s 1.2 options (and embed options on a 1.2 task) against ``task``.
+
+    ``request`` is a :class:`~schemas.models.Request`, or anything with its option names as
+    attributes (``kbatch backfill``'s settings: one set of options for every record, the
+    documents read from each record); an attribute it lacks counts as absent.
+
+    Raises:
+        TaskOptionError: an option of another task, an embed option on a 1.2 task other than
+            ``encoding_format`` float/f32le/f16le on sparse, or rerank without ``documents``.
+    """
+    for name, owner in TASK_OPTIONS.items():
+        if owner != task and getattr(request, name, None) is not None:
+            raise TaskOptionError(f"{name} is a {owner} option; this model's task is {task}")
+    if task not in NEW_TASKS:
+        return
+    if task == "rerank" and isinstance(request, Request) and request.documents is None:
+        raise TaskOptionError("a rerank request needs documents (1 to 64 strings)")
+    embed = [
+        name
+        for name in ("dimensions", "normalize", "prompt_name", "encoding_format")
+        if getattr(request, name, None) is not None
+    ]
+    encoding_format = getattr(request, "encoding_format", None)
+    if task == "sparse" and encoding_format in SPARSE_ENCODINGS:
+        embed.remove("encoding_format")
+    if embed:
+        what = ", ".join(embed)
+        if task == "sparse" and "encoding_format" in embed:
+            what = f"encoding_format {encoding_format!r} (float, f32le or f16le)"
+        raise TaskOptionError(f"{what}: not an option of task {task}")
+
+
+def shape_task_result(result: Mapping[str, Any], options: TaskOptions) -> Mapping[str, Any]:
+    """The contract ``result`` for ``options`` from a 1.2 runner result; other results
+    unchanged.
+
+    - rerank ``{"scores": [...]}``: plus ``top`` (``top_n`` best, highest first, ties by index);
+    - sparse (the runner's full vector under ``SPARSE``): ``indices``/``values``/``dim``/
+      ``format`` (:func:`schemas.sparse.sparse_result`);
+    - token-classify (the runner's per-token scores under ``TOKENS``): ``entities`` grouped as
+      ``aggregation`` asks (default ``simple``), plus ``redacted`` with ``redact``.
+    """
+    if TOKENS in result:
+        tokens = result[TOKENS]
+        entities = aggregate(tokens, options.aggregation or "simple")
+        shaped: dict[str, Any] = {"entities": entities}
+        if options.redact:
+            shaped["redacted"] = redact(tokens.text, entities)
+        return shaped
+    if SPARSE in result:
+        indices, values = result[SPARSE]
+        return sparse_result(
+            indices,
+            values,
+            dim=int(result["dim"]),
+            top_k=options.top_k,
+            encoding_format=options.encoding_format or "float",
+        )
+    scores = result.get("scores")
+    if isinstance(scores, list) and options.top_n is not None:
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options.top_n]
+        return {"scores": scores, "top": [{"index": i, "score": scores[i]} for i in order]}
+    return result
