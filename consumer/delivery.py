@@ -16,7 +16,8 @@ Rules (CONTRACT.md §Delivery):
   acknowledged by the broker; then the owner is told (:meth:`DeliveryOwner.on_finished`) so that it
   releases the record's flow credit.
 * A reply the broker can never take (a reply address that cannot exist, a value over the size
-  limit) is dead-lettered ``invalid_request`` instead.
+  limit) is dead-lettered ``invalid_request`` instead; one the broker's ACLs refuse
+  (``TOPIC_AUTHORIZATION_FAILED``) is dead-lettered ``reply_topic_not_allowed``.
 * A dead letter refused whole is sent cut to its first :data:`DEAD_LETTER_CUT_BYTES` (the full
   record stays in the source topic at its offset). Refused even cut, it is skipped: serve then
   finishes the offset anyway (a bad record never holds up its partition), backfill leaves it
@@ -40,7 +41,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from consumer.exactly_once import IntervalGate
-from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
@@ -298,6 +299,10 @@ class Delivery(Generic[P]):
         else:  # DeliveryError: e.g. the client named a reply address that cannot exist
             message = f"the {self._what} could not be delivered: {err}"
             code = ErrorCode.INVALID_REQUEST
+            if isinstance(err, DeliveryDeniedError):  # the broker's ACLs: kbatch may not write
+                topic = members[0][1].topic or "the default topic"
+                message = f"the {self._what} to {topic} is not allowed: {err}"
+                code = ErrorCode.REPLY_TOPIC_NOT_ALLOWED
             for pending, _ in members:
                 dlq = self._replies.dead_letter(pending.record, code, message)
                 self._spawn(self._dead_letter(pending, dlq, code, None))  # still open

@@ -50,6 +50,7 @@ from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
+from consumer.reply_policy import ReplyTopicPolicy
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
 from schemas.records import (
@@ -146,6 +147,13 @@ class Pipeline:
         self._transactions = transactions
         self._commit_lock = asyncio.Lock()  # one transactional commit at a time
         self._replies = replies
+        self._reply_topics = ReplyTopicPolicy(
+            reply_topic=settings.reply_topic,
+            request_topic=settings.request_topic,
+            dlq_topic=settings.dead_letter_topic,
+            allowed_pattern=settings.allowed_reply_topics,
+            clock=clock,
+        )
         self._metrics = metrics
         self._clock = clock
         self._wall_ms = wall_clock_ms
@@ -267,6 +275,12 @@ class Pipeline:
                 )
             except RecordDecodeError as err:
                 self._dead_letter(pending, err.code, err.message, err)
+                continue
+            refusal = self._reply_topics.check(pending.parsed.address.topic)
+            if refusal is not None:  # nothing is written to the named topic
+                if refusal.log:
+                    log.warning("dead-lettering requests: %s", refusal.message)
+                self._dead_letter(pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, refusal.message, None)
                 continue
             item = self._admit(pending, now, now_ms)
             if item is not None:

@@ -37,12 +37,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.errors import (
+    DeliveryDeniedError,
+    DeliveryError,
+    SinkClosedError,
+    describe_denial,
+)
 from consumer.kafka.partitioner import partition_by_key
 from schemas.records import OutRecord
 
@@ -353,6 +363,8 @@ class KafkaSink:
         """The sink's error for a failure the retries gave up on (or never started)."""
         if isinstance(err, DeliveryError | SinkClosedError):
             return err
+        if isinstance(err, TopicAuthorizationFailedError):
+            return DeliveryDeniedError(f"the broker denies writing to it: {describe_denial(err)}")
         if self._closed:
             return SinkClosedError(str(err))
         return DeliveryError(f"{type(err).__name__}: {err}")
@@ -425,4 +437,6 @@ class KafkaSink:
             return DeliveryError(f"cannot send to {topic}[{partition}]: {err}")
         if isinstance(err, UnknownTopicOrPartitionError):
             return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
+        if isinstance(err, TopicAuthorizationFailedError):
+            return DeliveryDeniedError(f"the broker denies writing to {topic}: {describe_denial(err)}")
         return err
