@@ -39,8 +39,9 @@ class TokenFileProvider(AbstractTokenProvider):  # type: ignore[misc]
         try:
             token = self._path.read_text(encoding="utf-8").strip()
         except OSError as err:
-            raise KafkaSecurityError(f"cannot read the OAUTHBEARER token file {self._path}: "
-                                     f"{err.strerror}") from None
+            raise KafkaSecurityError(
+                f"cannot read the OAUTHBEARER token file {self._path}: {err.strerror}"
+            ) from None
         if not token:
             raise KafkaSecurityError(f"the OAUTHBEARER token file {self._path} is empty")
         return token
@@ -104,14 +105,18 @@ class _ConnectFailures(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.causes: list[BaseException] = []
+        self.causes: list[tuple[str, BaseException]] = []  # ("host:port", error)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg.startswith("Unable connect to") and isinstance(record.args, tuple):
-            cause = record.args[-1]
-            if isinstance(cause, BaseException):
-                self.causes.append(cause)
-                return False
+        args = record.args
+        if (
+            str(record.msg).startswith("Unable connect to")
+            and isinstance(args, tuple)
+            and len(args) == 3
+            and isinstance(args[2], BaseException)
+        ):
+            self.causes.append((f"{args[0]}:{args[1]}", args[2]))
+            return False
         return True
 
 
@@ -134,12 +139,13 @@ async def start_client(
     client, ``close`` it and raise.
 
     Raises:
-        KafkaSecurityError: ``f"{context}: {cause}"``: a TLS check or the SASL login failed,
-            or an ACL denial (the cause aiokafka logged, without its log line).
+        KafkaSecurityError: a TLS check or the SASL login failed (``the broker at host:port
+            refused the client: <cause>``, the cause aiokafka logged, without its log line), or
+            an ACL denial.
         KafkaUnavailableError: ``f"{context}: {aiokafka's error}"``.
     """
     failures = _ConnectFailures()
-    aiokafka_log = logging.getLogger("aiokafka.client")
+    aiokafka_log = logging.getLogger("aiokafka")  # aiokafka.client logs through it
     aiokafka_log.addFilter(failures)
     try:
         with map_kafka_errors(KafkaUnavailableError, context):
@@ -148,9 +154,10 @@ async def start_client(
         await close()
         if isinstance(err, KafkaSecurityError) or not failures.causes:
             raise
-        denied, text = describe_connect_failure(failures.causes[-1])
-        raise (KafkaSecurityError if denied else KafkaUnavailableError)(
-            f"{context}: {text}"
-        ) from err
+        address, cause = failures.causes[-1]
+        denied, text = describe_connect_failure(cause)
+        if denied:
+            raise KafkaSecurityError(f"the broker at {address} refused the client: {text}") from err
+        raise KafkaUnavailableError(f"{context}: {text}") from err
     finally:
         aiokafka_log.removeFilter(failures)

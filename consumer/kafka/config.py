@@ -72,9 +72,7 @@ class KafkaClientSettings(BaseModel):
     ssl_cafile: Path | None = Field(
         None, description="CA bundle (PEM) the broker's certificate is checked against."
     )
-    ssl_certfile: Path | None = Field(
-        None, description="Client certificate (PEM) for mutual TLS."
-    )
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS.")
     ssl_keyfile: Path | None = Field(None, description="Client private key (PEM) for mutual TLS.")
     ssl_check_hostname: bool = Field(
         True, description="Check that the broker's certificate names the host connected to."

@@ -169,6 +169,7 @@ def map_kafka_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
     try:
         yield
     except DENIALS as err:
-        raise KafkaSecurityError(f"{context}: denied by the broker: {describe_denial(err)}") from err
+        denial = describe_denial(err)
+        raise KafkaSecurityError(f"{context}: the broker denies it: {denial}") from err
     except KafkaError as err:
         raise to(f"{context}: {err}") from err

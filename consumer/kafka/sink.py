@@ -438,5 +438,6 @@ class KafkaSink:
         if isinstance(err, UnknownTopicOrPartitionError):
             return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
         if isinstance(err, TopicAuthorizationFailedError):
-            return DeliveryDeniedError(f"the broker denies writing to {topic}: {describe_denial(err)}")
+            denial = describe_denial(err)
+            return DeliveryDeniedError(f"the broker denies writing to {topic}: {denial}")
         return err
