@@ -46,6 +46,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from consumer.kafka.client_config import start_client
+from consumer.kafka.errors import KafkaUnavailableError
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.embedding import decode_embedding
@@ -291,13 +293,15 @@ class RequestReplyClient:
         self._state = "started"
         try:
             await asyncio.wait_for(self._connect(), self._start_timeout_s)
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except (KafkaError, KafkaUnavailableError, OSError, TimeoutError) as exc:
             await self.close()
             missing = self._missing_topics
             reason = (
                 f"topics {missing} do not exist (start `kbatch serve`, which creates its "
                 "topics, or create them: `kbatch topics create NAME`)"
                 if missing
+                else str(exc)
+                if isinstance(exc, KafkaUnavailableError)  # a refused login names its cause
                 else repr(exc)
             )
             raise ClientError(
@@ -316,7 +320,7 @@ class RequestReplyClient:
             linger_ms=self._linger_ms,
             **self._kafka_options,
         )
-        await self._producer.start()
+        await start_client(self._producer.start, self._producer.stop, "the producer")
         partitions = await self._wait_for_topics()
         if self.reply_partition is not None:
             if self.reply_partition not in partitions:
