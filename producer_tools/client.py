@@ -47,7 +47,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from consumer.kafka.client_config import start_client
-from consumer.kafka.errors import KafkaUnavailableError
+from consumer.kafka.errors import DENIALS, KafkaUnavailableError, describe_denial
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.embedding import decode_embedding
@@ -268,6 +268,7 @@ class RequestReplyClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._broken: ClientError | None = None  # the reply listener was denied its topic
         self._calls: dict[bytes, _Call] = {}
         self._state: Literal["new", "started", "closed"] = "new"
         self._missing_topics: list[str] = []
@@ -441,6 +442,8 @@ class RequestReplyClient:
         """
         if self._state != "started" or self._producer is None:
             raise ClientClosedError(f"the client is not running (state: {self._state})")
+        if self._broken is not None:  # no reply could ever be read
+            raise self._broken
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if retries < 0:
@@ -535,6 +538,13 @@ class RequestReplyClient:
                         self._dispatch(record, received_s)
         except asyncio.CancelledError:
             raise
+        except DENIALS as exc:  # this principal may not read the reply topic: one line
+            self._broken = ClientError(
+                f"not allowed to read the reply topic {self.reply_topic!r}: "
+                f"{describe_denial(exc)}"
+            )
+            log.error("%s", self._broken)
+            self._fail_all(self._broken)
         except Exception as exc:  # no call can complete any more: fail them, loudly
             log.exception("reply listener on %r failed", self.reply_topic)
             self._fail_all(ClientError(f"the reply listener failed: {exc!r}"))

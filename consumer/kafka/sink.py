@@ -43,6 +43,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.kafka.client_config import client_kwargs, start_client
@@ -144,6 +145,7 @@ class KafkaSink:
         self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._missing_until: dict[str, float] = {}  # topic → loop time its verdict expires
+        self._denied_topics: set[str] = set()  # of those, the ones the broker's ACLs hide
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -407,6 +409,7 @@ class KafkaSink:
         and the retries decide, as before.
 
         Raises:
+            DeliveryDeniedError: the broker's ACLs hide the topic from this principal.
             DeliveryError: the broker does not have the topic.
         """
         client = self._producer.client
@@ -414,7 +417,10 @@ class KafkaSink:
             return
         loop = asyncio.get_running_loop()
         if self._missing_until.get(topic, 0.0) > loop.time():
+            if topic in self._denied_topics:
+                raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
             raise DeliveryError(f"topic {topic} does not exist")
+        self._denied_topics.discard(topic)  # an earlier verdict expired: ask again
         give_up = loop.time() + MISSING_TOPIC_GRACE_S
         while True:
             try:  # all topics, without adding this one to the producer's tracked set
@@ -427,7 +433,26 @@ class KafkaSink:
                 break
             await asyncio.sleep(MISSING_TOPIC_GRACE_S / 8)
         self._missing_until[topic] = loop.time() + MISSING_TOPIC_TTL_S
+        if await self._denied(topic):
+            self._denied_topics.add(topic)
+            raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
         raise DeliveryError(f"topic {topic} does not exist")
+
+    async def _denied(self, topic: str) -> bool:
+        """Whether the broker answers ``TOPIC_AUTHORIZATION_FAILED`` for ``topic`` (its listing
+        of all topics leaves out those this principal may not describe)."""
+        client = self._producer.client
+        node_id = client.get_random_node()
+        if node_id is None:
+            return False
+        try:
+            response = await client.send(node_id, MetadataRequest([topic], False))
+        except KafkaError:
+            return False
+        return any(
+            name == topic and code == TopicAuthorizationFailedError.errno
+            for code, name, *_ in response.topics
+        )
 
     @staticmethod
     def _refused(err: Exception, topic: str, partition: int | None) -> Exception:
