@@ -540,8 +540,7 @@ class RequestReplyClient:
             raise
         except DENIALS as exc:  # this principal may not read the reply topic: one line
             self._broken = ClientError(
-                f"not allowed to read the reply topic {self.reply_topic!r}: "
-                f"{describe_denial(exc)}"
+                f"not allowed to read the reply topic {self.reply_topic!r}: {describe_denial(exc)}"
             )
             log.error("%s", self._broken)
             self._fail_all(self._broken)
