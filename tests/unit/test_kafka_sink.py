@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.partitioner import murmur2, partition_by_key
 from consumer.kafka.errors import DeliveryDeniedError
+from consumer.kafka.partitioner import murmur2, partition_by_key
 from consumer.kafka.sink import BATCH_VALUE_LIMIT, DeliveryError, KafkaSink, SinkClosedError
 from schemas.records import OutRecord
 
