@@ -129,6 +129,9 @@ class Delivery(Generic[P]):
         max_in_flight: at most this many records wait for the broker at once (None: no limit).
         sourced: ``--exactly-once``: sends go to the record's input partition's transaction
             through it (``sink`` is then unused), gated by :meth:`quiesce`/:meth:`reopen`.
+        on_dead_letters_denied: called with the reason when the broker's ACLs refuse the
+            dead-letter topic; the record is then left unfinished (re-read after a restart),
+            never skipped. None: such a dead letter counts as refused even cut.
     """
 
     def __init__(
@@ -142,8 +145,10 @@ class Delivery(Generic[P]):
         finish_unsent_dead_letters: bool = True,
         max_in_flight: int | None = None,
         sourced: SourcedSinkLike | None = None,
+        on_dead_letters_denied: Callable[[str], None] | None = None,
     ) -> None:
         self._sink = sink
+        self._on_denied = on_dead_letters_denied
         # (input partition, records) → one ack future each; the partition picks the
         # transaction under --exactly-once and is ignored otherwise.
         self._sink_send: _SinkSend = (
@@ -316,6 +321,12 @@ class Delivery(Generic[P]):
         except SinkClosedError:
             self._done(pending, False)
             return
+        except DeliveryDeniedError as err:
+            if self._on_denied is not None:  # kept unfinished: nothing is lost
+                self._on_denied(f"the dead-letter topic {dlq.topic} is denied: {err}")
+                self._done(pending, False)
+                return
+            sent = False
         reply_sent = False
         if reply is not None:
             try:
@@ -338,10 +349,13 @@ class Delivery(Generic[P]):
 
         Raises:
             SinkClosedError: the sink closed first.
+            DeliveryDeniedError: the broker's ACLs refuse the dead-letter topic.
         """
         try:
             await self._send_one(r.tp, dlq)
             return True
+        except DeliveryDeniedError:
+            raise
         except DeliveryError as err:
             log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
         try:

@@ -171,8 +171,15 @@ class Pipeline:
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
         self._delivery: Delivery[Pending] = Delivery(
-            sink, self.tracker, self, replies, sourced=transactions
+            sink,
+            self.tracker,
+            self,
+            replies,
+            sourced=transactions,
+            on_dead_letters_denied=self._dead_letters_denied,
         )
+        self.intake_blocked: str | None = None
+        """Why intake is paused for good (the dead-letter topic denied), else None."""
         self._resubmits: set[asyncio.Task[None]] = set()
         # Replies due, built and sent together once per loop iteration (see on_outcomes).
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
@@ -487,7 +494,19 @@ class Pipeline:
 
     # ---- flow control and commits ---------------------------------------------------------------
 
+    def _dead_letters_denied(self, reason: str) -> None:
+        """Delivery: the broker's ACLs refuse the dead-letter topic. Intake pauses for good
+        (readiness says why); what is unfinished stays uncommitted and is read again after a
+        restart with the permission granted: nothing is lost."""
+        if self.intake_blocked is None:
+            log.error("%s: intake paused; grant WRITE on it and restart", reason)
+        self.intake_blocked = reason
+        self.source.pause(self.tracker.assigned)
+
     def _apply_flow(self) -> None:
+        if self.intake_blocked is not None:
+            self.source.pause(self.tracker.assigned)  # a rebalance resumed them
+            return
         decision = self.flow.decide()
         if decision.pause:
             self.source.pause(decision.pause)

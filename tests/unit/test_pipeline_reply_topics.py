@@ -54,7 +54,14 @@ class DenyingSink(FakeSink):
 
 
 async def run(settings: ServeSettings, sink: FakeSink, records: list[InRecord]) -> Metrics:
+    return (await run_pipeline(settings, sink, records))[1]
+
+
+async def run_pipeline(
+    settings: ServeSettings, sink: FakeSink, records: list[InRecord]
+) -> tuple[Pipeline, Metrics, FakeSource]:
     metrics = Metrics()
+    source = FakeSource()
     pipeline = Pipeline(
         settings,
         sink,
@@ -64,13 +71,13 @@ async def run(settings: ServeSettings, sink: FakeSink, records: list[InRecord]) 
         wall_clock_ms=lambda: 1_000_000,
     )
     engine = AnsweringEngine(pipeline)
-    pipeline.bind(FakeSource(), engine)
+    pipeline.bind(source, engine)
     await pipeline.on_assigned(frozenset({("kbatch.requests", 0)}))
     await pipeline.take(records)
     for _ in range(50):
         await asyncio.sleep(0)
     await pipeline.commit()
-    return metrics
+    return pipeline, metrics, source
 
 
 def dead_letter_codes(sink: FakeSink) -> dict[bytes | None, str]:
@@ -108,3 +115,17 @@ async def test_a_reply_the_acls_refuse_is_dead_lettered_while_others_flow() -> N
     message = dict(sink.to(DLQ)[0].headers)[H.ERROR_MESSAGE].decode()
     assert "replies.locked" in message and "denies" in message
     assert [r.key for r in sink.to("replies.open")] == [b"open"]
+
+
+async def test_a_denied_dead_letter_topic_pauses_intake_and_loses_nothing() -> None:
+    sink = DenyingSink(DLQ)
+    records = [request(0, b"ok-0", None), request(1, b"foreign", "billing.events")]
+    records.append(request(2, b"ok-2", None))
+    pipeline, _, source = await run_pipeline(ServeSettings(), sink, records)
+    assert pipeline.intake_blocked is not None and DLQ in pipeline.intake_blocked
+    assert source.paused == {("kbatch.requests", 0)}  # intake stops
+    pipeline._apply_flow()  # flow control never resumes it
+    assert source.paused == {("kbatch.requests", 0)}
+    assert [r.key for r in sink.sent if r.topic is None] == [b"ok-0", b"ok-2"]
+    # Offset 1 is unfinished: the commit stops below it and it is read again after a restart.
+    assert source.commits[-1] == {("kbatch.requests", 0): 1}
