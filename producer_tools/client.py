@@ -46,6 +46,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from consumer.kafka.admin import denied_topics
 from consumer.kafka.client_config import start_client
 from consumer.kafka.errors import DENIALS, KafkaUnavailableError, describe_denial
 from schemas import headers as H
@@ -358,6 +359,13 @@ class RequestReplyClient:
             self._missing_topics = [t for t in wanted if t not in metadata.topics()]
             if not self._missing_topics:
                 return sorted(await self._producer.partitions_for(self.reply_topic))
+            denied = await denied_topics(self._producer.client, self._missing_topics)
+            if denied:  # hidden by the broker's ACLs, not missing: no use waiting
+                raise ClientError(
+                    f"the broker denies this principal the topics {denied} "
+                    "(TOPIC_AUTHORIZATION_FAILED): a client may write its requests and read "
+                    "its own reply topic (docs/SECURITY.md)"
+                )
             await asyncio.sleep(_TOPIC_POLL_S)
 
     async def close(self) -> None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from consumer.broker.local import BrokerError, LocalBroker, port_is_open
+from consumer.broker.local import BrokerError, LocalBroker, cache_root, port_is_open
 
 if TYPE_CHECKING:
     from consumer.kafka.config import KafkaClientSettings
@@ -177,6 +177,13 @@ class SecureBroker(LocalBroker):
     stop and status as :class:`LocalBroker`."""
 
     port: int = SECURE_PORT
+    cache_dir: Path | None = None
+    """Where ``broker-<port>/`` lives (default: the kbatch cache; tests use their own)."""
+
+    @property
+    def home(self) -> Path:
+        """``<cache>/broker-<port>``: properties, data, logs, ``tls/``, ``passwords.json``."""
+        return (self.cache_dir or cache_root()) / f"broker-{self.port}"
 
     @property
     def controller_port_(self) -> int:

@@ -14,7 +14,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from consumer.kafka.client_config import security_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
@@ -166,3 +167,23 @@ async def partition_count(
     if described.get("error_code", 0) != 0:
         return None
     return len(described.get("partitions") or []) or None
+
+
+async def denied_topics(client: AIOKafkaClient, topics: Iterable[str]) -> list[str]:
+    """Those of ``topics`` the broker answers ``TOPIC_AUTHORIZATION_FAILED`` for, asked by
+    name through ``client`` (a started aiokafka client). A listing of all topics leaves out
+    the ones this principal may not describe, so a missing topic and a denied one look the
+    same there. ``[]`` when the broker does not answer."""
+    wanted = list(topics)
+    node_id = client.get_random_node()
+    if node_id is None or not wanted:
+        return []
+    try:
+        response = await client.send(node_id, MetadataRequest(wanted, False))
+    except KafkaError:
+        return []
+    return [
+        name
+        for code, name, *_ in response.topics
+        if code == TopicAuthorizationFailedError.errno and name in wanted
+    ]

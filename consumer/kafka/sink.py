@@ -43,9 +43,9 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
-from aiokafka.protocol.metadata import MetadataRequest
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
+from consumer.kafka.admin import denied_topics
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
@@ -433,26 +433,10 @@ class KafkaSink:
                 break
             await asyncio.sleep(MISSING_TOPIC_GRACE_S / 8)
         self._missing_until[topic] = loop.time() + MISSING_TOPIC_TTL_S
-        if await self._denied(topic):
+        if await denied_topics(client, [topic]):
             self._denied_topics.add(topic)
             raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
         raise DeliveryError(f"topic {topic} does not exist")
-
-    async def _denied(self, topic: str) -> bool:
-        """Whether the broker answers ``TOPIC_AUTHORIZATION_FAILED`` for ``topic`` (its listing
-        of all topics leaves out those this principal may not describe)."""
-        client = self._producer.client
-        node_id = client.get_random_node()
-        if node_id is None:
-            return False
-        try:
-            response = await client.send(node_id, MetadataRequest([topic], False))
-        except KafkaError:
-            return False
-        return any(
-            name == topic and code == TopicAuthorizationFailedError.errno
-            for code, name, *_ in response.topics
-        )
 
     @staticmethod
     def _refused(err: Exception, topic: str, partition: int | None) -> Exception:
