@@ -190,7 +190,7 @@ def load_command(
         texts = [t.text for t in corpus_mod.sample(pool, len(pool), seed=opts["seed"])]
     except (corpus_mod.CorpusError, ValueError) as err:
         raise click.ClickException(f"cannot load the corpus: {err}") from err
-    security = {name: opts.pop(name) for name in SECURITY_FIELDS}
+    security = {name: opts.pop(name) for name in SECURITY_FIELDS if name in opts}
     try:
         kafka_options = security_kwargs(client_settings(opts["bootstrap"], security))
     except KafkaSecurityError as err:  # an unreadable CA, key or password file

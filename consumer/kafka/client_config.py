@@ -124,9 +124,10 @@ def describe_connect_failure(cause: BaseException) -> tuple[bool, str]:
     """``(denied, text)`` for why a connection failed: denied when the broker answered but a
     TLS check or the SASL login failed (never retried); ``text`` names the cause, no secret."""
     if isinstance(cause, ssl.SSLCertVerificationError):
-        return True, f"TLS check of the broker's certificate failed: {cause.verify_message}"
+        reason = getattr(cause, "verify_message", None) or str(cause)
+        return True, f"TLS check of the broker's certificate failed: {reason}"
     if isinstance(cause, ssl.SSLError):
-        return True, f"TLS handshake failed: {cause.reason or cause}"
+        return True, f"TLS handshake failed: {getattr(cause, 'reason', None) or cause}"
     if isinstance(cause, DENIALS):
         return True, f"SASL login refused: {describe_denial(cause)}"
     return False, str(cause) or type(cause).__name__
