@@ -101,7 +101,8 @@ def client_kwargs(settings: KafkaClientSettings) -> dict[str, Any]:
 class _ConnectFailures(logging.Filter):
     """Keeps (and hides) aiokafka's ``Unable connect to "host:port": <error>`` log lines while
     a client starts: aiokafka logs the cause (a TLS check, a SASL login) and raises only
-    ``Unable to bootstrap``; the start-up error line names the cause instead."""
+    ``Unable to bootstrap``; the start-up error line names the cause instead. Its log lines
+    about an ACL denial are hidden too: the raised error names the denial."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -117,7 +118,14 @@ class _ConnectFailures(logging.Filter):
         ):
             self.causes.append((f"{args[0]}:{args[1]}", args[2]))
             return False
-        return True
+        # aiokafka's own line about an ACL denial (e.g. InitProducerId): the error says it
+        return not (isinstance(args, tuple) and any(_is_denial(a) for a in args))
+
+
+def _is_denial(value: object) -> bool:
+    if isinstance(value, type):
+        return issubclass(value, DENIALS)
+    return isinstance(value, DENIALS)
 
 
 def describe_connect_failure(cause: BaseException) -> tuple[bool, str]:

@@ -136,8 +136,15 @@ async def test_start_client_reports_the_cause_aiokafka_only_logged() -> None:
     assert closed == [True]
 
 
-async def test_an_acl_denial_while_starting_is_a_security_error() -> None:
-    async def start() -> None:
+async def test_an_acl_denial_while_starting_is_a_security_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aiokafka.errors import ClusterAuthorizationFailedError
+
+    async def start() -> None:  # as aiokafka's sender: its own error line, then the error
+        logging.getLogger("aiokafka").error(
+            "Unexpected error during InitProducerIdRequest: %s", ClusterAuthorizationFailedError
+        )
         raise TopicAuthorizationFailedError("kbatch.requests")
 
     async def close() -> None:
@@ -145,6 +152,7 @@ async def test_an_acl_denial_while_starting_is_a_security_error() -> None:
 
     with pytest.raises(KafkaSecurityError, match=r"TOPIC_AUTHORIZATION_FAILED.*kbatch\.requests"):
         await start_client(start, close, "the consumer")
+    assert "InitProducerId" not in caplog.text  # one error line: the raised one
 
 
 @pytest.mark.parametrize("command", [request_command, load_command, topics_create])
