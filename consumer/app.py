@@ -26,7 +26,12 @@ from consumer.config import ServeSettings, project
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError, TransactionError
+from consumer.kafka.errors import (
+    KafkaSecurityError,
+    KafkaUnavailableError,
+    TopicCreationError,
+    TransactionError,
+)
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
@@ -83,6 +88,7 @@ async def serve(settings: ServeSettings) -> int:
         log.warning("config: %s", warning)
 
     try:
+        security = security_kwargs(settings)  # an unreadable CA, key or password file: now
         if settings.create_topics:
             created = await ensure_topics(
                 settings.bootstrap,
@@ -92,7 +98,7 @@ async def serve(settings: ServeSettings) -> int:
                     settings.dead_letter_topic: 1,
                 },
                 settings.topic_replication_factor,
-                security_kwargs(settings),
+                security,
             )
             if created:
                 log.info("created topics %s", created)
@@ -151,11 +157,14 @@ async def serve(settings: ServeSettings) -> int:
             "engine_healthy": engine.healthy,
         }
         metrics.engine_healthy.set(1 if engine.healthy else 0)
+        if pipeline.intake_blocked is not None:
+            detail["intake_blocked"] = pipeline.intake_blocked
         ready = (
             pipeline.assigned_once
             and bool(pipeline.tracker.assigned)
             and engine.warm
             and engine.healthy
+            and pipeline.intake_blocked is None
         )
         return ready, detail
 
@@ -190,12 +199,17 @@ async def serve(settings: ServeSettings) -> int:
             life.enter("metrics server", health.stop)
             beat = health.beat
             log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+        started: list[object] = []
         try:
             for name, part in (("engine", engine), ("producer", sink), ("consumer", source)):
                 await part.start()
+                started.append(part)
                 life.enter(name, part.stop)
-        except KafkaUnavailableError as err:
+        except KafkaUnavailableError as err:  # KafkaSecurityError too: a refused login
             log.error("%s", err)
+            for unstarted in (sink, source):  # built, never started: close their clients
+                if unstarted not in started:
+                    await unstarted.stop()
             return 1
         frozen = freeze_startup_heap()
         log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
@@ -204,6 +218,9 @@ async def serve(settings: ServeSettings) -> int:
             await pipeline.run(stop, beat=beat)
         except TransactionError as err:  # its records are computed again by the next owner
             log.error("%s; stopping", err)
+            failed = True
+        except KafkaSecurityError as err:  # the request topic or the group denied
+            log.error("%s", err)
             failed = True
         else:
             failed = False

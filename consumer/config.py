@@ -21,6 +21,7 @@ cannot work (the message names the values).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -190,6 +191,12 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     # ---- Kafka topology -------------------------------------------------------------------
     request_topic: str = Field("kbatch.requests", description="Topic the requests arrive on.")
     reply_topic: str = Field("kbatch.replies", description="Reply topic when a request names none.")
+    allowed_reply_topics: str | None = Field(
+        None,
+        description="Regular expression (full match) of the other topics a request's "
+        "kafka_replyTopic may name; default: only --reply-topic. The request, dead-letter and "
+        "__* topics are never allowed; others are dead-lettered reply_topic_not_allowed.",
+    )
     create_topics: bool = Field(
         True, description="Create the request, reply and dead-letter topics when missing."
     )
@@ -221,6 +228,14 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
         for name in ("group_id", "dlq_topic"):
             if getattr(self, name) is None:
                 raise ValueError(f"{name}=None: kbatch serve needs one")
+        if self.allowed_reply_topics is not None:
+            try:
+                re.compile(self.allowed_reply_topics)
+            except re.error as err:
+                raise ValueError(
+                    f"allowed_reply_topics={self.allowed_reply_topics!r} is not a regular "
+                    f"expression: {err}"
+                ) from err
         return self
 
     @property

@@ -16,7 +16,8 @@ Rules (CONTRACT.md §Delivery):
   acknowledged by the broker; then the owner is told (:meth:`DeliveryOwner.on_finished`) so that it
   releases the record's flow credit.
 * A reply the broker can never take (a reply address that cannot exist, a value over the size
-  limit) is dead-lettered ``invalid_request`` instead.
+  limit) is dead-lettered ``invalid_request`` instead; one the broker's ACLs refuse
+  (``TOPIC_AUTHORIZATION_FAILED``) is dead-lettered ``reply_topic_not_allowed``.
 * A dead letter refused whole is sent cut to its first :data:`DEAD_LETTER_CUT_BYTES` (the full
   record stays in the source topic at its offset). Refused even cut, it is skipped: serve then
   finishes the offset anyway (a bad record never holds up its partition), backfill leaves it
@@ -40,7 +41,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from consumer.exactly_once import IntervalGate
-from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
@@ -128,6 +129,9 @@ class Delivery(Generic[P]):
         max_in_flight: at most this many records wait for the broker at once (None: no limit).
         sourced: ``--exactly-once``: sends go to the record's input partition's transaction
             through it (``sink`` is then unused), gated by :meth:`quiesce`/:meth:`reopen`.
+        on_dead_letters_denied: called with the reason when the broker's ACLs refuse the
+            dead-letter topic; the record is then left unfinished (re-read after a restart),
+            never skipped. None: such a dead letter counts as refused even cut.
     """
 
     def __init__(
@@ -141,8 +145,10 @@ class Delivery(Generic[P]):
         finish_unsent_dead_letters: bool = True,
         max_in_flight: int | None = None,
         sourced: SourcedSinkLike | None = None,
+        on_dead_letters_denied: Callable[[str], None] | None = None,
     ) -> None:
         self._sink = sink
+        self._on_denied = on_dead_letters_denied
         # (input partition, records) → one ack future each; the partition picks the
         # transaction under --exactly-once and is ignored otherwise.
         self._sink_send: _SinkSend = (
@@ -298,6 +304,10 @@ class Delivery(Generic[P]):
         else:  # DeliveryError: e.g. the client named a reply address that cannot exist
             message = f"the {self._what} could not be delivered: {err}"
             code = ErrorCode.INVALID_REQUEST
+            if isinstance(err, DeliveryDeniedError):  # the broker's ACLs: kbatch may not write
+                topic = members[0][1].topic or "the default topic"
+                message = f"the {self._what} to {topic} is not allowed: {err}"
+                code = ErrorCode.REPLY_TOPIC_NOT_ALLOWED
             for pending, _ in members:
                 dlq = self._replies.dead_letter(pending.record, code, message)
                 self._spawn(self._dead_letter(pending, dlq, code, None))  # still open
@@ -311,6 +321,12 @@ class Delivery(Generic[P]):
         except SinkClosedError:
             self._done(pending, False)
             return
+        except DeliveryDeniedError as err:
+            if self._on_denied is not None:  # kept unfinished: nothing is lost
+                self._on_denied(f"the dead-letter topic {dlq.topic} is denied: {err}")
+                self._done(pending, False)
+                return
+            sent = False
         reply_sent = False
         if reply is not None:
             try:
@@ -333,10 +349,13 @@ class Delivery(Generic[P]):
 
         Raises:
             SinkClosedError: the sink closed first.
+            DeliveryDeniedError: the broker's ACLs refuse the dead-letter topic.
         """
         try:
             await self._send_one(r.tp, dlq)
             return True
+        except DeliveryDeniedError:
+            raise
         except DeliveryError as err:
             log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
         try:

@@ -49,6 +49,7 @@ from consumer.kafka.records import InRecord, TopicPartition
 from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
+from consumer.reply_policy import ReplyTopicPolicy
 from consumer.task_options import NEW_TASKS, check_task_options
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
@@ -138,6 +139,13 @@ class Pipeline:
     ) -> None:
         self.settings = settings
         self._replies = replies
+        self._reply_topics = ReplyTopicPolicy(
+            reply_topic=settings.reply_topic,
+            request_topic=settings.request_topic,
+            dlq_topic=settings.dead_letter_topic,
+            allowed_pattern=settings.allowed_reply_topics,
+            clock=clock,
+        )
         self._metrics = metrics
         self._clock = clock
         self._wall_ms = wall_clock_ms
@@ -152,7 +160,12 @@ class Pipeline:
         self._source: SourceLike | None = None
         self._engine: EngineLike | None = None
         self._delivery: Delivery[Pending] = Delivery(
-            sink, self.tracker, self, replies, sourced=transactions
+            sink,
+            self.tracker,
+            self,
+            replies,
+            sourced=transactions,
+            on_dead_letters_denied=self._dead_letters_denied,
         )
         self.checkpoint = checkpoint_for(
             transactions,
@@ -165,6 +178,8 @@ class Pipeline:
             gate=self._delivery,
             clock=clock,
         )
+        self.intake_blocked: str | None = None
+        """Why intake is paused for good (the dead-letter topic denied), else None."""
         self._resubmits: set[asyncio.Task[None]] = set()
         # Replies due, built and sent together once per loop iteration (see on_outcomes).
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
@@ -266,6 +281,12 @@ class Pipeline:
                 )
             except RecordDecodeError as err:
                 self._dead_letter(pending, err.code, err.message, err)
+                continue
+            refusal = self._reply_topics.check(pending.parsed.address.topic)
+            if refusal is not None:  # nothing is written to the named topic
+                if refusal.log:
+                    log.warning("dead-lettering requests: %s", refusal.message)
+                self._dead_letter(pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, refusal.message, None)
                 continue
             item = self._admit(pending, now, now_ms)
             if item is not None:
@@ -476,7 +497,19 @@ class Pipeline:
 
     # ---- flow control and commits ---------------------------------------------------------------
 
+    def _dead_letters_denied(self, reason: str) -> None:
+        """Delivery: the broker's ACLs refuse the dead-letter topic. Intake pauses for good
+        (readiness says why); what is unfinished stays uncommitted and is read again after a
+        restart with the permission granted: nothing is lost."""
+        if self.intake_blocked is None:
+            log.error("%s: intake paused; grant WRITE on it and restart", reason)
+        self.intake_blocked = reason
+        self.source.pause(self.tracker.assigned)
+
     def _apply_flow(self) -> None:
+        if self.intake_blocked is not None:
+            self.source.pause(self.tracker.assigned)  # a rebalance resumed them
+            return
         decision = self.flow.decide()
         if decision.pause:
             self.source.pause(decision.pause)

@@ -214,15 +214,26 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+SECRET_FIELDS: tuple[str, ...] = ("sasl_password",)
+"""Settings never written to the replicas' settings file: a supervisor killed with SIGKILL leaves
+the file behind, so secrets reach the replicas by environment (:func:`secret_env`) instead."""
+
+
 def settings_file_data(settings: ServeSettings) -> dict[str, Any]:
     """The shared settings of every replica as JSON-able data (a YAML ``--config`` file): every
-    field but :data:`PER_REPLICA_FLAGS`, secrets in clear (the file is private to the
-    supervisor's user)."""
-    data = settings.model_dump(mode="json", exclude=set(PER_REPLICA_FLAGS))
-    password = getattr(settings, "sasl_plain_password", None)
-    if password is not None:
-        data["sasl_plain_password"] = password.get_secret_value()
-    return data
+    field but :data:`PER_REPLICA_FLAGS` and :data:`SECRET_FIELDS`."""
+    return settings.model_dump(mode="json", exclude={*PER_REPLICA_FLAGS, *SECRET_FIELDS})
+
+
+def secret_env(settings: ServeSettings) -> dict[str, str]:
+    """The :data:`SECRET_FIELDS` as ``KBATCH_*`` variables for the replicas' environment (only
+    this user's processes can read another process's environment)."""
+    env: dict[str, str] = {}
+    for name in SECRET_FIELDS:
+        value = getattr(settings, name, None)
+        if value is not None:
+            env[f"KBATCH_{name.upper()}"] = value.get_secret_value()
+    return env
 
 
 @dataclass
@@ -333,6 +344,7 @@ class Supervisor:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self._multiproc)
         env["PYTHONUNBUFFERED"] = "1"
         env[SUPERVISOR_PID_ENV] = str(os.getpid())  # the replica stops when we are gone
+        env.update(secret_env(self.settings))  # never in the settings file
         taken = {other.port for other in self.replicas if other is not r}
         r.port = _free_port()
         while r.port in taken:  # the OS may hand out a port another replica is about to bind

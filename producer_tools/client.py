@@ -47,6 +47,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from consumer.kafka.admin import denied_topics
+from consumer.kafka.client_config import start_client
+from consumer.kafka.errors import DENIALS, KafkaUnavailableError, describe_denial
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.embedding import decode_embedding
@@ -294,6 +297,7 @@ class RequestReplyClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._broken: ClientError | None = None  # the reply listener was denied its topic
         self._calls: dict[bytes, _Call] = {}
         self._state: Literal["new", "started", "closed"] = "new"
         self._missing_topics: list[str] = []
@@ -319,13 +323,15 @@ class RequestReplyClient:
         self._state = "started"
         try:
             await asyncio.wait_for(self._connect(), self._start_timeout_s)
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except (KafkaError, KafkaUnavailableError, OSError, TimeoutError) as exc:
             await self.close()
             missing = self._missing_topics
             reason = (
                 f"topics {missing} do not exist (start `kbatch serve`, which creates its "
                 "topics, or create them: `kbatch topics create NAME`)"
                 if missing
+                else str(exc)
+                if isinstance(exc, KafkaUnavailableError)  # a refused login names its cause
                 else repr(exc)
             )
             raise ClientError(
@@ -344,7 +350,7 @@ class RequestReplyClient:
             linger_ms=self._linger_ms,
             **self._kafka_options,
         )
-        await self._producer.start()
+        await start_client(self._producer.start, self._producer.stop, "the producer")
         partitions = await self._wait_for_topics()
         if self.reply_partition is not None:
             if self.reply_partition not in partitions:
@@ -381,6 +387,13 @@ class RequestReplyClient:
             self._missing_topics = [t for t in wanted if t not in metadata.topics()]
             if not self._missing_topics:
                 return sorted(await self._producer.partitions_for(self.reply_topic))
+            denied = await denied_topics(self._producer.client, self._missing_topics)
+            if denied:  # hidden by the broker's ACLs, not missing: no use waiting
+                raise ClientError(
+                    f"the broker denies this principal the topics {denied} "
+                    "(TOPIC_AUTHORIZATION_FAILED): a client may write its requests and read "
+                    "its own reply topic (docs/SECURITY.md)"
+                )
             await asyncio.sleep(_TOPIC_POLL_S)
 
     async def close(self) -> None:
@@ -476,6 +489,8 @@ class RequestReplyClient:
         """
         if self._state != "started" or self._producer is None:
             raise ClientClosedError(f"the client is not running (state: {self._state})")
+        if self._broken is not None:  # no reply could ever be read
+            raise self._broken
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if retries < 0:
@@ -575,6 +590,12 @@ class RequestReplyClient:
                         self._dispatch(record, received_s)
         except asyncio.CancelledError:
             raise
+        except DENIALS as exc:  # this principal may not read the reply topic: one line
+            self._broken = ClientError(
+                f"not allowed to read the reply topic {self.reply_topic!r}: {describe_denial(exc)}"
+            )
+            log.error("%s", self._broken)
+            self._fail_all(self._broken)
         except Exception as exc:  # no call can complete any more: fail them, loudly
             log.exception("reply listener on %r failed", self.reply_topic)
             self._fail_all(ClientError(f"the reply listener failed: {exc!r}"))

@@ -59,10 +59,14 @@ class ErrorCode(StrEnum):
     """A well-formed request asks for what this model cannot do (``dimensions`` above its
     dimension, an unknown ``prompt_name``, an embed option on a classify model); not a dead
     letter (contract 1.1)."""
+    REPLY_TOPIC_NOT_ALLOWED = "reply_topic_not_allowed"
+    """``kafka_replyTopic`` names a topic kbatch may not reply to: outside the operator's
+    ``--allowed-reply-topics``, the request or dead-letter topic, an internal ``__*`` topic, or
+    one the broker's ACLs refuse kbatch's principal (a dead letter; nothing is written there)."""
 
 
 DEAD_LETTER_CODES: Final[frozenset[ErrorCode]] = frozenset(
-    {ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION}
+    {ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION, ErrorCode.REPLY_TOPIC_NOT_ALLOWED}
 )
 """Codes whose record goes to the dead-letter topic (CONTRACT.md §Dead letters)."""
 

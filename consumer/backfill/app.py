@@ -76,6 +76,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
 
     group_id = settings.effective_group_id
     client = project(KafkaClientSettings, settings)
+    security_kwargs(client)  # an unreadable CA, key or password file: KafkaSecurityError now
     source = RangeSource(client=client, topic=settings.source_topic, group_id=group_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

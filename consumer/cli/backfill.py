@@ -27,7 +27,12 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
     except (ValidationError, FileNotFoundError) as err:
         raise click.UsageError(str(err)) from err
     from consumer.backfill.app import run_backfill
-    from consumer.kafka.errors import RangeSourceError, RangeSpecError, TransactionError
+    from consumer.kafka.errors import (
+        KafkaUnavailableError,
+        RangeSourceError,
+        RangeSpecError,
+        TransactionError,
+    )
     from consumer.model.errors import LossyBackendError
     from consumer.model.loader import check_model
     from consumer.options import OptionError
@@ -42,6 +47,8 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         raise click.UsageError(str(err)) from err
     except (RangeSourceError, FileNotFoundError, LossyBackendError) as err:
         raise click.ClickException(str(err)) from err
+    except KafkaUnavailableError as err:  # KafkaSecurityError: a refused login or an ACL
+        raise click.ClickException(str(err)) from None
     except TransactionError as err:  # --exactly-once: a rerun resumes from the last commit
         raise click.ClickException(f"{err}; rerun to resume") from err
     sys.exit(code)

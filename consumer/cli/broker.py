@@ -35,9 +35,20 @@ def _fail(err: BrokerError) -> None:
     show_default=True,
     help="Apache Kafka release to run (4.x, or 3.9.x for the previous line).",
 )
-def start(port: int, fresh: bool, kafka_version: str) -> None:
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="TLS, SCRAM and mutual TLS with ACLs (default port 9093; docs/SECURITY.md).",
+)
+@click.pass_context
+def start(ctx: click.Context, port: int, fresh: bool, kafka_version: str, secure: bool) -> None:
     """Start the broker (idempotent); print its bootstrap address once it answers."""
     try:
+        if secure:
+            from consumer.cli.broker_secure import start_secure
+
+            start_secure(ctx, port, fresh, kafka_version)
+            return
         click.echo(LocalBroker(port=port, kafka_version=kafka_version).start(fresh=fresh))
     except BrokerError as err:
         _fail(err)
@@ -61,3 +72,12 @@ def status(port: int) -> None:
         return
     click.echo(f"not answering at {broker.bootstrap}", err=True)
     raise SystemExit(1)
+
+
+def _register_secure() -> None:
+    from consumer.cli.broker_secure import env
+
+    broker_group.add_command(env)
+
+
+_register_secure()

@@ -14,8 +14,11 @@ from typing import Any
 
 import click
 
+from consumer.cli.client_security import SECURITY_FIELDS, client_settings, security_options
 from consumer.cli.options import CommaList
 from consumer.cli.request import encoding_option, topic_options
+from consumer.kafka.client_config import security_kwargs
+from consumer.kafka.errors import KafkaSecurityError
 
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
@@ -148,6 +151,7 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @encoding_option
 @topic_options
+@security_options
 def load_command(
     corpus: str,
     as_json: bool,
@@ -186,11 +190,17 @@ def load_command(
         texts = [t.text for t in corpus_mod.sample(pool, len(pool), seed=opts["seed"])]
     except (corpus_mod.CorpusError, ValueError) as err:
         raise click.ClickException(f"cannot load the corpus: {err}") from err
+    security = {name: opts.pop(name) for name in SECURITY_FIELDS if name in opts}
+    try:
+        kafka_options = security_kwargs(client_settings(opts["bootstrap"], security))
+    except KafkaSecurityError as err:  # an unreadable CA, key or password file
+        raise click.ClickException(str(err)) from None
     options = LoadOptions(
         texts=texts,
         encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,
         poisson=poisson_arrivals,
         probe=not no_probe,
+        client_options={"kafka_options": kafka_options},
         **opts,
     )
     try:

@@ -59,7 +59,6 @@ def _click_type(annotation: Any) -> Any:
         int: click.INT,
         float: click.FLOAT,
         Path: click.Path(path_type=Path),
-        SecretStr: click.STRING,
     }.get(ann, click.STRING)
 
 
@@ -74,12 +73,13 @@ def _shown(default: Any) -> str:
 def settings_options(
     model: type[SettingsBase], exclude: frozenset[str] = frozenset()
 ) -> list[click.Option]:
-    """One click option per model field (``exclude`` names are skipped); the help shows the
-    command's default (:meth:`consumer.config.SettingsBase.default_of`)."""
+    """One click option per model field (``exclude`` names and secrets, ``SecretStr`` fields,
+    are skipped: those come from ``KBATCH_*`` or the YAML file); the help shows the command's
+    default (:meth:`consumer.config.SettingsBase.default_of`)."""
     options: list[click.Option] = []
     for name, field in model.model_fields.items():
-        if name in exclude:
-            continue
+        if name in exclude or _unwrap_optional(field.annotation) is SecretStr:
+            continue  # a secret is never a flag: argv is readable by every local user
         flag = "--" + name.replace("_", "-")
         shown = _shown(model.default_of(name))
         help_text = (field.description or "") + shown + f" (env KBATCH_{name.upper()})"

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
+from consumer.cli.client_security import security_options
 from consumer.config import ServeSettings
 from schemas.models import AGGREGATIONS, TASKS
 
@@ -125,6 +126,7 @@ def encoding_option(func: F) -> F:
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
+@security_options
 def request_command(
     text: str,
     key: str | None,
@@ -148,6 +150,7 @@ def request_command(
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
+    **security: Any,
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
 
@@ -168,6 +171,14 @@ def request_command(
         if not isinstance(meta_obj, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--meta")
     enc = Encoding.JSON if encoding == "json" else Encoding.MSGPACK
+    from consumer.cli.client_security import client_settings
+    from consumer.kafka.client_config import security_kwargs
+    from consumer.kafka.errors import KafkaSecurityError
+
+    try:
+        kafka_options = security_kwargs(client_settings(bootstrap, security))
+    except KafkaSecurityError as err:  # an unreadable CA, key or password file
+        raise click.ClickException(str(err)) from None
     deadline_ms = (
         int(time.time() * 1000) + deadline_after_ms if deadline_after_ms is not None else None
     )
@@ -179,6 +190,7 @@ def request_command(
             reply_topic=reply_topic,
             encoding=enc,
             start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
+            kafka_options=kafka_options,
         ) as client:
             envelope = await client.request(
                 text,

@@ -7,11 +7,14 @@ clusters are) need a client's own reply topic created before the first request n
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import click
 
+from consumer.cli.client_security import client_settings, security_options
 from consumer.cli.request import topic_options
 from consumer.kafka.admin import ensure_topics
+from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 
 
@@ -27,6 +30,7 @@ def topics_group() -> None:
 )
 @click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True)
 @topic_options
+@security_options
 def create(
     names: tuple[str, ...],
     partitions: int,
@@ -34,13 +38,20 @@ def create(
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
+    **security: Any,
 ) -> None:
     """Create NAMES unless they exist (existing topics are left as they are); prints one line
     per topic. Exit 1 when no broker answers or the broker refuses."""
     del request_topic, reply_topic  # shared options; only --bootstrap matters here
+    kafka = client_settings(bootstrap, security)
     try:
         created = asyncio.run(
-            ensure_topics(bootstrap, dict.fromkeys(names, partitions), replication_factor)
+            ensure_topics(
+                bootstrap,
+                dict.fromkeys(names, partitions),
+                replication_factor,
+                security_kwargs(kafka),
+            )
         )
     except (KafkaUnavailableError, TopicCreationError) as err:
         click.echo(f"kbatch topics: {err}", err=True)

@@ -14,14 +14,21 @@ from typing import Any
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
+from aiokafka.protocol.metadata import MetadataRequest
 
-from consumer.kafka.client_config import start_client
+from consumer.kafka.client_config import security_kwargs, start_client
+from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.errors import TopicCreationError
 
 
-async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+async def _broker_answers(
+    bootstrap: str, timeout_s: float, settings: KafkaClientSettings | None
+) -> bool:
+    security = security_kwargs(settings) if settings is not None else {}
+    client = AIOKafkaClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **security
+    )
     try:
         # bootstrap() sends a MetadataRequest and raises unless a broker answers it.
         await asyncio.wait_for(client.bootstrap(), timeout_s)
@@ -32,8 +39,11 @@ async def _broker_answers(bootstrap: str, timeout_s: float) -> bool:
         await client.close()
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when a broker at ``bootstrap`` answers a metadata request within ``timeout_s``.
+def broker_answers(
+    bootstrap: str, timeout_s: float = 5.0, client: KafkaClientSettings | None = None
+) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request within ``timeout_s``
+    (``client``: its security settings; default plaintext).
 
     Synchronous: runs its own event loop, in a helper thread when the caller's thread already
     runs one.
@@ -41,9 +51,9 @@ def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_broker_answers(bootstrap, timeout_s))
+        return asyncio.run(_broker_answers(bootstrap, timeout_s, client))
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, _broker_answers(bootstrap, timeout_s)).result()
+        return pool.submit(asyncio.run, _broker_answers(bootstrap, timeout_s, client)).result()
 
 
 async def create_topics(
@@ -157,3 +167,23 @@ async def partition_count(
     if described.get("error_code", 0) != 0:
         return None
     return len(described.get("partitions") or []) or None
+
+
+async def denied_topics(client: AIOKafkaClient, topics: Iterable[str]) -> list[str]:
+    """Those of ``topics`` the broker answers ``TOPIC_AUTHORIZATION_FAILED`` for, asked by
+    name through ``client`` (a started aiokafka client). A listing of all topics leaves out
+    the ones this principal may not describe, so a missing topic and a denied one look the
+    same there. ``[]`` when the broker does not answer."""
+    wanted = list(topics)
+    node_id = client.get_random_node()
+    if node_id is None or not wanted:
+        return []
+    try:
+        response = await client.send(node_id, MetadataRequest(wanted, False))
+    except KafkaError:
+        return []
+    return [
+        name
+        for code, name, *_ in response.topics
+        if code == TopicAuthorizationFailedError.errno and name in wanted
+    ]

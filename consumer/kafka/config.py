@@ -36,7 +36,11 @@ _GROUP = ConfigDict(frozen=True, extra="forbid")
 
 
 class KafkaClientSettings(BaseModel):
-    """Where the brokers are and how to reach them; security passes to aiokafka unchanged."""
+    """Where the brokers are and how to reach them: TLS, SASL, mutual TLS (docs/SECURITY.md).
+
+    Secrets (``sasl_password``) are never a flag: they come from ``KBATCH_SASL_PASSWORD``, the
+    YAML file or a file named by ``sasl_password_file``; they print as ``**********``.
+    """
 
     model_config = _GROUP
 
@@ -44,18 +48,67 @@ class KafkaClientSettings(BaseModel):
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="Kafka security.protocol."
+        "PLAINTEXT",
+        description="Kafka security.protocol: SSL for TLS (mutual TLS with --ssl-certfile), "
+        "SASL_SSL for a user and password over TLS.",
     )
-    sasl_mechanism: (
-        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | None
-    ) = Field(None, description="Kafka sasl.mechanism (SASL_* protocols).")
-    sasl_plain_username: str | None = Field(None, description="SASL user (PLAIN, SCRAM).")
-    sasl_plain_password: SecretStr | None = Field(
-        None, description="SASL password (PLAIN, SCRAM); never logged."
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = (
+        Field(None, description="Kafka sasl.mechanism (SASL_* protocols).")
     )
-    ssl_cafile: Path | None = Field(default=None, description="CA bundle for TLS (PEM).")
-    ssl_certfile: Path | None = Field(default=None, description="Client certificate (PEM).")
-    ssl_keyfile: Path | None = Field(default=None, description="Client private key (PEM).")
+    sasl_username: str | None = Field(None, description="SASL user (PLAIN, SCRAM).")
+    sasl_password: SecretStr | None = Field(
+        None,
+        description="SASL password (PLAIN, SCRAM): env KBATCH_SASL_PASSWORD or the YAML "
+        "file only, never a flag; never logged.",
+    )
+    sasl_password_file: Path | None = Field(
+        None, description="File holding the SASL password (read at start; trailing newline cut)."
+    )
+    sasl_oauth_token_file: Path | None = Field(
+        None,
+        description="OAUTHBEARER: file holding the bearer token, read again at each login "
+        "(a sidecar may refresh it).",
+    )
+    ssl_cafile: Path | None = Field(
+        None, description="CA bundle (PEM) the broker's certificate is checked against."
+    )
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS.")
+    ssl_keyfile: Path | None = Field(None, description="Client private key (PEM) for mutual TLS.")
+    ssl_check_hostname: bool = Field(
+        True, description="Check that the broker's certificate names the host connected to."
+    )
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Self:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol={self.security_protocol} needs a sasl_mechanism")
+        if self.sasl_mechanism == "OAUTHBEARER" and self.sasl_oauth_token_file is None:
+            raise ValueError("sasl_mechanism=OAUTHBEARER needs sasl_oauth_token_file")
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and sasl:
+            if self.sasl_username is None:
+                raise ValueError(f"sasl_mechanism={self.sasl_mechanism} needs sasl_username")
+            if self.sasl_password is None and self.sasl_password_file is None:
+                raise ValueError(
+                    f"sasl_mechanism={self.sasl_mechanism} needs a password: "
+                    "KBATCH_SASL_PASSWORD or sasl_password_file"
+                )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("mutual TLS needs both ssl_certfile and ssl_keyfile")
+        return self
+
+    def password(self) -> str | None:
+        """The SASL password: ``sasl_password``, else the content of ``sasl_password_file``
+        (trailing newline cut), else None.
+
+        Raises:
+            OSError: ``sasl_password_file`` cannot be read (the message names the file only).
+        """
+        if self.sasl_password is not None:
+            return self.sasl_password.get_secret_value()
+        if self.sasl_password_file is not None:
+            return self.sasl_password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        return None
 
 
 class ConsumerGroupSettings(BaseModel):

@@ -4,12 +4,17 @@
 
     KafkaLayerError                 base of what consumer.kafka raises (a RuntimeError)
      ├── KafkaUnavailableError      no broker answered (start-up, admin calls); retriable
+     │    └── KafkaSecurityError    the broker answered but refused: TLS check, SASL login,
+     │                              an ACL denial of the group or a topic, an unreadable
+     │                              CA/key/password file; not retriable (one line, exit 1)
      ├── TopicCreationError         missing topics the broker refused to create (ACLs,
      │                              replication factor, a policy); not retriable
      ├── CommitError                a commit was refused (rebalance in progress, partition
      │                              moved); retriable at the next commit interval
      ├── DeliveryError              a record that can never be delivered (bad topic or
-     │                              partition, too large); not retriable: dead-letter it
+     │    │                         partition, too large); not retriable: dead-letter it
+     │    └── DeliveryDeniedError   the broker's ACLs refuse writing to the topic
+     │                              (TOPIC_AUTHORIZATION_FAILED): reply_topic_not_allowed
      ├── SinkClosedError            the sink closed before the record was acknowledged;
      │                              not retriable here (the record is re-read after a restart)
      ├── TransactionError           --exactly-once: a partition's transaction aborted or its
@@ -35,12 +40,23 @@ import contextlib
 from collections.abc import Iterator
 from typing import ClassVar
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
+)
 
 __all__ = [
     "CommitError",
+    "DeliveryDeniedError",
     "DeliveryError",
     "KafkaLayerError",
+    "KafkaSecurityError",
     "KafkaUnavailableError",
     "RangeSourceError",
     "RangeSpecError",
@@ -63,6 +79,16 @@ class KafkaUnavailableError(KafkaLayerError):
     retriable: ClassVar[bool] = True
 
 
+class KafkaSecurityError(KafkaUnavailableError):
+    """The broker answered but refused this client: a failed TLS check (untrusted CA, wrong
+    host name, expired certificate), a failed SASL login, an ACL denial of the consumer group
+    or a topic, or a CA/key/password/token file that cannot be read. Not retriable: the same
+    settings fail again. A subclass of :class:`KafkaUnavailableError`, so every start-up path
+    reports it as one line and exits 1. Messages name the cause, never a secret."""
+
+    retriable: ClassVar[bool] = False
+
+
 class TopicCreationError(KafkaLayerError):
     """Topics are missing and the broker refused to create them (no CREATE permission, a
     replication factor above the broker count, a policy); the message names them and says
@@ -77,6 +103,10 @@ class CommitError(KafkaLayerError):
 
 class DeliveryError(KafkaLayerError):
     """A record cannot be delivered whatever the retries (not retriable)."""
+
+
+class DeliveryDeniedError(DeliveryError):
+    """The broker's ACLs refuse this principal writing to the record's topic."""
 
 
 class SinkClosedError(KafkaLayerError):
@@ -106,15 +136,40 @@ class RangeSpecError(KafkaLayerError, ValueError):
     """A ``--from``/``--to`` value that cannot be parsed or does not fit the topic."""
 
 
+DENIALS: tuple[type[KafkaError], ...] = (
+    AuthenticationFailedError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+"""aiokafka's errors for a refused login or an ACL denial (:class:`KafkaSecurityError`)."""
+
+
+def describe_denial(err: BaseException) -> str:
+    """One line naming a denial: ``TOPIC_AUTHORIZATION_FAILED (the topic: kbatch.requests)``.
+
+    aiokafka's authorization errors carry the topics or the group as their arguments."""
+    name = getattr(err, "message", None) or type(err).__name__
+    detail = ", ".join(str(a) for a in err.args if a) if err.args else ""
+    return f"{name} ({detail})" if detail else str(name)
+
+
 @contextlib.contextmanager
 def map_kafka_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
-    """Raise ``to(f"{context}: {error}")`` from an aiokafka ``KafkaError`` raised inside; the
+    """Raise ``to(f"{context}: {error}")`` from an aiokafka ``KafkaError`` raised inside
+    (:class:`KafkaSecurityError` for a refused login or an ACL denial, :data:`DENIALS`); the
     layer's own errors and everything else pass unchanged.
 
     Raises:
-        KafkaLayerError: ``to``, for an aiokafka error.
+        KafkaLayerError: ``to``, or :class:`KafkaSecurityError`, for an aiokafka error.
     """
     try:
         yield
+    except DENIALS as err:
+        denial = describe_denial(err)
+        raise KafkaSecurityError(f"{context}: the broker denies it: {denial}") from err
     except KafkaError as err:
         raise to(f"{context}: {err}") from err

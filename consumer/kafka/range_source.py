@@ -50,10 +50,16 @@ from typing import Literal
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
-from consumer.kafka.client_config import client_kwargs
+from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
-from consumer.kafka.errors import RangeSourceError, RangeSpecError, map_kafka_errors
+from consumer.kafka.errors import (
+    KafkaSecurityError,
+    KafkaUnavailableError,
+    RangeSourceError,
+    RangeSpecError,
+    map_kafka_errors,
+)
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.records import InRecord, TopicPartition
 
@@ -295,9 +301,14 @@ class RangeSource:
 
         Raises:
             RangeSourceError: the broker cannot be reached.
+            KafkaSecurityError: the broker refused the client (TLS check, SASL login).
         """
-        with map_kafka_errors(RangeSourceError, "cannot connect to Kafka"):
-            await self._consumer.start()
+        try:
+            await start_client(self._consumer.start, self._consumer.stop, "cannot connect to Kafka")
+        except KafkaSecurityError:
+            raise
+        except KafkaUnavailableError as err:
+            raise RangeSourceError(str(err)) from err
         self._started = True
 
     async def stop(self) -> None:

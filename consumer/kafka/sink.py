@@ -37,12 +37,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
+from consumer.kafka.admin import denied_topics
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.errors import (
+    DeliveryDeniedError,
+    DeliveryError,
+    SinkClosedError,
+    describe_denial,
+)
 from consumer.kafka.partitioner import partition_by_key
 from schemas.records import OutRecord
 
@@ -134,6 +145,7 @@ class KafkaSink:
         self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._missing_until: dict[str, float] = {}  # topic → loop time its verdict expires
+        self._denied_topics: set[str] = set()  # of those, the ones the broker's ACLs hide
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -353,6 +365,8 @@ class KafkaSink:
         """The sink's error for a failure the retries gave up on (or never started)."""
         if isinstance(err, DeliveryError | SinkClosedError):
             return err
+        if isinstance(err, TopicAuthorizationFailedError):
+            return DeliveryDeniedError(f"the broker denies writing to it: {describe_denial(err)}")
         if self._closed:
             return SinkClosedError(str(err))
         return DeliveryError(f"{type(err).__name__}: {err}")
@@ -395,6 +409,7 @@ class KafkaSink:
         and the retries decide, as before.
 
         Raises:
+            DeliveryDeniedError: the broker's ACLs hide the topic from this principal.
             DeliveryError: the broker does not have the topic.
         """
         client = self._producer.client
@@ -402,7 +417,10 @@ class KafkaSink:
             return
         loop = asyncio.get_running_loop()
         if self._missing_until.get(topic, 0.0) > loop.time():
+            if topic in self._denied_topics:
+                raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
             raise DeliveryError(f"topic {topic} does not exist")
+        self._denied_topics.discard(topic)  # an earlier verdict expired: ask again
         give_up = loop.time() + MISSING_TOPIC_GRACE_S
         while True:
             try:  # all topics, without adding this one to the producer's tracked set
@@ -415,6 +433,9 @@ class KafkaSink:
                 break
             await asyncio.sleep(MISSING_TOPIC_GRACE_S / 8)
         self._missing_until[topic] = loop.time() + MISSING_TOPIC_TTL_S
+        if await denied_topics(client, [topic]):
+            self._denied_topics.add(topic)
+            raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
         raise DeliveryError(f"topic {topic} does not exist")
 
     @staticmethod
@@ -425,4 +446,7 @@ class KafkaSink:
             return DeliveryError(f"cannot send to {topic}[{partition}]: {err}")
         if isinstance(err, UnknownTopicOrPartitionError):
             return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
+        if isinstance(err, TopicAuthorizationFailedError):
+            denial = describe_denial(err)
+            return DeliveryDeniedError(f"the broker denies writing to {topic}: {denial}")
         return err

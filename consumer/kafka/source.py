@@ -19,7 +19,13 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
-from consumer.kafka.errors import CommitError, map_kafka_errors
+from consumer.kafka.errors import (
+    DENIALS,
+    CommitError,
+    KafkaSecurityError,
+    describe_denial,
+    map_kafka_errors,
+)
 from consumer.kafka.records import InRecord, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,7 @@ class KafkaSource:
         max_poll_records: int,
     ) -> None:
         self._bootstrap = client.bootstrap
+        self._group_id = group_id
         self._handler = handler
         self._topics = tuple(topics)
         self._consumer = AIOKafkaConsumer(
@@ -104,8 +111,18 @@ class KafkaSource:
         await self._consumer.stop()
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
-        """One ``getmany`` chunk, flattened in partition order; empty when paused or idle."""
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        """One ``getmany`` chunk, flattened in partition order; empty when paused or idle.
+
+        Raises:
+            KafkaSecurityError: the broker denies reading the topics or joining the group.
+        """
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        except DENIALS as err:
+            raise KafkaSecurityError(
+                f"reading {', '.join(self._topics)} as group {self._group_id}: the broker "
+                f"denies it: {describe_denial(err)}"
+            ) from None
         return [InRecord.from_consumer_record(r) for records in batches.values() for r in records]
 
     def assignment(self) -> frozenset[TopicPartition]:

@@ -198,6 +198,11 @@ class Names:
         }
 
     @property
+    def allowed(self) -> str:
+        """``--allowed-reply-topics`` for the documented ``my.*`` reply topics."""
+        return re.escape(self.group) + r"\.my\..*"
+
+    @property
     def all(self) -> list[str]:
         return [self.requests, self.replies, self.dlq, self.mine, self.mine_msgpack]
 
@@ -255,6 +260,7 @@ def _serving(tmp_path: Path, bootstrap: str, names: Names, model: Path) -> Itera
     server = ServeProcess.start(
         tmp_path, bootstrap=bootstrap, request_topic=names.requests,
         reply_topic=names.replies, dlq_topic=names.dlq, group_id=names.group, model=str(model),
+        extra=["--allowed-reply-topics", names.allowed],  # the documented my.replies
     )  # fmt: skip
     try:
         server.wait_ready()

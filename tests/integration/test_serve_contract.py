@@ -56,7 +56,8 @@ async def embed_server(
         dlq_topic=topics.dlq,
         group_id=topics.group,
         model=str(tiny_embed_dir),
-        extra=["--max-wait-ms", "5"],
+        # the Spring test's own reply topic (new_topic: test.own-rep.<hex>)
+        extra=["--max-wait-ms", "5", "--allowed-reply-topics", r"test\.own-rep\..*"],
     )
     try:
         server.wait_ready()

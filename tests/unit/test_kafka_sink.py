@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import DeliveryDeniedError
 from consumer.kafka.partitioner import murmur2, partition_by_key
 from consumer.kafka.sink import BATCH_VALUE_LIMIT, DeliveryError, KafkaSink, SinkClosedError
 from schemas.records import OutRecord
@@ -62,11 +63,19 @@ class FakeProducer:
         self.batch_capacity = 100
         self.gate: asyncio.Event | None = None  # send_batch waits for it (a batch in flight)
         self.missing: set[str] = set()  # topics the broker does not list
+        self.denied: set[str] = set()  # of those, the ones it answers unauthorized
         self.metadata_calls = 0
         self.client = SimpleNamespace(
             cluster=SimpleNamespace(partitions_for_topic=self.metadata.get),
             fetch_all_metadata=self.fetch_all_metadata,
+            get_random_node=lambda: 1,
+            send=self.send_request,
         )
+
+    async def send_request(self, node_id: int, request: object) -> SimpleNamespace:
+        """A one-topic metadata request: error 29 (TOPIC_AUTHORIZATION_FAILED) or 3."""
+        (topic,) = request._topics  # type: ignore[attr-defined]
+        return SimpleNamespace(topics=[(29 if topic in self.denied else 3, topic, False, [])])
 
     async def fetch_all_metadata(self) -> SimpleNamespace:
         self.metadata_calls += 1
@@ -197,6 +206,26 @@ async def test_a_topic_the_broker_does_not_have_is_refused_within_the_grace(
     with pytest.raises(DeliveryError):
         await again
     assert producer.metadata_calls == calls  # the verdict is kept: no second question
+
+
+async def test_a_topic_the_acls_hide_is_refused_as_denied_within_the_grace(
+    sink: tuple[KafkaSink, FakeProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker's listing of all topics leaves out those kbatch may not describe; asked for
+    # the one topic it answers TOPIC_AUTHORIZATION_FAILED: reply_topic_not_allowed, not missing.
+    import consumer.kafka.sink as sink_module
+
+    monkeypatch.setattr(sink_module, "MISSING_TOPIC_GRACE_S", 0.05)
+    s, producer = sink
+    producer.missing.add("billing.events")
+    producer.denied.add("billing.events")
+    acks = await s.send([record(b"a", "billing.events"), record(b"b")])
+    with pytest.raises(DeliveryDeniedError, match=r"denies .* billing\.events"):
+        await acks[0]
+    assert producer.sent == [("kbatch.replies", b"b")]  # the other record went on
+    (again,) = await s.send([record(b"c", "billing.events")])
+    with pytest.raises(DeliveryDeniedError):  # the kept verdict keeps its reason
+        await again
 
 
 async def test_failures_after_close_are_sink_closed(sink: tuple[KafkaSink, FakeProducer]) -> None:

@@ -18,6 +18,7 @@ from consumer.replicas import (
     drained_code,
     exit_action,
     replica_instance_id,
+    secret_env,
     settings_file_data,
     threads_per_replica,
 )
@@ -103,25 +104,31 @@ def test_the_drain_deadline_exit_code_is_serves() -> None:
     assert replicas.EXIT_DRAIN_DEADLINE == app.EXIT_DRAIN_DEADLINE
 
 
-def test_replica_settings_file_reproduces_the_settings(tmp_path: Path) -> None:
+def test_replica_settings_file_reproduces_the_settings_but_never_holds_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KBATCH_SASL_PASSWORD", "s3cret")
     settings = load_settings(
         ServeSettings,
         replicas=3,
         max_wait_ms=7.5,
         group_id="g1",
-        sasl_plain_password="s3cret",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="kbatch",
         metrics_port=9999,
         torch_threads=2,
     )
     data = settings_file_data(settings)
     assert PER_REPLICA_FLAGS.isdisjoint(data)
-    assert data["sasl_plain_password"] == "s3cret"  # in clear: the file is private
+    assert "s3cret" not in json.dumps(data)  # a SIGKILLed supervisor leaves the file behind
+    assert secret_env(settings) == {"KBATCH_SASL_PASSWORD": "s3cret"}  # the replicas' env
     path = tmp_path / "settings.yaml"
     path.write_text(json.dumps(data))
     child = load_settings(ServeSettings, path, replicas=1, metrics_port=1234)
     assert child.max_wait_ms == 7.5 and child.group_id == "g1" and child.replicas == 1
-    assert child.sasl_plain_password is not None
-    assert child.sasl_plain_password.get_secret_value() == "s3cret"
+    assert child.sasl_password is not None
+    assert child.sasl_password.get_secret_value() == "s3cret"
     expected = settings.model_dump(exclude=set(PER_REPLICA_FLAGS))
     assert child.model_dump(exclude=set(PER_REPLICA_FLAGS)) == expected
 

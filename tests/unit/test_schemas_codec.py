@@ -592,6 +592,7 @@ def test_error_codes_are_the_contracts() -> None:
         "deadline_exceeded",
         "inference_failed",
         "invalid_option",
+        "reply_topic_not_allowed",
     ]
     assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES  # an error reply, not a dead letter
 

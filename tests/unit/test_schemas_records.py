@@ -348,8 +348,12 @@ def test_dead_letter_of_a_keyless_tombstone_keeps_the_nulls() -> None:
     assert dict(record.headers)[h.ERROR_CODE] == b"invalid_request"
 
 
-def test_dead_letter_codes_are_invalid_request_and_unsupported_version_only() -> None:
-    assert {ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION} == DEAD_LETTER_CODES
+def test_dead_letter_codes_are_the_contracts() -> None:
+    assert {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.REPLY_TOPIC_NOT_ALLOWED,
+    } == DEAD_LETTER_CODES
 
 
 def test_out_record_has_no_instance_dict() -> None:

@@ -41,6 +41,8 @@ GROUPS: list[type[BaseModel]] = [
 RENAMED = {"range_from": "--from", "range_to": "--to"}
 
 BACKFILL = {"source_topic": "in", "output_topic": "out"}
+# Secrets: KBATCH_* or the YAML file only, never a flag.
+SECRETS = {"sasl_password"}
 
 
 def _flags(command: click.Command) -> dict[str, str]:
@@ -67,6 +69,9 @@ def test_every_field_of_a_group_is_a_flag_of_every_command_that_exposes_it(
     for command in _exposing(group):
         flags = _flags(COMMANDS[command][1])
         for name in group.model_fields:
+            if name in SECRETS:
+                assert name not in flags, (command, name)  # argv is readable by local users
+                continue
             expected = RENAMED.get(name, "--" + name.replace("_", "-"))
             assert flags.get(name) == expected, (command, name)
 

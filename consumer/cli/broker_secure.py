@@ -1,0 +1,57 @@
+"""``kbatch broker start --secure`` and ``kbatch broker env``: the secured local broker's commands
+(:mod:`consumer.broker.secure`), kept apart from the plain broker's."""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+
+from consumer.broker.local import BrokerError
+from consumer.broker.secure import SECURE_PORT, USERS, SecureBroker
+
+
+def _port(ctx: click.Context, port: int) -> int:
+    """``--port`` when given (flag or ``KBATCH_BROKER_PORT``), else :data:`SECURE_PORT`."""
+    source = ctx.get_parameter_source("port")
+    return port if source not in (None, click.core.ParameterSource.DEFAULT) else SECURE_PORT
+
+
+def start_secure(ctx: click.Context, port: int, fresh: bool, kafka_version: str) -> None:
+    """Start the secured broker; print its SASL_SSL and mutual-TLS bootstrap addresses.
+
+    Raises:
+        BrokerError: see :meth:`consumer.broker.local.LocalBroker.start`.
+    """
+    broker = SecureBroker(port=_port(ctx, port), kafka_version=kafka_version)
+    click.echo(broker.start(fresh=fresh))
+    click.echo(f"mutual TLS: {broker.mtls_bootstrap}", err=True)
+    click.echo(f'clients: eval "$(kbatch broker env --port {broker.port} --user kbatch)"', err=True)
+
+
+@click.command("env")
+@click.option(
+    "--port",
+    type=int,
+    default=SECURE_PORT,
+    show_default=True,
+    help="The secured broker's port (its SASL_SSL listener).",
+)
+@click.option(
+    "--user",
+    type=click.Choice(USERS),
+    default="kbatch",
+    show_default=True,
+    help="Whose credentials (admin is a super user).",
+)
+@click.option("--mtls", is_flag=True, help="The user's certificate on the mutual-TLS listener.")
+def env(port: int, user: str, mtls: bool) -> None:
+    """Print the `export KBATCH_...` lines a client of the secured broker needs (password
+    included: use `eval "$(kbatch broker env)"`, never a flag)."""
+    try:
+        variables = SecureBroker(port=port).client_env(user, mtls=mtls)
+    except BrokerError as err:
+        click.echo(f"kbatch broker: {err}", err=True)
+        raise SystemExit(2) from None
+    for name, value in variables.items():
+        click.echo(f"export {name}={shlex.quote(value)}")

@@ -1,0 +1,131 @@
+"""The pipeline keeps replies where the operator allows (issue 23): a request naming another
+topic is dead-lettered ``reply_topic_not_allowed`` and nothing is written there; a reply the
+broker's ACLs refuse is dead-lettered with the same code; other replies keep flowing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import msgpack
+
+from consumer.config import ServeSettings
+from consumer.kafka.errors import DeliveryDeniedError
+from consumer.kafka.records import InRecord
+from consumer.metrics import Metrics
+from consumer.pipeline import Pipeline
+from consumer.replies import ReplyBuilder
+from schemas import headers as H
+from schemas.errors import ErrorCode
+from schemas.models import ModelInfo
+from schemas.records import OutRecord
+from tests.fakes import AnsweringEngine, FakeSink, FakeSource
+
+DLQ = "kbatch.requests.dlq"
+
+
+def request(offset: int, key: bytes, reply_topic: str | None) -> InRecord:
+    headers = () if reply_topic is None else ((H.REPLY_TOPIC, reply_topic.encode()),)
+    body = msgpack.packb({"text": f"text {offset}"})
+    return InRecord("kbatch.requests", 0, offset, key, body, headers, 0)
+
+
+class DenyingSink(FakeSink):
+    """Acknowledges every record except those for ``denied``, which fail as the sink fails a
+    ``TOPIC_AUTHORIZATION_FAILED`` produce."""
+
+    def __init__(self, denied: str) -> None:
+        super().__init__(auto_ack=True)
+        self.denied = denied
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        loop = asyncio.get_running_loop()
+        acks: list[asyncio.Future[None]] = []
+        allowed = [r for r in records if r.topic != self.denied]
+        ok = iter(await super().send(allowed))
+        for r in records:
+            if r.topic == self.denied:
+                ack = loop.create_future()
+                ack.set_exception(DeliveryDeniedError("the broker denies writing to it"))
+                acks.append(ack)
+            else:
+                acks.append(next(ok))
+        return acks
+
+
+async def run(settings: ServeSettings, sink: FakeSink, records: list[InRecord]) -> Metrics:
+    return (await run_pipeline(settings, sink, records))[1]
+
+
+async def run_pipeline(
+    settings: ServeSettings, sink: FakeSink, records: list[InRecord]
+) -> tuple[Pipeline, Metrics, FakeSource]:
+    metrics = Metrics()
+    source = FakeSource()
+    pipeline = Pipeline(
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), DLQ),
+        metrics,
+        clock=lambda: 100.0,
+        wall_clock_ms=lambda: 1_000_000,
+    )
+    engine = AnsweringEngine(pipeline)
+    pipeline.bind(source, engine)
+    await pipeline.on_assigned(frozenset({("kbatch.requests", 0)}))
+    await pipeline.take(records)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    await pipeline.commit()
+    return pipeline, metrics, source
+
+
+def dead_letter_codes(sink: FakeSink) -> dict[bytes | None, str]:
+    return {r.key: dict(r.headers)[H.ERROR_CODE].decode() for r in sink.to(DLQ)}
+
+
+async def test_a_topic_outside_the_allow_list_is_dead_lettered_and_never_written() -> None:
+    sink = FakeSink(auto_ack=True)
+    settings = ServeSettings(allowed_reply_topics=r"replies\.app-[0-9]+")
+    records = [
+        request(0, b"foreign", "billing.events"),
+        request(1, b"allowed", "replies.app-7"),
+        request(2, b"requests", "kbatch.requests"),  # never, whatever the pattern
+        request(3, b"default", None),
+    ]
+    metrics = await run(settings, sink, records)
+    assert sink.to("billing.events") == [] and sink.to("kbatch.requests") == []
+    assert dead_letter_codes(sink) == {
+        b"foreign": "reply_topic_not_allowed",
+        b"requests": "reply_topic_not_allowed",
+    }
+    assert [r.key for r in sink.to("replies.app-7")] == [b"allowed"]
+    assert [r.key for r in sink.sent if r.topic is None] == [b"default"]  # the reply topic
+    counted = metrics.dead_letters.labels(ErrorCode.REPLY_TOPIC_NOT_ALLOWED.value)
+    assert counted._value.get() == 2
+
+
+async def test_a_reply_the_acls_refuse_is_dead_lettered_while_others_flow() -> None:
+    sink = DenyingSink("replies.locked")
+    settings = ServeSettings(allowed_reply_topics=r"replies\..*")
+    records = [request(0, b"locked", "replies.locked"), request(1, b"open", "replies.open")]
+    await run(settings, sink, records)
+    assert sink.to("replies.locked") == []
+    assert dead_letter_codes(sink) == {b"locked": "reply_topic_not_allowed"}
+    message = dict(sink.to(DLQ)[0].headers)[H.ERROR_MESSAGE].decode()
+    assert "replies.locked" in message and "denies" in message
+    assert [r.key for r in sink.to("replies.open")] == [b"open"]
+
+
+async def test_a_denied_dead_letter_topic_pauses_intake_and_loses_nothing() -> None:
+    sink = DenyingSink(DLQ)
+    records = [request(0, b"ok-0", None), request(1, b"foreign", "billing.events")]
+    records.append(request(2, b"ok-2", None))
+    pipeline, _, source = await run_pipeline(ServeSettings(), sink, records)
+    assert pipeline.intake_blocked is not None and DLQ in pipeline.intake_blocked
+    assert source.paused == {("kbatch.requests", 0)}  # intake stops
+    pipeline._apply_flow()  # flow control never resumes it
+    assert source.paused == {("kbatch.requests", 0)}
+    assert [r.key for r in sink.sent if r.topic is None] == [b"ok-0", b"ok-2"]
+    # Offset 1 is unfinished: the commit stops below it and it is read again after a restart.
+    assert source.commits[-1] == {("kbatch.requests", 0): 1}
