@@ -513,6 +513,7 @@ async def _kafka_variant(
             "latency_timeouts": summary["timeouts"],
             "latency_send_lag_ms_p99": summary["send_lag_ms"]["p99"],
             "latency_batch_size_mean": summary["batch_size_mean"],
+            "stages_ms": summary["stages_ms"],
             "replicas": replicas,
             **figures,
         }
