@@ -43,8 +43,8 @@ import numpy.typing as npt
 from producer_tools.arrivals import Schedule
 
 __all__ = [
-    "Outcome",
     "STAGES",
+    "Outcome",
     "RunLog",
     "build_report",
     "burst_stats",

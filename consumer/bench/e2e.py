@@ -95,6 +95,8 @@ from consumer.bench.e2e_report import (
     SERVED,
     VARIANTS,
     cpu_device_figures,
+    frontier_points,
+    frontier_row,
     latency_rate,
     prefill_records,
     ratios,
@@ -132,6 +134,12 @@ class E2EBenchOptions:
     latency_s: float = 10.0
     latency_warmup_s: float = 2.0
     load_fraction: float = 0.7
+    latency_fractions: tuple[float, ...] = ()
+    """The frontier: more open-loop phases, each at this fraction of the variant's own drain
+    rate (capped like the main one); :func:`~consumer.bench.e2e_report.frontier_points`."""
+    latency_rates: tuple[float, ...] = ()
+    """The frontier at absolute rates (requests/s) every variant is offered alike (e.g. up to
+    naive's drain rate, to compare at the same load)."""
     max_latency_rate_per_s: float | None = 600.0
     threads: int = 2
     max_wait_ms: float = 10.0
@@ -499,6 +507,11 @@ async def _kafka_variant(
         say(f"{key}: {tput} seq/s, {figures}; latency phase at {rate}/s for {opts.latency_s:g} s")
         summary = await _latency_phase(opts, topics, rate, metrics_url, committed)
         lat = summary["latency_ms"]
+        frontier: list[dict[str, Any]] = []
+        for label, point_rate in frontier_points(tput, opts):
+            say(f"{key}: frontier {label} at {point_rate}/s")
+            point = await _latency_phase(opts, topics, point_rate, metrics_url, committed)
+            frontier.append(frontier_row(label, point_rate, point))
         return {
             "seq_per_s": tput,
             "p50_ms": lat["p50"],
@@ -514,6 +527,7 @@ async def _kafka_variant(
             "latency_send_lag_ms_p99": summary["send_lag_ms"]["p99"],
             "latency_batch_size_mean": summary["batch_size_mean"],
             "stages_ms": summary["stages_ms"],
+            "frontier": frontier,
             "replicas": replicas,
             **figures,
         }
@@ -559,6 +573,21 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         say(f"engine: {tput} seq/s; paced phase at {rate}/s for {opts.latency_s:g} s")
         paced = poisson_arrivals(texts, rate, opts.latency_s, opts.seed + 1)
         row = await strategy.paced(paced)
+        frontier: list[dict[str, Any]] = []
+        for label, point_rate in frontier_points(tput, opts):
+            say(f"engine: frontier {label} at {point_rate}/s")
+            arrivals = poisson_arrivals(texts, point_rate, opts.latency_s, opts.seed + 1)
+            point = await strategy.paced(arrivals)
+            frontier.append(
+                {
+                    "point": label,
+                    "rate_per_s": point_rate,
+                    "p50_ms": point["p50_ms"],
+                    "p99_ms": point["p99_ms"],
+                    "requests": len(arrivals),
+                    "batch_size_mean": point["paced_mean_batch_size"],
+                }
+            )
     finally:
         await strategy.engine.stop()
     return {
@@ -573,6 +602,7 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         "padding_efficiency": row["padding_efficiency"],
         "backlog_mean_batch_size": row["backlog_mean_batch_size"],
         "latency_batch_size_mean": row["paced_mean_batch_size"],
+        "frontier": frontier,
     }
 
 
@@ -643,6 +673,8 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
         "load_fraction": opts.load_fraction,
+        "latency_fractions": list(opts.latency_fractions),
+        "latency_rates": list(opts.latency_rates),
         "max_latency_rate_per_s": opts.max_latency_rate_per_s,
         "latency_s": opts.latency_s,
         "latency_warmup_s": opts.latency_warmup_s,

@@ -67,7 +67,9 @@ def test_tokens_within_a_budget(budget_ms: float, expected: int) -> None:
     assert m.tokens_within(budget_ms) == expected
 
 
-@pytest.mark.parametrize("kw", [{"prior_fixed_ms": -1.0}, {"prior_per_token_us": 0.0}, {"half_life_batches": 0.5}])
+@pytest.mark.parametrize(
+    "kw", [{"prior_fixed_ms": -1.0}, {"prior_per_token_us": 0.0}, {"half_life_batches": 0.5}]
+)
 def test_bad_priors_raise(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         BatchCostModel(**kw)
