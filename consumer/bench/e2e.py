@@ -143,6 +143,8 @@ class E2EBenchOptions:
     max_latency_rate_per_s: float | None = 600.0
     threads: int = 2
     max_wait_ms: float = 10.0
+    target_p99_ms: float | None = None
+    """``--target-p99-ms`` of the kbatch variants and the engine (None: not set)."""
     variants: tuple[str, ...] = VARIANTS
     seed: int = 0
     backend: str = "torch"
@@ -276,6 +278,7 @@ def _serve_process(
         "--metrics-port", str(port),
         "--replicas", str(replicas),
         *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
+        *(("--target-p99-ms", str(opts.target_p99_ms)) if opts.target_p99_ms else ()),
         *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -563,6 +566,8 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         model_dir=opts.model_dir, texts=texts, n=len(texts), max_wait_ms=opts.max_wait_ms
     )
     config = _configs(eopts, runner.max_length, cuda)["bucketed"]
+    if opts.target_p99_ms is not None:
+        config = config.model_copy(update={"target_p99_ms": opts.target_p99_ms})
     strategy = _Strategy(runner, tokenizer, config, "all" if cuda else "largest")
     await strategy.engine.start()
     try:
@@ -672,6 +677,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "torch_threads": opts.threads,
         "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
+        "target_p99_ms": opts.target_p99_ms,
         "load_fraction": opts.load_fraction,
         "latency_fractions": list(opts.latency_fractions),
         "latency_rates": list(opts.latency_rates),

@@ -435,6 +435,12 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     show_default=True,
     help="Bucket wait of kbatch, passthrough and engine.",
 )
+@click.option(
+    "--target-p99-ms",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="--target-p99-ms of the kbatch variants and the engine (default: none).",
+)
 @backend_option
 @click.option(
     "--variants",
@@ -481,6 +487,7 @@ def e2e(
     max_latency_rate: float,
     threads: int,
     max_wait_ms: float,
+    target_p99_ms: float | None,
     backend: str,
     variants: list[str],
     replicas: list[int],
@@ -553,6 +560,7 @@ def e2e(
         max_latency_rate_per_s=max_latency_rate,
         threads=threads,
         max_wait_ms=max_wait_ms,
+        target_p99_ms=target_p99_ms,
         backend=backend,
         variants=tuple(variants),
         seed=seed,
