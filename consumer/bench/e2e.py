@@ -68,6 +68,12 @@ what is measured), ``latency_s`` seconds after ``latency_warmup_s`` of warm-up. 
 variants this is :func:`producer_tools.load.run_load` against the same process and topics:
 latency = reply received − the request's *scheduled* send time. For ``engine``: answer −
 arrival in the engine (``kbatch bench engine``'s paced phase), so no Kafka hop is included.
+
+**Frontier** (``latency_fractions``, ``latency_rates``): after the main latency phase, one more
+open-loop phase per fraction of the variant's own drain rate and per absolute rate, against the
+same process (``frontier`` in its row: p50/p99, batch size, per-stage times); the engine runs
+its paced phase at the same points. **Stages** (``stages_ms`` of each Kafka row and point):
+where a request's time went, :func:`producer_tools.report.stage_times_ms`.
 """
 
 from __future__ import annotations

@@ -334,6 +334,7 @@ def plot_frontier(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
+    drains: list[tuple[float, str]] = []
     for i, (variant, row) in enumerate(rows.items()):
         points = [
             (float(p["rate_per_s"]), p["p50_ms"], p["p99_ms"])
@@ -348,7 +349,12 @@ def plot_frontier(
         ax.plot(xs, [p[2] for p in points], "o-", color=colour, label=f"{variant} p99")
         ax.plot(xs, [p[1] for p in points], "s--", color=colour, alpha=0.6, label=f"{variant} p50")
         if row.get("seq_per_s"):
-            ax.axvline(float(row["seq_per_s"]), color=colour, alpha=0.25, linewidth=1)
+            drains.append((float(row["seq_per_s"]), colour))
+    right = ax.get_xlim()[1]
+    for rate, colour in drains:  # only those inside the measured range
+        if rate <= right:
+            ax.axvline(rate, color=colour, alpha=0.25, linewidth=1)
+    ax.set_xlim(0, right)
     ax.set_yscale("log")
     ax.set_xlabel("offered rate (requests/s, open loop); faint line: the variant's drain rate")
     ax.set_ylabel("latency (ms)")
