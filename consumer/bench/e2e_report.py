@@ -359,8 +359,8 @@ def plot_frontier(
     ax.set_xlabel("offered rate (requests/s, open loop); faint line: the variant's drain rate")
     ax.set_ylabel("latency (ms)")
     model = Path(str(report.get("setup", {}).get("model", "")))
-    name = model.parent.name if model.name == "model" else model.name  # packaged: its package
-    ax.set_title(f"Latency vs offered load ({name})")
+    label = model.parent.name if model.name == "model" else model.name  # packaged: its package
+    ax.set_title(f"Latency vs offered load ({label})")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
