@@ -175,6 +175,9 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--model", "sim:1"], "FIXED_MS,US_PER_TOKEN"),
         (["--replicas", "0,2"], "replica counts"),
         (["--model", "/no/such/dir"], "not a directory"),
+        (["--latency-fractions", "0.3,1.5"], "fractions in (0, 1]"),
+        (["--latency-rates", "10,0"], "rates > 0"),
+        (["--target-p99-ms", "0"], "--target-p99-ms"),
     ],
 )
 def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
