@@ -165,6 +165,8 @@ class _Runner:
         self.log = RunLog.empty(schedule.times_s)
         self.run_id = uuid.uuid4().hex[:8]
         self.t0 = 0.0
+        # time.time() − time.monotonic(): reply timestamps (wall ms) into the run's frame.
+        self.wall_minus_mono_s = time.time() - time.monotonic()
         self.sent = 0
         self.done = 0
         self.first_error: str | None = None
@@ -197,6 +199,7 @@ class _Runner:
         else:
             reply = env.reply
             log.received_s[i] = env.received_s - self.t0
+            log.reply_ts_s[i] = env.record.timestamp_ms / 1000.0 - self.wall_minus_mono_s - self.t0
             log.outcome[i] = {
                 "ok": Outcome.OK,
                 "error": Outcome.ERROR,
@@ -241,6 +244,7 @@ class _Runner:
                     raise LoadError(f"the probe request got no reply: {exc}") from exc
             with self._progress() as tick:
                 self.t0 = time.monotonic() + 0.05
+                self.wall_minus_mono_s = time.time() - time.monotonic()
                 sampler = asyncio.create_task(self.sample_tokens()) if opts.metrics_url else None
                 ticker = asyncio.create_task(self._tick(tick))
                 tasks: list[asyncio.Task[None]] = []

@@ -17,6 +17,15 @@ followed. Definitions used throughout:
   distinct batch (replies sharing ``batch_size``, ``padded_len`` and ``infer_ms``).
 - **padding efficiency**: real / padded tokens from the server's ``kbatch_tokens_*_total``
   counters when a metrics URL was given (the reply carries no real-token count).
+- **stages** (``stages_ms``, ok replies with timing): where one request's time went, from the
+  client's clocks, the reply record's timestamp and the reply's ``timing`` (no extra wire
+  field): ``send_lag`` (scheduled → sent by the generator), ``intake`` (sent → the server took
+  it: client producer, broker, fetch, poll, decode; = reply handed − sent − forward −
+  ``queue``, so it also holds the few µs from forward end to the reply's hand-off),
+  ``queue`` (``timing.queue_ms``: taken → its batch's forward starts: tokenize, bucket wait,
+  device busy), ``forward`` (``timing.infer_ms``), ``reply`` (reply handed to the server's
+  producer → read by the client: linger, broker ack, fetch, decode). Server and client share
+  the machine's wall clock; the reply timestamp has 1 ms resolution.
 - **knee** (step sweeps): the last step whose reply throughput still kept up with its offered
   rate (≥ ``keep_up_ratio``, default 0.9); beyond it throughput stops growing and p99 climbs.
 """
@@ -24,7 +33,7 @@ followed. Definitions used throughout:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
@@ -34,6 +43,7 @@ import numpy.typing as npt
 from producer_tools.arrivals import Schedule
 
 __all__ = [
+    "STAGES",
     "Outcome",
     "RunLog",
     "build_report",
@@ -43,6 +53,8 @@ __all__ = [
     "latency_summary",
     "print_report",
     "report_console",
+    "stage_summary",
+    "stage_times_ms",
 ]
 
 Interval = tuple[float, float]
@@ -65,7 +77,9 @@ class RunLog:
 
     ``intended_s``/``sent_s``/``received_s``: seconds from the run start (``nan`` when it did
     not happen); ``queue_ms``/``infer_ms``: the reply's timing (``nan`` without one);
-    ``batch_size``/``padded_len``: 0 without timing.
+    ``batch_size``/``padded_len``: 0 without timing. ``reply_ts_s``: the reply record's Kafka
+    timestamp (the server's producer clock when it took the reply: "handed to the producer"),
+    in the same seconds-from-start frame (``nan`` without a reply; 1 ms resolution).
     """
 
     intended_s: npt.NDArray[np.float64]
@@ -77,6 +91,11 @@ class RunLog:
     queue_ms: npt.NDArray[np.float64]
     infer_ms: npt.NDArray[np.float64]
     dedup: npt.NDArray[np.bool_]
+    reply_ts_s: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        if self.reply_ts_s.size != self.intended_s.size:
+            self.reply_ts_s = np.full(self.intended_s.size, np.nan)
 
     @classmethod
     def empty(cls, intended_s: npt.NDArray[np.float64]) -> RunLog:
@@ -208,7 +227,33 @@ def window_stats(
         "padding_efficiency": (
             _r(tokens[0] / tokens[1], 4) if tokens is not None and tokens[1] > 0 else None
         ),
+        "stages_ms": stage_summary(log, timed),
     }
+    return out
+
+
+STAGES: tuple[str, ...] = ("send_lag", "intake", "queue", "forward", "reply")
+"""The stages of one request, in order (module docstring, **stages**)."""
+
+
+def stage_times_ms(log: RunLog) -> dict[str, npt.NDArray[np.float64]]:
+    """Each stage's milliseconds per request (:data:`STAGES`; ``nan`` where unknown)."""
+    handed = log.reply_ts_s
+    return {
+        "send_lag": (log.sent_s - log.intended_s) * 1000.0,
+        "intake": (handed - log.sent_s) * 1000.0 - log.queue_ms - log.infer_ms,
+        "queue": log.queue_ms,
+        "forward": log.infer_ms,
+        "reply": (log.received_s - handed) * 1000.0,
+    }
+
+
+def stage_summary(log: RunLog, rows: npt.NDArray[np.bool_]) -> dict[str, dict[str, float | None]]:
+    """``{stage: {"p50", "p99", "mean"}}`` in ms over ``rows`` (:func:`stage_times_ms`)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, values in stage_times_ms(log).items():
+        s = latency_summary(values[rows])
+        out[name] = {"p50": s["p50"], "p99": s["p99"], "mean": s["mean"]}
     return out
 
 

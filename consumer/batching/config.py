@@ -76,6 +76,16 @@ class BatchPolicyConfig(BaseModel):
         "under-filled buckets into its batch while the padding this adds is smaller than "
         "the batch it saves. 0 = buckets never mix.",
     )
+    target_p99_ms: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=600_000.0,
+        description="Latency target of the device path (queue + forward), ms: once the batch "
+        "cost model has measured the device, a batch holds at most the padded tokens that "
+        "finish within half of it (an item may wait for one running batch, then ride the "
+        "next). Trades throughput for tail latency; never below one item of the model's "
+        "maximum length. None = batches as large as the other limits allow.",
+    )
     rate_window_ms: float = Field(
         default=250.0,
         gt=0.0,

@@ -365,6 +365,8 @@ class Engine:
             if len(runs) != len(batch.items):
                 raise RuntimeError(f"runner returned {len(runs)} runs for {len(batch.items)}")
             outcomes = [_ok_or_error(t, r, start) for t, r in zip(batch.items, runs, strict=True)]
+            if runs and runs[0].batch_size == len(batch.items):  # not split: one timing
+                self._batcher.observe_batch(batch.padded_tokens, runs[0].infer_ms)
         except Exception as exc:  # never lose an item, never stop the engine
             log.exception("batch of %d failed outside the runner", len(batch.items))
             msg = f"batch failed: {type(exc).__name__}"

@@ -29,6 +29,17 @@ Rules (issue 4 and the field report in ``/work/shared/seed``):
    other batch at most while other partitions have due work, instead of holding them until it
    has drained (arrival order across partitions did that: ~7 s of held commits in issue 12).
 
+8. The measured batch cost (:class:`~consumer.batching.cost.BatchCostModel`, fitted from the
+   runner's timings the engine passes to :meth:`BucketBatcher.observe_batch`) takes over once
+   :data:`MIN_FIT_BATCHES` batches have run: rule 3's adaptive wait also ends when the batch
+   cannot fill within one batch's fixed cost (waiting longer costs every queued item more than
+   a second batch would: the device runs what is there as soon as it is idle); and with
+   ``target_p99_ms`` a batch holds at most the padded tokens that finish within half the
+   target (an item may wait out one running batch, then ride the next: Triton's queue delay,
+   TEI's token budget, set from the device's measured speed). Rule 5 counts
+   :data:`MERGE_SHARE` of the fitted fixed cost when that exceeds ``batch_overhead_tokens``
+   (a launch-bound device — a GPU, ``sim:`` — merges whole buckets; a CPU keeps ~32 tokens).
+
 Sorting inside a bucket is deliberately not done: with edges ~10 % apart, a batch padded to its
 longest item already wastes < 5 % (measured 0.96–0.97 on the VADER mix), and FIFO order keeps
 every item's wait bounded by the deadline rule.
@@ -45,9 +56,27 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.cost import BatchCostModel
 from consumer.batching.types import Batch, TokenizedItem
 
-__all__ = ["BucketBatcher", "Ready"]
+__all__ = ["MERGE_SHARE", "MIN_FIT_BATCHES", "BucketBatcher", "Ready"]
+
+MIN_FIT_BATCHES = 8
+"""Batches observed before the cost model's fit replaces the configured guesses (rule 8)."""
+
+MERGE_SHARE = 0.25
+"""The share of the measured fixed cost that rule 5 counts as saved by a merge (rule 8).
+
+The whole fixed cost overstates it under load: an item left in its bucket joins the next batch
+of its length rather than running alone. Chosen on a fake-clock simulation of Poisson arrivals
+(lognormal lengths, median 27 tokens; ``tests/unit/test_batching_cost.py``): CPU-like device
+(17 ms + 118 µs/token, fitted overhead 144 tokens) at 0.7 × capacity, p50/p99 204/607 ms
+merging at 32 tokens, 366/979 at 144; simulated H200 (1 ms + 0.445 µs/token, 2247 tokens) at
+20,000/s, 14.7/29.5 ms at 32, 7.5/14.2 at 2000, 4.1/7.7 at 500."""
+
+PRIOR_PER_TOKEN_US = 120.0
+"""The cost model's prior per padded token (CPU MiniLM; only the ratio to the fixed cost,
+``batch_overhead_tokens``, matters before the fit, and nothing reads it after)."""
 
 
 @dataclass(slots=True)
@@ -194,6 +223,12 @@ class BucketBatcher:
         # Rule 7: the turn (a batch counter) at which each group was last in a batch.
         self._turn = 0
         self._served: dict[Hashable | None, int] = {}
+        # Rule 8: the device's measured cost, and the padded-token budget it implies.
+        self.cost = BatchCostModel(
+            prior_fixed_ms=config.batch_overhead_tokens * PRIOR_PER_TOKEN_US / 1000.0,
+            prior_per_token_us=PRIOR_PER_TOKEN_US,
+        )
+        self._budget_tokens = config.max_batch_tokens
 
     # -- introspection -------------------------------------------------------------------
 
@@ -216,9 +251,30 @@ class BucketBatcher:
             raise ValueError(f"n_tokens={n_tokens} outside [1, max_length={self.max_length}]")
         return bisect.bisect_left(self.edges, n_tokens)
 
+    @property
+    def budget_tokens(self) -> int:
+        """Padded tokens a batch may hold now: ``max_batch_tokens``, lowered by
+        ``target_p99_ms`` once the device is measured (rule 8), never below one item of
+        ``max_length``."""
+        return self._budget_tokens
+
+    @property
+    def measured(self) -> bool:
+        """True once the cost model has seen :data:`MIN_FIT_BATCHES` batches (rule 8)."""
+        return self.cost.batches >= MIN_FIT_BATCHES
+
     def batch_capacity(self, padded_len: int) -> int:
         """Items a batch padded to ``padded_len`` tokens may hold under both limits."""
-        return max(1, min(self.config.max_batch_size, self.config.max_batch_tokens // padded_len))
+        return max(1, min(self.config.max_batch_size, self._budget_tokens // padded_len))
+
+    def observe_batch(self, padded_tokens: int, batch_ms: float) -> None:
+        """The runner computed a batch of ``padded_tokens`` (size × padded length) in
+        ``batch_ms`` milliseconds: refit the cost model and the token budget (rule 8)."""
+        self.cost.observe(padded_tokens, batch_ms)
+        target = self.config.target_p99_ms
+        if target is not None and self.measured:
+            fit = self.cost.tokens_within(target / 2.0)
+            self._budget_tokens = min(self.config.max_batch_tokens, max(self.max_length, fit))
 
     def worst_case_shapes(self) -> list[tuple[int, int]]:
         """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""
@@ -352,7 +408,7 @@ class BucketBatcher:
 
     def _is_full(self, b: _Bucket) -> bool:
         n = len(b.items)
-        return n >= self.config.max_batch_size or n * b.max_tokens >= self.config.max_batch_tokens
+        return n >= self.config.max_batch_size or n * b.max_tokens >= self._budget_tokens
 
     def _recompute_due_static(self, b: _Bucket) -> float:
         """The due time without the adaptive rule (used where no ``now`` is at hand)."""
@@ -372,6 +428,8 @@ class BucketBatcher:
             fill_s = need / rate if rate > 0.0 else math.inf
             if now + fill_s > due:
                 due = now  # cannot fill in time: do not wait for nothing
+            elif self.measured and fill_s > self.cost.fixed_ms / 1000.0:
+                due = now  # rule 8: a second batch costs less than waiting to fill this one
         self._due[b.index] = due
 
     def _form(self, b: _Bucket, now: float, *, deadline_flush: bool) -> Batch:
@@ -386,7 +444,7 @@ class BucketBatcher:
         seed = self._head_that_fits(b, n_taken=0, padded=0)
         plan: list[tuple[_Bucket, list[TokenizedItem]]] = [(b, seed)]
         n_taken, padded = len(seed), max(t.n_tokens for t in seed)
-        if deadline_flush and cfg.batch_overhead_tokens > 0:
+        if deadline_flush and self._overhead_tokens() > 0:
             used = {b.index}
             while True:
                 best: tuple[int, _Bucket, list[TokenizedItem]] | None = None
@@ -427,7 +485,7 @@ class BucketBatcher:
         n = n_taken
         for t in b.items:
             new_padded = max(padded, t.n_tokens)
-            if n >= cfg.max_batch_size or (n and new_padded * (n + 1) > cfg.max_batch_tokens):
+            if n >= cfg.max_batch_size or (n and new_padded * (n + 1) > self._budget_tokens):
                 break
             head.append(t)
             n += 1
@@ -456,8 +514,17 @@ class BucketBatcher:
         m = len(head)
         p_head = max(t.n_tokens for t in head)
         merged = (n + m) * max(padded, p_head)
-        separate = n * padded + m * p_head + self.config.batch_overhead_tokens
+        separate = n * padded + m * p_head + self._overhead_tokens()
         return separate - merged
+
+    def _overhead_tokens(self) -> int:
+        """Rule 5's fixed cost of a batch in padded tokens: ``batch_overhead_tokens``, or once
+        measured (rule 8) :data:`MERGE_SHARE` of the fitted one when that is larger; 0 when
+        ``batch_overhead_tokens`` is 0 (buckets never mix)."""
+        configured = self.config.batch_overhead_tokens
+        if configured == 0 or not self.measured:
+            return configured
+        return max(configured, round(MERGE_SHARE * self.cost.overhead_tokens))
 
     def _expire(self, now: float) -> list[TokenizedItem]:
         def overdue(t: TokenizedItem) -> bool:

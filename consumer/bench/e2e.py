@@ -68,6 +68,12 @@ what is measured), ``latency_s`` seconds after ``latency_warmup_s`` of warm-up. 
 variants this is :func:`producer_tools.load.run_load` against the same process and topics:
 latency = reply received − the request's *scheduled* send time. For ``engine``: answer −
 arrival in the engine (``kbatch bench engine``'s paced phase), so no Kafka hop is included.
+
+**Frontier** (``latency_fractions``, ``latency_rates``): after the main latency phase, one more
+open-loop phase per fraction of the variant's own drain rate and per absolute rate, against the
+same process (``frontier`` in its row: p50/p99, batch size, per-stage times); the engine runs
+its paced phase at the same points. **Stages** (``stages_ms`` of each Kafka row and point):
+where a request's time went, :func:`producer_tools.report.stage_times_ms`.
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ from consumer.bench.e2e_report import (
     SERVED,
     VARIANTS,
     cpu_device_figures,
+    frontier_points,
+    frontier_row,
     latency_rate,
     prefill_records,
     ratios,
@@ -132,9 +140,17 @@ class E2EBenchOptions:
     latency_s: float = 10.0
     latency_warmup_s: float = 2.0
     load_fraction: float = 0.7
+    latency_fractions: tuple[float, ...] = ()
+    """The frontier: more open-loop phases, each at this fraction of the variant's own drain
+    rate (capped like the main one); :func:`~consumer.bench.e2e_report.frontier_points`."""
+    latency_rates: tuple[float, ...] = ()
+    """The frontier at absolute rates (requests/s) every variant is offered alike (e.g. up to
+    naive's drain rate, to compare at the same load)."""
     max_latency_rate_per_s: float | None = 600.0
     threads: int = 2
     max_wait_ms: float = 10.0
+    target_p99_ms: float | None = None
+    """``--target-p99-ms`` of the kbatch variants and the engine (None: not set)."""
     variants: tuple[str, ...] = VARIANTS
     seed: int = 0
     backend: str = "torch"
@@ -268,6 +284,7 @@ def _serve_process(
         "--metrics-port", str(port),
         "--replicas", str(replicas),
         *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
+        *(("--target-p99-ms", str(opts.target_p99_ms)) if opts.target_p99_ms else ()),
         *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -499,6 +516,11 @@ async def _kafka_variant(
         say(f"{key}: {tput} seq/s, {figures}; latency phase at {rate}/s for {opts.latency_s:g} s")
         summary = await _latency_phase(opts, topics, rate, metrics_url, committed)
         lat = summary["latency_ms"]
+        frontier: list[dict[str, Any]] = []
+        for label, point_rate in frontier_points(tput, opts):
+            say(f"{key}: frontier {label} at {point_rate}/s")
+            point = await _latency_phase(opts, topics, point_rate, metrics_url, committed)
+            frontier.append(frontier_row(label, point_rate, point))
         return {
             "seq_per_s": tput,
             "p50_ms": lat["p50"],
@@ -513,6 +535,8 @@ async def _kafka_variant(
             "latency_timeouts": summary["timeouts"],
             "latency_send_lag_ms_p99": summary["send_lag_ms"]["p99"],
             "latency_batch_size_mean": summary["batch_size_mean"],
+            "stages_ms": summary["stages_ms"],
+            "frontier": frontier,
             "replicas": replicas,
             **figures,
         }
@@ -548,6 +572,8 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         model_dir=opts.model_dir, texts=texts, n=len(texts), max_wait_ms=opts.max_wait_ms
     )
     config = _configs(eopts, runner.max_length, cuda)["bucketed"]
+    if opts.target_p99_ms is not None:
+        config = config.model_copy(update={"target_p99_ms": opts.target_p99_ms})
     strategy = _Strategy(runner, tokenizer, config, "all" if cuda else "largest")
     await strategy.engine.start()
     try:
@@ -558,6 +584,21 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         say(f"engine: {tput} seq/s; paced phase at {rate}/s for {opts.latency_s:g} s")
         paced = poisson_arrivals(texts, rate, opts.latency_s, opts.seed + 1)
         row = await strategy.paced(paced)
+        frontier: list[dict[str, Any]] = []
+        for label, point_rate in frontier_points(tput, opts):
+            say(f"engine: frontier {label} at {point_rate}/s")
+            arrivals = poisson_arrivals(texts, point_rate, opts.latency_s, opts.seed + 1)
+            point = await strategy.paced(arrivals)
+            frontier.append(
+                {
+                    "point": label,
+                    "rate_per_s": point_rate,
+                    "p50_ms": point["p50_ms"],
+                    "p99_ms": point["p99_ms"],
+                    "requests": len(arrivals),
+                    "batch_size_mean": point["paced_mean_batch_size"],
+                }
+            )
     finally:
         await strategy.engine.stop()
     return {
@@ -572,6 +613,7 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         "padding_efficiency": row["padding_efficiency"],
         "backlog_mean_batch_size": row["backlog_mean_batch_size"],
         "latency_batch_size_mean": row["paced_mean_batch_size"],
+        "frontier": frontier,
     }
 
 
@@ -641,7 +683,10 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "torch_threads": opts.threads,
         "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
+        "target_p99_ms": opts.target_p99_ms,
         "load_fraction": opts.load_fraction,
+        "latency_fractions": list(opts.latency_fractions),
+        "latency_rates": list(opts.latency_rates),
         "max_latency_rate_per_s": opts.max_latency_rate_per_s,
         "latency_s": opts.latency_s,
         "latency_warmup_s": opts.latency_warmup_s,

@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from schemas import headers as H
 from schemas.codec import Encoding, encode_request
@@ -38,8 +38,11 @@ __all__ = [
     "RATIOS",
     "VARIANTS",
     "cpu_device_figures",
+    "frontier_points",
+    "frontier_row",
     "latency_rate",
     "plot_e2e",
+    "plot_frontier",
     "prefill_records",
     "print_e2e_table",
     "ratios",
@@ -104,6 +107,45 @@ def latency_rate(seq_per_s: float, fraction: float, cap_per_s: float | None) -> 
     if cap_per_s is not None:
         rate = min(rate, cap_per_s)
     return round(max(rate, 0.5), 1)
+
+
+class _FrontierOptions(Protocol):
+    @property
+    def latency_fractions(self) -> tuple[float, ...]: ...
+    @property
+    def latency_rates(self) -> tuple[float, ...]: ...
+    @property
+    def max_latency_rate_per_s(self) -> float | None: ...
+
+
+def frontier_points(seq_per_s: float, opts: _FrontierOptions) -> list[tuple[str, float]]:
+    """The extra open-loop phases of one variant: ``(label, rate_per_s)``, each fraction of
+    its own drain rate ``seq_per_s`` (label ``"0.7x"``, capped as :func:`latency_rate`), then
+    each absolute rate (label ``"85/s"``, uncapped: the caller chose it), in the order given.
+    """
+    points = [
+        (f"{f:g}x", latency_rate(seq_per_s, f, opts.max_latency_rate_per_s))
+        for f in opts.latency_fractions
+    ]
+    points += [(f"{r:g}/s", round(r, 1)) for r in opts.latency_rates]
+    return points
+
+
+def frontier_row(label: str, rate_per_s: float, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """One frontier point of a Kafka variant from its load summary
+    (:func:`producer_tools.report.window_stats`)."""
+    lat = summary["latency_ms"]
+    return {
+        "point": label,
+        "rate_per_s": rate_per_s,
+        "p50_ms": lat["p50"],
+        "p99_ms": lat["p99"],
+        "requests": summary["scheduled"],
+        "timeouts": summary["timeouts"],
+        "send_lag_ms_p99": summary["send_lag_ms"]["p99"],
+        "batch_size_mean": summary["batch_size_mean"],
+        "stages_ms": summary.get("stages_ms"),
+    }
 
 
 def ratios(report: Mapping[str, Any]) -> dict[str, float | None]:
@@ -217,6 +259,18 @@ def print_e2e_table(report: Mapping[str, Any], console: Any) -> None:
         if isinstance(row, Mapping) and row.get("cpu_us_per_record") is not None:
             figures = {k: row.get(k) for k in _CPU_DEVICE_KEYS if row.get(k) is not None}
             console.print(f"{name}: {figures}")
+    for name, row in report.items():
+        if isinstance(row, Mapping) and row.get("stages_ms"):
+            stages = ", ".join(
+                f"{stage} {v['p50']}/{v['p99']}" for stage, v in row["stages_ms"].items()
+            )
+            console.print(f"{name} stages p50/p99 ms: {stages}")
+        for point in row.get("frontier") or () if isinstance(row, Mapping) else ():
+            console.print(
+                f"{name} frontier {point['point']} @ {point['rate_per_s']}/s: "
+                f"p50 {point['p50_ms']} p99 {point['p99_ms']} ms, "
+                f"batch {_cell(point.get('batch_size_mean'))}"
+            )
     for key, value in report.items():
         if key.startswith("ratio_"):
             console.print(f"{key}: {_cell(value)}")
@@ -257,6 +311,58 @@ def plot_e2e(report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e.pn
     for ax in (ax_t, ax_l):
         ax.tick_params(axis="x", labelrotation=15)
         ax.grid(axis="y", alpha=0.3, which="both")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_frontier(
+    report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e_frontier.png"
+) -> Path | None:
+    """The latency-throughput frontier: p50 (dashed) and p99 (solid) latency against the
+    offered rate, one colour per variant, from each variant's ``frontier`` points (and its
+    main latency phase); log latency axis. None when no variant has frontier points."""
+    rows = {k: v for k, v in report.items() if isinstance(v, Mapping) and v.get("frontier")}
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    drains: list[tuple[float, str]] = []
+    for i, (variant, row) in enumerate(rows.items()):
+        points = [
+            (float(p["rate_per_s"]), p["p50_ms"], p["p99_ms"])
+            for p in row["frontier"]
+            if p.get("p99_ms") is not None
+        ]
+        if row.get("p99_ms") is not None and row.get("latency_rate_per_s") is not None:
+            points.append((float(row["latency_rate_per_s"]), row["p50_ms"], row["p99_ms"]))
+        points.sort()
+        xs = [p[0] for p in points]
+        colour = f"C{i}"
+        ax.plot(xs, [p[2] for p in points], "o-", color=colour, label=f"{variant} p99")
+        ax.plot(xs, [p[1] for p in points], "s--", color=colour, alpha=0.6, label=f"{variant} p50")
+        if row.get("seq_per_s"):
+            drains.append((float(row["seq_per_s"]), colour))
+    right = ax.get_xlim()[1]
+    for rate, colour in drains:  # only those inside the measured range
+        if rate <= right:
+            ax.axvline(rate, color=colour, alpha=0.25, linewidth=1)
+    ax.set_xlim(0, right)
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (requests/s, open loop); faint line: the variant's drain rate")
+    ax.set_ylabel("latency (ms)")
+    model = Path(str(report.get("setup", {}).get("model", "")))
+    label = model.parent.name if model.name == "model" else model.name  # packaged: its package
+    ax.set_title(f"Latency vs offered load ({label})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -45,8 +46,23 @@ when torch loads, so it is set here, before anything imports torch. ONNX Runtime
 from its session options (``session.intra_op.allow_spinning=0``)."""
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's switch interval for every kbatch process (CPython's default: 5 ms).
+
+The model thread gives up the GIL around every torch op (≈ 750 C calls in one MiniLM batch of
+20) and must take it back to launch the next; while the event loop runs Python (decode, reply
+encoding, aiokafka), that wait lasts until the loop blocks or the switch interval forces a
+hand-over: up to 5 ms per op. A busy loop then stretches each batch, batches grow, and latency
+with them (issue 22: 2.6× larger batches and ~5× the engine's latency through Kafka; ONNX
+Runtime, one C call per batch, had a quarter of torch's latency at the same drain rate).
+Measured on the 2-core machine (contended, 40 interleaved runs, MiniLM batch of 8, a thread
+running Python 2 ms of every 4): forward p25 47 ms alone, 120 ms at 5 ms, 87 ms at 0.5 ms
+(BENCHMARKS.md §Latency under load)."""
+
+
 def main() -> None:
     """Entry point of the ``kbatch`` console script."""
     for name, value in THREAD_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     cli()

@@ -373,6 +373,20 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     help="Latency phase rate as a fraction of the variant's measured throughput.",
 )
 @click.option(
+    "--latency-fractions",
+    type=CommaList(float),
+    default="",
+    help="The latency-throughput frontier: one more open-loop phase per fraction of each "
+    "variant's drain rate, e.g. 0.3,0.5,0.7,0.9 (plotted to bench_e2e_frontier.png).",
+)
+@click.option(
+    "--latency-rates",
+    type=CommaList(float),
+    default="",
+    help="Frontier phases at these absolute rates (req/s), the same for every variant, e.g. "
+    "up to naive's drain rate.",
+)
+@click.option(
     "--max-latency-rate",
     type=click.FloatRange(min=0.0, min_open=True),
     default=600.0,
@@ -381,6 +395,7 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 )
 @_threads_option(2)
 @group_option(BatchPolicyConfig, "max_wait_ms", note="Of kbatch, passthrough and engine.")
+@group_option(BatchPolicyConfig, "target_p99_ms", note="Of the kbatch variants and the engine.")
 @backend_option
 @click.option(
     "--variants",
@@ -422,9 +437,12 @@ def e2e(
     latency_s: float,
     latency_warmup_s: float,
     load_fraction: float,
+    latency_fractions: list[float],
+    latency_rates: list[float],
     max_latency_rate: float,
     torch_threads: int,
     max_wait_ms: float,
+    target_p99_ms: float | None,
     backend: str,
     variants: list[str],
     replicas: list[int],
@@ -445,13 +463,17 @@ def e2e(
     import json
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
-    from consumer.bench.e2e_report import plot_e2e, print_e2e_table
+    from consumer.bench.e2e_report import plot_e2e, plot_frontier, print_e2e_table
     from consumer.model.sim_backend import parse_sim
     from producer_tools import corpus
 
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
         raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
+    if any(not 0 < f <= 1 for f in latency_fractions):
+        raise click.BadParameter("fractions in (0, 1]", param_hint="--latency-fractions")
+    if any(not r > 0 for r in latency_rates):
+        raise click.BadParameter("rates > 0", param_hint="--latency-rates")
     if not replicas or min(replicas) < 1:
         raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
     try:
@@ -488,9 +510,12 @@ def e2e(
         latency_s=latency_s,
         latency_warmup_s=latency_warmup_s,
         load_fraction=load_fraction,
+        latency_fractions=tuple(latency_fractions),
+        latency_rates=tuple(latency_rates),
         max_latency_rate_per_s=max_latency_rate,
         threads=torch_threads,
         max_wait_ms=max_wait_ms,
+        target_p99_ms=target_p99_ms,
         backend=backend,
         variants=tuple(variants),
         seed=seed,
@@ -510,6 +535,9 @@ def e2e(
         raise click.ClickException(str(err)) from err
     if not no_plots:
         report["plots"] = [str(plot_e2e(report, plots_dir))]
+        frontier_png = plot_frontier(report, plots_dir)
+        if frontier_png is not None:
+            report["plots"].append(str(frontier_png))
     if as_json:
         click.echo(json.dumps(report))
         return

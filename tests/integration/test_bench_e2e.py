@@ -68,9 +68,12 @@ def test_bench_e2e_simulated_device_with_replicas_reports_device_and_cpu_figures
         "--n", "200",
         "--latency-s", "0.5",
         "--latency-warmup-s", "0.2",
+        "--latency-fractions", "0.3",
+        "--latency-rates", "20",
+        "--target-p99-ms", "500",
         "--bootstrap", kafka_bootstrap,
         "--log-dir", str(tmp_path / "logs"),
-        "--no-plots",
+        "--plots-dir", str(tmp_path / "plots"),
         "--json",
     ]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=400, check=False)
@@ -96,3 +99,17 @@ def test_bench_e2e_simulated_device_with_replicas_reports_device_and_cpu_figures
         )
     assert report["passthrough"]["device_busy_fraction"] is None  # noop: no device
     assert report["ratio_kbatch_x2_vs_x1"] > 0 and report["ratio_passthrough_x2_vs_x1"] > 0
+    # The frontier: one point per fraction and per absolute rate, each with its stages.
+    assert report["setup"]["target_p99_ms"] == 500.0
+    points = report["kbatch"]["frontier"]
+    assert [p["point"] for p in points] == ["0.3x", "20/s"]
+    assert points[1]["rate_per_s"] == 20.0
+    for p in points:
+        assert p["p50_ms"] > 0 and p["p99_ms"] >= p["p50_ms"] and p["timeouts"] == 0, p
+        assert p["stages_ms"]["forward"]["p50"] > 0, p
+    stages = report["kbatch"]["stages_ms"]
+    assert set(stages) == {"send_lag", "intake", "queue", "forward", "reply"}
+    assert all(stages[s]["p50"] is not None for s in stages), stages
+    assert stages["forward"]["p50"] >= 1.0  # the simulated device's fixed 1 ms
+    plots = [Path(p).name for p in report["plots"]]
+    assert plots == ["bench_e2e.png", "bench_e2e_frontier.png"]

@@ -312,3 +312,15 @@ async def test_a_queued_item_expires_at_its_deadline_while_a_batch_holds_the_mod
     assert await h.engine.drain(timeout_s=30)
     await h.engine.stop()
     assert h.outcomes[0].status == "ok" and 1 not in h.backend.computed
+
+
+async def test_every_unsplit_batch_feeds_the_policy_cost_model() -> None:
+    """Rule 8: the runner's timing of each batch reaches ``BucketBatcher.observe_batch``."""
+    h = Harness(FakeBackend(max_length=64), max_batch_size=4)
+    await h.engine.start()
+    await h.engine.submit(items(TEXTS * 10))
+    assert await h.engine.drain(timeout_s=30)
+    await h.engine.stop()
+    cost = h.engine._batcher.cost
+    assert cost.batches == h.stats.batches == len(h.backend.calls) >= 10
+    assert cost.fixed_ms >= 0 and cost.per_token_us > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,11 @@ import pytest
 from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
 from consumer.bench.e2e_report import (
     cpu_device_figures,
+    frontier_points,
+    frontier_row,
     latency_rate,
     plot_e2e,
+    plot_frontier,
     prefill_records,
     ratios,
     replica_ratios,
@@ -171,6 +175,9 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--model", "sim:1"], "FIXED_MS,US_PER_TOKEN"),
         (["--replicas", "0,2"], "replica counts"),
         (["--model", "/no/such/dir"], "not a directory"),
+        (["--latency-fractions", "0.3,1.5"], "fractions in (0, 1]"),
+        (["--latency-rates", "10,0"], "rates > 0"),
+        (["--target-p99-ms", "0"], "--target-p99-ms"),
     ],
 )
 def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
@@ -203,3 +210,40 @@ def test_naive_worker_answers_a_valid_reply_with_plain_transformers(
     got = dict(out.headers)
     assert got[H.CORRELATION_ID] == dict(headers)[H.CORRELATION_ID]
     assert got[H.STATUS] == b"ok"
+
+
+@dataclass(frozen=True)
+class _Frontier:
+    latency_fractions: tuple[float, ...] = ()
+    latency_rates: tuple[float, ...] = ()
+    max_latency_rate_per_s: float | None = None
+
+
+@pytest.mark.parametrize(
+    ("opts", "expected"),
+    [
+        (_Frontier(), []),
+        (_Frontier((0.3, 0.9)), [("0.3x", 60.0), ("0.9x", 180.0)]),
+        (_Frontier((0.5,), max_latency_rate_per_s=50.0), [("0.5x", 50.0)]),  # capped
+        (_Frontier((0.5,), (25.0, 85.5), 50.0), [("0.5x", 50.0), ("25/s", 25.0), ("85.5/s", 85.5)]),
+    ],
+)
+def test_frontier_points(opts: _Frontier, expected: list[tuple[str, float]]) -> None:
+    assert frontier_points(200.0, opts) == expected
+
+
+def test_frontier_plot_writes_a_png_only_with_points(tmp_path: Path) -> None:
+    summary = {
+        "latency_ms": {"p50": 10.0, "p99": 30.0},
+        "scheduled": 100,
+        "timeouts": 0,
+        "send_lag_ms": {"p99": 1.0},
+        "batch_size_mean": 3.0,
+    }
+    point = frontier_row("0.5x", 50.0, summary)
+    assert point["p99_ms"] == 30.0 and point["stages_ms"] is None
+    row = {"seq_per_s": 100.0, "p50_ms": 12.0, "p99_ms": 40.0, "latency_rate_per_s": 70.0}
+    assert plot_frontier({"kbatch": row}, tmp_path) is None
+    report = {"kbatch": {**row, "frontier": [point]}, "engine": {**row, "frontier": [point]}}
+    path = plot_frontier(report, tmp_path / "img")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -150,3 +150,35 @@ def test_pulse_report_during_after_and_recovery() -> None:
     assert b1["p99_after_ms"] == pytest.approx(100)
     assert b1["recovery_s"] == pytest.approx(0.9)  # the last slow send is at 7.9 s
     assert r["bursts"][1]["recovery_s"] == 0.0
+
+
+def test_stages_split_each_request_latency() -> None:
+    from producer_tools.report import STAGES, stage_times_ms
+
+    sched = arrival_times(constant_profile(50, 2))
+    log = RunLog.empty(sched.times_s)
+    n = log.intended_s.size
+    log.sent_s[:] = log.intended_s + 0.002  # 2 ms send lag
+    log.queue_ms[:] = 30.0
+    log.infer_ms[:] = 20.0
+    log.reply_ts_s[:] = log.sent_s + 0.005 + 0.050  # 5 ms intake, then queue + forward
+    log.received_s[:] = log.reply_ts_s + 0.004  # 4 ms back to the client
+    log.outcome[:] = Outcome.OK
+    log.batch_size[:] = 4
+    times = stage_times_ms(log)
+    assert tuple(times) == STAGES
+    total = sum(times[s] for s in STAGES)
+    np.testing.assert_allclose(total, log.latency_ms)  # the stages add up to the latency
+    s = build_report(log, sched, pattern="constant")["summary"]["stages_ms"]
+    expected = {"send_lag": 2.0, "intake": 5.0, "queue": 30.0, "forward": 20.0, "reply": 4.0}
+    for stage, ms in expected.items():
+        assert s[stage]["p50"] == pytest.approx(ms, abs=1e-6), stage
+    assert n == 100
+
+
+def test_stages_are_unknown_without_a_reply_timestamp() -> None:
+    sched = arrival_times(constant_profile(50, 1))
+    log = _answer_all(RunLog.empty(sched.times_s), 0.010)
+    stages = build_report(log, sched, pattern="constant")["summary"]["stages_ms"]
+    assert stages["intake"]["p50"] is None and stages["reply"]["p99"] is None
+    assert stages["queue"]["p50"] == 1.0
