@@ -247,10 +247,18 @@ class LocalBroker:
             *args,
         ]
 
+    def _properties(self) -> str:
+        """The ``server.properties`` text (a cluster node overrides it: ``cluster.py``)."""
+        return _server_properties(self.port, self._controller_port, self.home / "data")
+
+    def _cluster_id(self) -> str:
+        """The KRaft cluster id formatted into new storage (every node of a cluster shares one)."""
+        return new_cluster_id()
+
     def _write_config(self) -> Path:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
-        props.write_text(_server_properties(self.port, self._controller_port, self.home / "data"))
+        props.write_text(self._properties())
         name, template = (
             ("log4j2.properties", _LOG4J2) if self._log4j2 else ("log4j.properties", _LOG4J)
         )
@@ -274,7 +282,7 @@ class LocalBroker:
                     "another --port"
                 )
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self._cluster_id()
         cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -375,6 +383,11 @@ class LocalBroker:
             while self.pid() is not None and time.monotonic() < deadline:
                 _reap(pid)
                 time.sleep(0.1)
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (22 URL-safe base64 characters of a UUID)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def broker_answers_safe(bootstrap: str) -> bool:
