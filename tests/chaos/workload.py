@@ -161,10 +161,10 @@ class Workload:
 
 
 async def read_places(
-    bootstrap: str, topic: str, *, read_committed: bool, timeout_s: float = 60
+    bootstrap: str, topic: str, partitions: int, *, read_committed: bool, timeout_s: float = 60
 ) -> list[tuple[bytes, int, int]]:
-    """(key, partition, offset) of every record of ``topic`` now, read to each partition's end
-    (the last stable offset under ``read_committed``) taken at start."""
+    """(key, partition, offset) of every record of ``topic``'s ``partitions`` now, read to each
+    partition's end (the last stable offset under ``read_committed``) taken at start."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -173,9 +173,7 @@ async def read_places(
     await consumer.start()
     out: list[tuple[bytes, int, int]] = []
     try:
-        await consumer.topics()  # a metadata update naming every topic
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -189,11 +187,13 @@ async def read_places(
     return out
 
 
-async def close_history(history: History, bootstrap: str, reply_topic: str) -> None:
+async def close_history(
+    history: History, bootstrap: str, reply_topic: str, partitions: int
+) -> None:
     """The final reads: every committed reply, and the places only an uncommitted reader sees
     (aborted transactions' records). Call once kbatch stopped and its transactions ended."""
-    committed = await read_places(bootstrap, reply_topic, read_committed=True)
-    everything = await read_places(bootstrap, reply_topic, read_committed=False)
+    committed = await read_places(bootstrap, reply_topic, partitions, read_committed=True)
+    everything = await read_places(bootstrap, reply_topic, partitions, read_committed=False)
     history.final(committed)
     committed_at: set[ReplyAt] = {(p, o) for _k, p, o in committed}
     history.aborted((p, o) for _k, p, o in everything if (p, o) not in committed_at)
