@@ -56,7 +56,8 @@ class ScenarioResult:
     stall_s: float
     """The longest time without any new reply seen live, from the fault's start to the end."""
     recover_s: float
-    """From the fault's end until every request acknowledged before it was answered."""
+    """From the fault's end until every request acknowledged before it, and the first one
+    acknowledged after it, were answered."""
     rebalances: int
     """Revocations the serving member went through (``kbatch_rebalances_total{kind=revoked}``)."""
     latency_p99_s: float
@@ -163,8 +164,15 @@ async def run_scenario(
     await close_history(history, cc.bootstrap, topics.replies, PARTITIONS)
     verdict = history.check()
     seen = list(history.first_seen_at.values())
+    # Recovered: every request acknowledged before the fault's end answered, and the first
+    # request acknowledged after it answered too (replies flow again).
     before_end = [k for k, at in history.acked_at.items() if at <= fault_end]
-    answered_at = [history.first_seen_at[k] for k in before_end if k in history.first_seen_at]
+    after_end = sorted((at, k) for k, at in history.acked_at.items() if at > fault_end)[:1]
+    answered_at = [
+        history.first_seen_at[k]
+        for k in [*before_end, *(k for _at, k in after_end)]
+        if k in history.first_seen_at
+    ]
     summary = verdict.summary()
     result = ScenarioResult(
         name=name,
