@@ -25,7 +25,12 @@ from consumer.config import ServeSettings, project
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError, TransactionError
+from consumer.kafka.errors import (
+    FencedInstanceError,
+    KafkaUnavailableError,
+    TopicCreationError,
+    TransactionError,
+)
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
@@ -197,7 +202,7 @@ async def serve(settings: ServeSettings) -> int:
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
         try:
             await pipeline.run(stop, beat=beat)
-        except TransactionError as err:  # its records are computed again by the next owner
+        except (TransactionError, FencedInstanceError) as err:  # the next owner recomputes
             log.error("%s; stopping", err)
             failed = True
         else:

@@ -40,6 +40,7 @@ from aiokafka.errors import KafkaError
 __all__ = [
     "CommitError",
     "DeliveryError",
+    "FencedInstanceError",
     "KafkaLayerError",
     "KafkaUnavailableError",
     "RangeSourceError",
@@ -96,6 +97,11 @@ class TransactionError(KafkaLayerError):
     def __init__(self, message: str, committed: dict[tuple[str, int], int] | None = None) -> None:
         super().__init__(message)
         self.committed = committed or {}
+
+
+class FencedInstanceError(KafkaLayerError):
+    """Another member of the group uses this member's ``--group-instance-id`` and took its
+    place (KIP-345 fencing, :mod:`consumer.kafka.static_fence`); the command stops."""
 
 
 class RangeSourceError(KafkaLayerError):
