@@ -7,7 +7,6 @@ revocation for anyone, and a second member under the same id to fencing one of t
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 
 from tests.conftest import TopicFactory, unique_group
