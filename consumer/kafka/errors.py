@@ -14,6 +14,8 @@
      │                              not retriable here (the record is re-read after a restart)
      ├── TransactionError           --exactly-once: a partition's transaction aborted or its
      │                              producer fenced; not retriable here (the command stops)
+     ├── FencedInstanceError        another member joined under this --group-instance-id; not
+     │                              retriable (the command stops)
      ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
      │                              available; not retriable within the job
      └── RangeSpecError             a --from/--to value that cannot be parsed or does not fit
