@@ -77,6 +77,13 @@ async def create_topics(cc: ChaosCluster, topics: Topics) -> None:
     await wait_fully_replicated(cc.bootstrap, [topics.requests, topics.replies], REPLICATION)
 
 
+def settle(cc: ChaosCluster, topics: Topics) -> None:
+    """Block until every partition of the scenario's topics has all replicas in sync again."""
+    asyncio.run(
+        wait_fully_replicated(cc.bootstrap, [topics.requests, topics.replies], REPLICATION, 120)
+    )
+
+
 def start_serve(
     tmp_path: Path,
     cc: ChaosCluster,

@@ -15,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.cluster import NODES, ChaosCluster
-from tests.chaos.nodes import group_coordinator, kill, restart, wait_fully_replicated
-from tests.chaos.scenario import Topics, run_scenario
+from tests.chaos.cluster import ChaosCluster
+from tests.chaos.nodes import group_coordinator, kill, restart
+from tests.chaos.scenario import Topics, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = pytest.mark.timeout(600)
 
 SHORT_CUT_S = 20.0
-
-
-def settle(cc: ChaosCluster, topics: Topics) -> None:
-    """Block until every partition of the scenario's topics has all replicas in sync again."""
-    asyncio.run(wait_fully_replicated(cc.bootstrap, [topics.requests, topics.replies], NODES, 120))
 
 
 async def test_rolling_bounce_of_all_brokers_loses_nothing_and_rebalances_never(

@@ -13,8 +13,7 @@ import pytest
 from consumer.kafka.transactions import transactional_id
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.nodes import kill, partition_leader, restart, transaction_coordinator
-from tests.chaos.scenario import Topics, run_scenario
-from tests.chaos.test_cluster_faults import settle
+from tests.chaos.scenario import Topics, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
