@@ -72,7 +72,14 @@ async def topic_metadata(bootstrap: str, topic: str) -> dict[int, tuple[int, lis
 
     client = await _with_client(bootstrap)
     try:
-        response = await client.send(client.get_random_node(), MetadataRequest([topic]))
+        response = None
+        for broker in client.cluster.brokers():  # the first that answers (one may be down)
+            try:
+                response = await client.send(broker.nodeId, MetadataRequest([topic]))
+                break
+            except KafkaError:
+                continue
+        assert response is not None, f"no broker answered a metadata request at {bootstrap}"
     finally:
         await client.close()
     out: dict[int, tuple[int, list[int]]] = {}

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from tests.chaos.history import History, ReplyAt
 from tests.integration.harness import poll_until, request
@@ -120,11 +121,15 @@ class Workload:
             while not self._stop_producing.is_set():
                 key = f"{self.prefix}-{self.sent}".encode()
                 record = request(key, f"chaos request {self.sent} " + "w " * (self.sent % 17))
-                ack = await producer.send(self.request_topic, record.value, key=key)
-                ack.add_done_callback(lambda f, k=key: self._on_ack(k, f))
-                pending.add(ack)
-                ack.add_done_callback(pending.discard)
                 self.sent += 1
+                try:  # during a long cut the buffer fills: send() itself times out
+                    ack = await producer.send(self.request_topic, record.value, key=key)
+                except KafkaError:
+                    self.failed_sends += 1  # never acknowledged: may or may not be written
+                else:
+                    ack.add_done_callback(lambda f, k=key: self._on_ack(k, f))
+                    pending.add(ack)
+                    ack.add_done_callback(pending.discard)
                 next_at = started + self.sent / self.rate_per_s
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             if pending:
