@@ -8,7 +8,8 @@ other member, which rejoins in turn: both flap, every heartbeat, for ever.
 
 The one thing a member sees is that it *lost its membership* (its member id was reset before a
 rejoin). That also happens once after a session expiry (a network cut longer than
-``session.timeout.ms``); twice within :data:`FENCE_WINDOW_S` is the flapping of a duplicate
+``session.timeout.ms``), or after a commit refused for an old generation; twice within
+:data:`FENCE_WINDOW_S` (30 s; the flapping repeats every heartbeat, 1-3 s) is a duplicate
 id. The member that loses twice first — the older one, as in Kafka — stops; the other keeps
 working (kbatch serve exits 1 with one error line: :class:`FencedInstanceError`).
 """
@@ -19,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-FENCE_WINDOW_S: Final = 60.0
+FENCE_WINDOW_S: Final = 30.0
 FENCE_LOSSES: Final = 2
 
 

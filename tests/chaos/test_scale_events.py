@@ -63,6 +63,8 @@ async def test_scale_1_2_3_2_stalls_and_p99(
             events.append((step, started, time.monotonic()))
         load.stop_producing()
         await asyncio.to_thread(load.wait_seen, 180)
+        for m in members:  # no member was fenced or dropped out by the events
+            assert m.proc is not None and m.proc.poll() is None, m.log_tail()
     finally:
         load.stop()
         for m in members:
