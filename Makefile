@@ -59,7 +59,7 @@ test: setup tools broker lint typecheck
 
 # The long cluster fault scenarios (docs/CLUSTER.md): a three-node cluster of their own,
 # ~10 minutes on two cores.
-chaos: setup
+chaos: setup tools broker
 	$(VENV)/bin/pytest -q -p no:cacheprovider -s -m chaos_long tests/chaos
 
 demo: setup broker
