@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,14 @@ pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
 LONG_CUT_S = 120.0
 
 
-def kill_and_restart(cc: ChaosCluster, topics: Topics, node_id: int, moved: object) -> None:
+def kill_and_restart(
+    cc: ChaosCluster, topics: Topics, node_id: int, moved: Callable[[], bool]
+) -> None:
     """SIGKILL node ``node_id``, wait until ``moved()`` is true (the role left it), restart it,
     wait until fully replicated again."""
     node = cc.cluster.node(node_id)
     kill(node)
-    poll_until(lambda: bool(moved()), 60, f"the role to leave node {node_id}", every_s=0.5)  # type: ignore[operator]
+    poll_until(moved, 60, f"the role to leave node {node_id}", every_s=0.5)
     restart(node)
     settle(cc, topics)
 
