@@ -46,6 +46,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._source._check_fenced()
 
     async def on_partitions_assigned(self, assigned: Iterable[KafkaTP]) -> None:
+        self._source._joined = True
         await self._handler.on_assigned(frozenset((tp.topic, tp.partition) for tp in assigned))
 
 
@@ -77,6 +78,7 @@ class KafkaSource:
         self._instance_id = group.group_instance_id
         self._fence = StaticFenceDetector() if group.group_instance_id is not None else None
         self._fenced: FencedInstanceError | None = None
+        self._joined = False
         self._topics = tuple(topics)
         self._consumer = AIOKafkaConsumer(
             group_id=group_id,
@@ -123,7 +125,11 @@ class KafkaSource:
         """After a revoke: when this static member lost its membership (aiokafka reset its
         member id) often enough to be fenced (:mod:`consumer.kafka.static_fence`), never
         rejoin: :meth:`poll` raises and the owner stops."""
-        if self._fence is None or self._consumer._coordinator.member_id != "":
+        if (
+            self._fence is None
+            or not self._joined  # the first join: no membership to lose yet
+            or self._consumer._coordinator.member_id != ""
+        ):
             return
         if self._fence.lost(time.monotonic()):
             self._fenced = FencedInstanceError(
