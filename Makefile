@@ -11,7 +11,7 @@ LOCK_FLAGS ?=
 # promtool (Debian package prometheus) and kcat: the alert-rule and docs tests run them.
 DEB_TOOLS := promtool:prometheus kcat:kcat
 
-.PHONY: setup lock tools broker test lint typecheck unit integration demo bench clean
+.PHONY: setup lock tools broker test chaos lint typecheck unit integration demo bench clean
 
 # Exactly the locked versions, then the project itself without resolving anything again.
 $(VENV)/.installed: $(LOCK) pyproject.toml
@@ -56,6 +56,11 @@ typecheck: setup
 
 test: setup tools broker lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+# The long cluster fault scenarios (docs/CLUSTER.md): a three-node cluster of their own,
+# ~10 minutes on two cores.
+chaos: setup tools broker
+	$(VENV)/bin/pytest -q -p no:cacheprovider -s -m chaos_long tests/chaos
 
 demo: setup broker
 	$(KBATCH) demo

@@ -27,6 +27,7 @@ from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
+    FencedInstanceError,
     KafkaSecurityError,
     KafkaUnavailableError,
     TopicCreationError,
@@ -216,7 +217,7 @@ async def serve(settings: ServeSettings) -> int:
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
         try:
             await pipeline.run(stop, beat=beat)
-        except TransactionError as err:  # its records are computed again by the next owner
+        except (TransactionError, FencedInstanceError) as err:  # the next owner recomputes
             log.error("%s; stopping", err)
             failed = True
         except KafkaSecurityError as err:  # the request topic or the group denied

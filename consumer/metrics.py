@@ -209,6 +209,16 @@ class Metrics:
             multiprocess_mode="liveall",
         )
         self.model_busy_ratio.set_function(self.model_busy.ratio)
+        self.drain = DrainEstimate()
+        self.time_to_drain = Gauge(
+            "kbatch_time_to_drain_seconds",
+            "Seconds to answer the current backlog at the recent reply rate: the sum of "
+            f"kbatch_consumer_lag over the replies of the last {self.drain.window_s:g} s per "
+            f"second (capped at {self.drain.cap_s:g}; 0 without a backlog). The signal to "
+            "autoscale on (docs/CLUSTER.md §KEDA); with replicas: the slowest replica's.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self._refreshed_s = 0.0
 
     def refresh(self, now_s: float) -> None:
@@ -222,6 +232,9 @@ class Metrics:
         if now_s - self._refreshed_s >= 1.0:
             self._refreshed_s = now_s
             self.model_busy_ratio.set(self.model_busy.ratio())
+            lag = _sum_samples(self.lag, "kbatch_consumer_lag")
+            replies = _sum_samples(self.replies, "kbatch_replies_total")
+            self.time_to_drain.set(self.drain.observe(now_s, replies, lag))
 
     def forget_partition(self, tp: tuple[str, int]) -> None:
         """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
@@ -241,6 +254,37 @@ class Metrics:
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def _sum_samples(metric: Counter | Gauge, name: str) -> float:
+    """The sum of every labelled child's ``name`` sample of ``metric`` (this process's)."""
+    return sum(s.value for family in metric.collect() for s in family.samples if s.name == name)
+
+
+class DrainEstimate:
+    """How long the backlog takes at the recent reply rate (pure; monotonic seconds passed in).
+
+    :meth:`observe` takes the replies counted so far and the backlog (records), keeps the
+    counts of the last ``window_s`` seconds, and returns ``backlog / rate``: 0 without a
+    backlog, ``cap_s`` when the window saw no reply (a stalled or just-started member: scale
+    up) or the estimate is longer.
+    """
+
+    def __init__(self, window_s: float = 60.0, cap_s: float = 86_400.0) -> None:
+        self.window_s = window_s
+        self.cap_s = cap_s
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def observe(self, now_s: float, replies_total: float, backlog: float) -> float:
+        self._samples.append((now_s, replies_total))
+        while len(self._samples) > 2 and self._samples[1][0] <= now_s - self.window_s:
+            self._samples.popleft()
+        if backlog <= 0:
+            return 0.0
+        (t0, r0), (t1, r1) = self._samples[0], self._samples[-1]
+        if t1 <= t0 or r1 <= r0:
+            return self.cap_s
+        return min(self.cap_s, backlog / ((r1 - r0) / (t1 - t0)))
 
 
 class BusyWindow:

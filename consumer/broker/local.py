@@ -247,10 +247,18 @@ class LocalBroker:
             *args,
         ]
 
+    def _properties(self) -> str:
+        """The ``server.properties`` text (a cluster node overrides it: ``cluster.py``)."""
+        return _server_properties(self.port, self._controller_port, self.home / "data")
+
+    def _cluster_id(self) -> str:
+        """The KRaft cluster id formatted into new storage (every node of a cluster shares one)."""
+        return new_cluster_id()
+
     def _write_config(self) -> Path:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
-        props.write_text(_server_properties(self.port, self._controller_port, self.home / "data"))
+        props.write_text(self._properties())
         name, template = (
             ("log4j2.properties", _LOG4J2) if self._log4j2 else ("log4j.properties", _LOG4J)
         )
@@ -274,7 +282,7 @@ class LocalBroker:
                     "another --port"
                 )
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self._cluster_id()
         cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -326,25 +334,28 @@ class LocalBroker:
         return self.bootstrap
 
     def wait_ready(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-        """Poll until the broker answers a metadata request or ``timeout_s`` passes.
+        """Poll until the broker :meth:`answers` or ``timeout_s`` passes.
 
         Raises:
             BrokerError: the process died or did not answer in time.
         """
-        from consumer.kafka.admin import broker_answers
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise BrokerError(f"the broker exited with {proc.returncode}: see {self.log_file}")
-            if port_is_open(self.port) and broker_answers(self.bootstrap, timeout_s=5.0):
+            if port_is_open(self.port) and self.answers():
                 return
             time.sleep(0.3)
         raise BrokerError(f"the broker did not answer within {timeout_s:.0f}s: see {self.log_file}")
 
+    def answers(self) -> bool:
+        """True when the broker answers a metadata request (5 s at most); the secured broker
+        asks as its admin over SASL_SSL."""
+        return broker_answers_safe(self.bootstrap)
+
     def status(self) -> bool:
-        """True only when the broker on this port answers a metadata request."""
-        return port_is_open(self.port) and bool(broker_answers_safe(self.bootstrap))
+        """True only when the broker on this port :meth:`answers`."""
+        return port_is_open(self.port) and self.answers()
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout_s``).
@@ -375,6 +386,11 @@ class LocalBroker:
             while self.pid() is not None and time.monotonic() < deadline:
                 _reap(pid)
                 time.sleep(0.1)
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (22 URL-safe base64 characters of a UUID)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def broker_answers_safe(bootstrap: str) -> bool:

@@ -39,13 +39,12 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from consumer.broker.local import BrokerError, LocalBroker, cache_root, port_is_open
+from consumer.broker.local import BrokerError, LocalBroker, cache_root
 
 if TYPE_CHECKING:
     from consumer.kafka.config import KafkaClientSettings
@@ -320,21 +319,6 @@ class SecureBroker(LocalBroker):
             )
         (self.home / "data" / "kbatch-kafka-version").write_text(self.kafka_version)
 
-    def wait_ready(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-        """Poll until the broker answers the admin over SASL_SSL or ``timeout_s`` passes.
-
-        Raises:
-            BrokerError: the process died or did not answer in time.
-        """
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise BrokerError(f"the broker exited with {proc.returncode}: see {self.log_file}")
-            if port_is_open(self.port) and self.answers():
-                return
-            time.sleep(0.3)
-        raise BrokerError(f"the broker did not answer within {timeout_s:.0f}s: see {self.log_file}")
-
     def answers(self) -> bool:
         """True when the broker answers a metadata request of the admin over SASL_SSL."""
         from consumer.kafka.admin import broker_answers
@@ -344,7 +328,3 @@ class SecureBroker(LocalBroker):
         except Exception:  # never started: not answering
             return False
         return broker_answers(self.bootstrap, timeout_s=5.0, client=settings)
-
-    def status(self) -> bool:
-        """True only when the broker on this port answers the admin."""
-        return port_is_open(self.port) and self.answers()

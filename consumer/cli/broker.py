@@ -1,9 +1,11 @@
-"""``kbatch broker start | stop | status``: the local single-node Kafka for development."""
+"""``kbatch broker start | stop | status``: the local Kafka for development (one node, or a
+KRaft cluster with ``--nodes``)."""
 
 from __future__ import annotations
 
 import click
 
+from consumer.broker.cluster import MAX_NODES, LocalCluster, status_at, stop_at
 from consumer.broker.local import DEFAULT_PORT, KAFKA_VERSION, BrokerError, LocalBroker
 
 port_option = click.option(
@@ -16,7 +18,10 @@ port_option = click.option(
 )
 
 
-@click.group("broker", help="Run a local single-node Apache Kafka (KRaft) on 127.0.0.1.")
+@click.group(
+    "broker",
+    help="Run a local Apache Kafka (KRaft) on 127.0.0.1: one node, or a cluster (--nodes).",
+)
 def broker_group() -> None:
     """The local development broker."""
 
@@ -36,18 +41,34 @@ def _fail(err: BrokerError) -> None:
     help="Apache Kafka release to run (4.x, or 3.9.x for the previous line).",
 )
 @click.option(
+    "--nodes",
+    type=click.IntRange(1, MAX_NODES),
+    default=1,
+    show_default=True,
+    help="Nodes: above 1, a KRaft cluster on ports PORT.. (docs/CLUSTER.md), topics "
+    "replicated 3 times with min.insync.replicas 2.",
+)
+@click.option(
     "--secure",
     is_flag=True,
     help="TLS, SCRAM and mutual TLS with ACLs (default port 9093; docs/SECURITY.md).",
 )
 @click.pass_context
-def start(ctx: click.Context, port: int, fresh: bool, kafka_version: str, secure: bool) -> None:
+def start(
+    ctx: click.Context, port: int, fresh: bool, kafka_version: str, nodes: int, secure: bool
+) -> None:
     """Start the broker (idempotent); print its bootstrap address once it answers."""
     try:
+        if secure and nodes > 1:
+            raise click.UsageError("--secure runs one node; --nodes above 1 is a plain cluster")
         if secure:
             from consumer.cli.broker_secure import start_secure
 
             start_secure(ctx, port, fresh, kafka_version)
+            return
+        if nodes > 1:
+            cluster = LocalCluster(port=port, nodes=nodes, kafka_version=kafka_version)
+            click.echo(cluster.start(fresh=fresh))
             return
         click.echo(LocalBroker(port=port, kafka_version=kafka_version).start(fresh=fresh))
     except BrokerError as err:
@@ -58,7 +79,7 @@ def start(ctx: click.Context, port: int, fresh: bool, kafka_version: str, secure
 @port_option
 def stop(port: int) -> None:
     """Stop the broker cleanly; its data stays (use `start --fresh` to wipe it)."""
-    stopped = LocalBroker(port=port).stop()
+    stopped = stop_at(port)
     click.echo("stopped" if stopped else "not running")
 
 
@@ -66,11 +87,11 @@ def stop(port: int) -> None:
 @port_option
 def status(port: int) -> None:
     """Exit 0 when the broker answers a metadata request, 1 otherwise."""
-    broker = LocalBroker(port=port)
-    if broker.status():
-        click.echo(f"running at {broker.bootstrap}")
+    answering, line = status_at(port)
+    if answering:
+        click.echo(line)
         return
-    click.echo(f"not answering at {broker.bootstrap}", err=True)
+    click.echo(line, err=True)
     raise SystemExit(1)
 
 

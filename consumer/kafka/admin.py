@@ -61,14 +61,19 @@ async def create_topics(
     names: Iterable[str],
     partitions: int = 1,
     config: dict[str, str] | None = None,
+    replication_factor: int = 1,
 ) -> None:
-    """Create topics with replication factor 1; existing ones are left as they are."""
+    """Create topics (``replication_factor`` replicas each); existing ones are left as they
+    are."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         topics = [
             NewTopic(
-                name, num_partitions=partitions, replication_factor=1, topic_configs=config or {}
+                name,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                topic_configs=config or {},
             )
             for name in names
         ]

@@ -19,6 +19,8 @@
      │                              not retriable here (the record is re-read after a restart)
      ├── TransactionError           --exactly-once: a partition's transaction aborted or its
      │                              producer fenced; not retriable here (the command stops)
+     ├── FencedInstanceError        another member joined under this --group-instance-id; not
+     │                              retriable (the command stops)
      ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
      │                              available; not retriable within the job
      └── RangeSpecError             a --from/--to value that cannot be parsed or does not fit
@@ -55,6 +57,7 @@ __all__ = [
     "CommitError",
     "DeliveryDeniedError",
     "DeliveryError",
+    "FencedInstanceError",
     "KafkaLayerError",
     "KafkaSecurityError",
     "KafkaUnavailableError",
@@ -126,6 +129,11 @@ class TransactionError(KafkaLayerError):
     def __init__(self, message: str, committed: dict[tuple[str, int], int] | None = None) -> None:
         super().__init__(message)
         self.committed = committed or {}
+
+
+class FencedInstanceError(KafkaLayerError):
+    """Another member of the group uses this member's ``--group-instance-id`` and took its
+    place (KIP-345 fencing, :mod:`consumer.kafka.static_fence`); the command stops."""
 
 
 class RangeSourceError(KafkaLayerError):

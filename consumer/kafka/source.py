@@ -7,8 +7,10 @@ rebalance handler re-applies them (``RebalanceHandler.on_assigned``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -22,11 +24,13 @@ from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.errors import (
     DENIALS,
     CommitError,
+    FencedInstanceError,
     KafkaSecurityError,
     describe_denial,
     map_kafka_errors,
 )
 from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.static_fence import StaticFenceDetector
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +44,16 @@ class RebalanceHandler(Protocol):
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, handler: RebalanceHandler) -> None:
+    def __init__(self, handler: RebalanceHandler, source: KafkaSource) -> None:
         self._handler = handler
+        self._source = source
 
     async def on_partitions_revoked(self, revoked: Iterable[KafkaTP]) -> None:
         await self._handler.on_revoked(frozenset((tp.topic, tp.partition) for tp in revoked))
+        await self._source._check_fenced()
 
     async def on_partitions_assigned(self, assigned: Iterable[KafkaTP]) -> None:
+        self._source._joined = True
         await self._handler.on_assigned(frozenset((tp.topic, tp.partition) for tp in assigned))
 
 
@@ -75,6 +82,10 @@ class KafkaSource:
         self._bootstrap = client.bootstrap
         self._group_id = group_id
         self._handler = handler
+        self._instance_id = group.group_instance_id
+        self._fence = StaticFenceDetector() if group.group_instance_id is not None else None
+        self._fenced: FencedInstanceError | None = None
+        self._joined = False
         self._topics = tuple(topics)
         self._consumer = AIOKafkaConsumer(
             group_id=group_id,
@@ -104,18 +115,46 @@ class KafkaSource:
             self._consumer.stop,
             f"no Kafka broker answered at {self._bootstrap}",
         )
-        self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler))
+        self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler, self))
 
     async def stop(self) -> None:
         """Leave the group and close (idempotent)."""
+        if self._fenced is not None:
+            # The coordination task waits in the revoke listener (_check_fenced): end it
+            # there, before it rejoins and takes the id back from the member that keeps it.
+            task = self._consumer._coordinator._coordination_task
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self._consumer.stop()
+
+    async def _check_fenced(self) -> None:
+        """After a revoke: when this static member lost its membership (aiokafka reset its
+        member id) often enough to be fenced (:mod:`consumer.kafka.static_fence`), never
+        rejoin: :meth:`poll` raises and the owner stops."""
+        if (
+            self._fence is None
+            or not self._joined  # the first join: no membership to lose yet
+            or self._consumer._coordinator.member_id != ""
+        ):
+            return
+        if self._fence.lost(time.monotonic()):
+            self._fenced = FencedInstanceError(
+                f"another member of group {self._group_id!r} uses --group-instance-id "
+                f"{self._instance_id!r} and took this one's place: give every member its own "
+                "id (the pod name; replicas add -<i>)"
+            )
+            await asyncio.Event().wait()  # until stop() cancels the coordination task
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         """One ``getmany`` chunk, flattened in partition order; empty when paused or idle.
 
         Raises:
+            FencedInstanceError: another member took this static member's id.
             KafkaSecurityError: the broker denies reading the topics or joining the group.
         """
+        if self._fenced is not None:
+            raise self._fenced
         try:
             batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         except DENIALS as err:

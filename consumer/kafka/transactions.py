@@ -29,9 +29,11 @@ the transaction that holds exactly those records' replies. A record's replies an
 are therefore in one transaction: after a crash a record is either committed with its reply
 (below the offset, or named in the metadata and skipped) or neither is visible.
 
-Errors: a transaction that cannot be committed raises :class:`TransactionError`; its records
-count as answered in this process, so the caller stops (their offsets never commit, the next
-owner computes them again).
+Errors: a transaction that cannot be committed — aborted, fenced, or without a verdict within
+the send deadline (``--send-timeout-ms``: an unknown outcome) — raises :class:`TransactionError`
+after its producer is closed, never to be reused; its records count as answered in this
+process, so the caller stops (their offsets never commit, the next owner computes them again,
+its producer re-initialised by ``InitProducerId``).
 """
 
 from __future__ import annotations
@@ -211,14 +213,35 @@ class TransactionalSink:
             self._tainted.add(tp)
 
     async def _commit_one(self, tp: TopicPartition, offset: int, metadata: str) -> None:
+        """Commit ``tp``'s transaction within the send deadline.
+
+        Raises:
+            SinkClosedError: a send of the transaction failed without a verdict.
+            TimeoutError: no verdict in time (a coordinator that does not answer): the
+                outcome is unknown, so the caller closes this producer and never reuses it;
+                the partition's next producer re-initialises (``InitProducerId`` bumps the
+                epoch and completes or aborts what is open), which is what KIP-890's
+                server-side checks would otherwise guard and aiokafka 0.14 cannot use.
+        """
         if tp in self._tainted:
             raise SinkClosedError(f"a send of {tp}'s transaction was not acknowledged")
         producer = self._sinks[tp].producer
+        timeout_s = self._settings.send_timeout_ms / 1000
+        try:
+            await asyncio.wait_for(self._end_transaction(producer, tp, offset, metadata), timeout_s)
+        except TimeoutError as err:
+            raise TimeoutError(
+                f"no verdict on the commit of {tp} within {timeout_s:g} s: outcome unknown"
+            ) from err
+        await producer.begin_transaction()
+
+    async def _end_transaction(
+        self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, metadata: str
+    ) -> None:
         await producer.send_offsets_to_transaction(
             {KafkaTP(*tp): (offset, metadata)}, self._group_id
         )
         await producer.commit_transaction()
-        await producer.begin_transaction()
 
 
 def _retrieve_failure(producer: AIOKafkaProducer) -> None:

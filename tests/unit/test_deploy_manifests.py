@@ -158,6 +158,11 @@ def test_keda_scales_the_deployment_on_the_groups_lag() -> None:
     assert trigger["metadata"]["consumerGroup"] == flags["--group-id"]
     assert trigger["metadata"]["topic"] == flags["--request-topic"]
     assert trigger["metadata"]["bootstrapServers"] == flags["--bootstrap"]
+    # docs/CLUSTER.md §KEDA: no 0<->1 flapping, no replica for a poison partition's lag.
+    assert int(trigger["metadata"]["activationLagThreshold"]) > 0
+    assert trigger["metadata"]["excludePersistentLag"] == "true"
+    assert trigger["metadata"]["limitToPartitionsWithLag"] == "true"
+    assert scaled["spec"]["cooldownPeriod"] >= 120  # longer than a pod's model load
 
 
 def test_bad_flag_values_are_reported_by_flag_name() -> None:

@@ -1,0 +1,107 @@
+"""The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
+``chaos_long`` marker): a partition leader's SIGKILL, a 120 s network cut, +200 ms on every
+packet, and the transaction coordinator's SIGKILL under ``--exactly-once``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from consumer.kafka.transactions import transactional_id
+from tests.chaos.cluster import ChaosCluster
+from tests.chaos.nodes import kill, partition_leader, restart, transaction_coordinator
+from tests.chaos.scenario import Topics, run_scenario, settle
+from tests.integration.harness import poll_until
+
+pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
+
+LONG_CUT_S = 120.0
+
+
+def kill_and_restart(
+    cc: ChaosCluster, topics: Topics, node_id: int, moved: Callable[[], bool]
+) -> None:
+    """SIGKILL node ``node_id``, wait until ``moved()`` is true (the role left it), restart it,
+    wait until fully replicated again."""
+    node = cc.cluster.node(node_id)
+    kill(node)
+    poll_until(moved, 60, f"the role to leave node {node_id}", every_s=0.5)
+    restart(node)
+    settle(cc, topics)
+
+
+async def test_sigkill_of_the_request_partitions_leader_loses_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    def kill_leader(cc: ChaosCluster, topics: Topics) -> None:
+        leader = asyncio.run(partition_leader(cc.bootstrap, topics.requests, 0))
+        kill_and_restart(
+            cc,
+            topics,
+            leader,
+            lambda: asyncio.run(partition_leader(cc.bootstrap, topics.requests, 0)) != leader,
+        )
+
+    result = await run_scenario(
+        "kill-request-leader", chaos_cluster, tmp_path, tiny_embed_dir, kill_leader
+    )
+    assert result.lost == 0
+
+
+async def test_a_120_s_network_cut_then_heal_loses_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Parallel Consumer's broker-disconnect test: a long cut, then every record processed.
+    def cut(cc: ChaosCluster, topics: Topics) -> None:
+        cc.proxies.cut()
+        time.sleep(LONG_CUT_S)  # the fault's length, not a synchronisation
+        cc.proxies.heal()
+
+    result = await run_scenario(
+        "network-cut-120s", chaos_cluster, tmp_path, tiny_embed_dir, cut, answer_timeout_s=300
+    )
+    assert result.lost == 0
+
+
+async def test_200_ms_on_every_packet_loses_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    def slow(cc: ChaosCluster, topics: Topics) -> None:
+        cc.proxies.set_delay(0.2)
+        time.sleep(30)  # the fault's length, not a synchronisation
+        cc.proxies.set_delay(0.0)
+
+    result = await run_scenario("latency-200ms", chaos_cluster, tmp_path, tiny_embed_dir, slow)
+    assert result.lost == 0
+    assert result.rebalances == 0
+
+
+async def test_sigkill_of_the_transaction_coordinator_under_exactly_once(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Kafka's transactions_test.py (hard bounce of brokers): zero duplicates; Jepsen: no G1a.
+    def kill_coordinator(cc: ChaosCluster, topics: Topics) -> None:
+        txn_id = transactional_id("kbatch", topics.group, (topics.requests, 0))
+        node = asyncio.run(transaction_coordinator(cc.bootstrap, txn_id))
+        kill_and_restart(
+            cc,
+            topics,
+            node,
+            lambda: asyncio.run(transaction_coordinator(cc.bootstrap, txn_id)) != node,
+        )
+
+    result = await run_scenario(
+        "kill-txn-coordinator",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        kill_coordinator,
+        exactly_once=True,
+    )
+    assert result.lost == 0
+    assert result.duplicates == 0
+    assert result.g1a == 0
