@@ -265,7 +265,7 @@ class Request(BaseModel):
 
 class ModelInfo(BaseModel):
     """The served model: ``name``, ``revision`` (its version when known, else None) and the
-    ``contract`` revision the server implements (``"1.1"``)."""
+    ``contract`` revision the server implements (``"1.2"`` today)."""
 
     model_config = _FROZEN_STRICT
 
@@ -273,7 +273,8 @@ class ModelInfo(BaseModel):
     revision: str | None = None
     contract: str | None = Field(
         default=CONTRACT_REVISION,
-        description='The contract revision the server implements ("1.1"); absent from 1.0 servers.',
+        description='The contract revision the server implements ("1.2" today); absent from '
+        "1.0 servers.",
     )
 
 

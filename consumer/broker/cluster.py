@@ -45,6 +45,7 @@ from consumer.broker.local import (
     new_cluster_id,
     port_is_open,
 )
+from consumer.broker.secure import SecureBroker
 
 MAX_NODES: Final = 5
 REPLICA_LAG_TIME_MAX_MS: Final = 10_000
@@ -281,12 +282,16 @@ def _start_node(node: ClusterNode, timeout_s: float) -> BrokerError | None:
 
 
 def stop_at(port: int) -> bool:
-    """Stop whatever kbatch started at ``port``: the single broker, a cluster, or both.
+    """Stop whatever kbatch started at ``port``: the single broker, a cluster, the secured
+    broker (``--secure``), or several of them.
 
     Returns:
         True when something was running.
     """
     stopped = LocalBroker(port=port).stop()
+    secure = SecureBroker(port=port)
+    if secure.home.exists():
+        stopped = secure.stop() or stopped
     cluster = LocalCluster.recorded(port)
     if cluster is not None:
         stopped = cluster.stop() or stopped
@@ -304,6 +309,11 @@ def status_at(port: int) -> tuple[bool, str]:
             for m, ok in zip(cluster.members, up, strict=True)
         )
         return all(up), f"cluster of {cluster.nodes}: {nodes}"
+    secure = SecureBroker(port=port)
+    if secure.pid() is not None:  # asked over SASL_SSL as its admin
+        if secure.status():
+            return True, f"secured broker running at {secure.bootstrap} (SASL_SSL)"
+        return False, f"secured broker not answering at {secure.bootstrap}"
     broker = LocalBroker(port=port)
     if broker.status():
         return True, f"running at {broker.bootstrap}"

@@ -16,7 +16,7 @@ listener           port         who connects
 ``broker`` (its own certificate). A certificate's principal is its CN (``CN=kbatch`` →
 ``User:kbatch``), so a SCRAM user and the holder of its certificate are the same principal.
 
-Created on first start under the broker's cache folder (``<cache>/broker-<port>/``, never in
+Created on first start under the broker's cache folder (``<cache>/secure-broker-<port>/``, never in
 the repository), all private to the user (0600 files in a 0700 folder):
 
 * ``tls/``: a CA (``ca.pem``), the broker's certificate (CN ``broker``, SAN ``127.0.0.1`` and
@@ -49,8 +49,9 @@ from consumer.broker.local import BrokerError, LocalBroker, cache_root
 if TYPE_CHECKING:
     from consumer.kafka.config import KafkaClientSettings
 
-SECURE_PORT: Final = 9093
-"""Default port of the secured broker's SASL_SSL listener (the plain broker has 9092)."""
+SECURE_PORT: Final = 9094
+"""Default port of the secured broker's SASL_SSL listener: beside the plain broker, whose
+client and controller listeners take 9092 and 9093 (this one then takes 9094-9096)."""
 
 USERS: Final = ("admin", "kbatch", "client")
 """SCRAM users created at format time; ``admin`` is a super user, the others get ACLs."""
@@ -177,12 +178,14 @@ class SecureBroker(LocalBroker):
 
     port: int = SECURE_PORT
     cache_dir: Path | None = None
-    """Where ``broker-<port>/`` lives (default: the kbatch cache; tests use their own)."""
+    """Where ``secure-broker-<port>/`` lives (default: the kbatch cache; tests use their own).
+    Its own folder, never a plain broker's: ``--secure --fresh`` cannot wipe a plain broker."""
 
     @property
     def home(self) -> Path:
-        """``<cache>/broker-<port>``: properties, data, logs, ``tls/``, ``passwords.json``."""
-        return (self.cache_dir or cache_root()) / f"broker-{self.port}"
+        """``<cache>/secure-broker-<port>``: properties, data, logs, ``tls/``,
+        ``passwords.json``."""
+        return (self.cache_dir or cache_root()) / f"secure-broker-{self.port}"
 
     @property
     def controller_port_(self) -> int:

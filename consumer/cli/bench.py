@@ -418,11 +418,11 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 @click.option(
     "--plots-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=Path("docs/img"),
-    show_default=True,
-    help="Where bench_e2e.png goes.",
+    default=None,
+    help="Write bench_e2e.png (and bench_e2e_frontier.png with a frontier) here; default: "
+    "no plot (kbatch writes only where it is told to).",
 )
-@click.option("--no-plots", is_flag=True, help="Write no plot.")
+@click.option("--no-plots", is_flag=True, help="Write no plot (the default; kept for scripts).")
 @click.option(
     "--log-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -448,7 +448,7 @@ def e2e(
     replicas: list[int],
     bootstrap: str,
     seed: int,
-    plots_dir: Path,
+    plots_dir: Path | None,
     no_plots: bool,
     log_dir: Path | None,
     as_json: bool,
@@ -533,7 +533,7 @@ def e2e(
         report = asyncio.run(run_e2e_bench(opts, say))
     except E2EError as err:
         raise click.ClickException(str(err)) from err
-    if not no_plots:
+    if plots_dir is not None and not no_plots:
         report["plots"] = [str(plot_e2e(report, plots_dir))]
         frontier_png = plot_frontier(report, plots_dir)
         if frontier_png is not None:

@@ -51,7 +51,7 @@ def _fail(err: BrokerError) -> None:
 @click.option(
     "--secure",
     is_flag=True,
-    help="TLS, SCRAM and mutual TLS with ACLs (default port 9093; docs/SECURITY.md).",
+    help="TLS, SCRAM and mutual TLS with ACLs (default port 9094; docs/SECURITY.md).",
 )
 @click.pass_context
 def start(

@@ -12,9 +12,10 @@ from consumer.broker.secure import SECURE_PORT, USERS, SecureBroker
 
 
 def _port(ctx: click.Context, port: int) -> int:
-    """``--port`` when given (flag or ``KBATCH_BROKER_PORT``), else :data:`SECURE_PORT`."""
+    """``--port`` when given as a flag, else :data:`SECURE_PORT`: ``KBATCH_BROKER_PORT`` names
+    the plain broker's port, never the secured one's."""
     source = ctx.get_parameter_source("port")
-    return port if source not in (None, click.core.ParameterSource.DEFAULT) else SECURE_PORT
+    return port if source == click.core.ParameterSource.COMMANDLINE else SECURE_PORT
 
 
 def start_secure(ctx: click.Context, port: int, fresh: bool, kafka_version: str) -> None:

@@ -241,20 +241,27 @@ def check_task(settings: ModelSettings, model_dir: Path) -> None:
     let through. Simulated and no-op models are not checked.
 
     Raises:
-        ValueError: classify asked of a model whose architectures name no classification head.
+        ValueError: classify asked of a model whose architectures name no classification head;
+            rerank of a model with more than one label.
     """
     head = _HEADS.get(settings.task)
     if head is None or settings.model == NOOP_MODEL or parse_sim(settings.model):
         return
     from transformers import AutoConfig
 
-    archs = list(getattr(AutoConfig.from_pretrained(str(model_dir)), "architectures", None) or [])
+    config = AutoConfig.from_pretrained(str(model_dir))
+    archs = list(getattr(config, "architectures", None) or [])
     if archs and not any(head in a for a in archs):
         what = _HEAD_NAMES[head]
         raise ValueError(
             f"--task {settings.task} needs a model trained with a {what} head (*{head}); "
             f"{model_dir} was saved as {', '.join(archs)} (no {what} head: its outputs would "
             "be random). Use the task that model was trained for."
+        )
+    if settings.task == "rerank" and config.num_labels != 1:
+        raise ValueError(
+            f"--task rerank needs a cross-encoder with one output (a relevance logit); "
+            f"{model_dir} has {config.num_labels} labels (a classifier: --task classify)"
         )
 
 

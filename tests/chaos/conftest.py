@@ -1,7 +1,8 @@
 """The chaos fixture: a three-node cluster of the tests' own, each node behind a proxy.
 
-One cluster per session (starting three JVMs takes ~30 s on two cores); every scenario leaves
-it whole again (all nodes up, faults cleared) before the next one starts.
+One cluster per test module (starting three JVMs takes ~30 s on two cores; three idle JVMs
+left running for the rest of ``make test`` would take CPU from every later test); every
+scenario leaves it whole again (all nodes up, faults cleared) before the next one starts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tests.chaos.cluster import NODES, ChaosCluster, free_port_run
 from tests.chaos.proxy import ProxySet
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chaos_cluster() -> Iterator[ChaosCluster]:
     base = free_port_run(3 * NODES + NODES)  # client, controller, internal; then the proxies
     proxy_ports = [base + 3 * NODES + i for i in range(NODES)]

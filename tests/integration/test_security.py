@@ -106,7 +106,7 @@ class Secured:
         return self.broker.password(user)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     root = tmp_path_factory.mktemp("secured")
     broker = SecureBroker(port=free_port_triple(), cache_dir=root)

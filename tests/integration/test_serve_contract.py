@@ -56,8 +56,14 @@ async def embed_server(
         dlq_topic=topics.dlq,
         group_id=topics.group,
         model=str(tiny_embed_dir),
-        # the Spring test's own reply topic (new_topic: test.own-rep.<hex>)
-        extra=["--max-wait-ms", "5", "--allowed-reply-topics", r"test\.own-rep\..*"],
+        # the Spring test's own reply topic (new_topic: test.own-rep.<hex>) and the never
+        # created one of the missing-topic test (unique_group: test.never-created.<hex>)
+        extra=[
+            "--max-wait-ms",
+            "5",
+            "--allowed-reply-topics",
+            r"test\.(own-rep|never-created)\..*",
+        ],
     )
     try:
         server.wait_ready()

@@ -267,3 +267,24 @@ def test_classify_is_refused_for_a_model_saved_without_a_classification_head(
     args = ["serve", "--model", str(tiny_embed_dir), "--task", "classify"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and "no classification head" in result.output
+
+
+def test_rerank_is_refused_for_a_classifier_with_more_than_one_label(
+    tiny_classify_dir: Path,
+) -> None:
+    """A 3-label classifier has the sequence-classification head but no single relevance
+    logit: ``--task rerank`` refuses it in one line before anything starts (it was a traceback
+    from the backend, found by a new-user trial)."""
+    from click.testing import CliRunner
+
+    from consumer.cli import cli
+    from consumer.config import ModelSettings
+    from consumer.model.loader import check_task
+
+    with pytest.raises(ValueError, match="one output"):
+        check_task(ModelSettings(model=str(tiny_classify_dir), task="rerank"), tiny_classify_dir)
+    result = CliRunner().invoke(
+        cli, ["serve", "--model", str(tiny_classify_dir), "--task", "rerank"]
+    )
+    assert result.exit_code == 2 and "3 labels" in result.output
+    assert "Traceback" not in result.output
