@@ -70,20 +70,28 @@ def _server_properties(port: int, controller_port: int, data_dir: Path) -> str:
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            f"log.dirs={data_dir}",
-            "num.partitions=1",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=10",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=false",  # kbatch creates its topics with explicit partitions
-            "delete.topic.enable=true",
-            "log.segment.bytes=67108864",
+            *single_node_storage(data_dir),
             "",
         ]
     )
+
+
+def single_node_storage(data_dir: Path) -> list[str]:
+    """The storage and internal-topic settings every single-node broker shares (plain and
+    ``--secure``): one replica of each internal topic, no topic created on first use."""
+    return [
+        f"log.dirs={data_dir}",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=10",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=4",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=false",  # kbatch creates its topics with explicit partitions
+        "delete.topic.enable=true",
+        "log.segment.bytes=67108864",
+    ]
 
 
 # Kafka 3.x: reload4j (log4j 1.x syntax) through -Dlog4j.configuration.

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from consumer.broker.local import BrokerError, LocalBroker, cache_root
+from consumer.broker.local import BrokerError, LocalBroker, cache_root, single_node_storage
 
 if TYPE_CHECKING:
     from consumer.kafka.config import KafkaClientSettings
@@ -155,17 +155,7 @@ def _server_properties(broker: SecureBroker, data_dir: Path) -> str:
             "allow.everyone.if.no.acl.found=false",
             # CN=kbatch → User:kbatch (the SCRAM user of the same name)
             "ssl.principal.mapping.rules=RULE:^CN=([a-zA-Z0-9._-]+)$/$1/,DEFAULT",
-            f"log.dirs={data_dir}",
-            "num.partitions=1",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=10",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=false",
-            "delete.topic.enable=true",
-            "log.segment.bytes=67108864",
+            *single_node_storage(data_dir),
             "",
         ]
     )
