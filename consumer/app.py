@@ -229,6 +229,9 @@ async def serve(settings: ServeSettings) -> int:
             # The drain spends the shutdown deadline less the closes' reserve; leaving the
             # stack then stops consumer, producer, engine, metrics server within the rest.
             drained = await pipeline.finish(None, life.drain_deadline())
+    # Stopped: the start-up heap goes back to the collector so that it is finalised at exit
+    # as usual (left frozen, triton's nanobind bindings print ~30 "leaked instance" lines).
+    gc.unfreeze()
     if failed:
         return 1
     if drained:
