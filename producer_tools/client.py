@@ -105,14 +105,22 @@ class RequestTimeoutError(ClientError, TimeoutError):
 
     retriable = True
 
-    def __init__(self, key: bytes, timeout_s: float, attempts: int, topic: str) -> None:
+    def __init__(
+        self, key: bytes, timeout_s: float, attempts: int, topic: str, reply_topic: str = ""
+    ) -> None:
         self.key = key
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.topic = topic
+        allowed = (
+            f", and does it allow replies to {reply_topic!r} (--allowed-reply-topics: a reply "
+            "topic it refuses gets only a dead letter)"
+            if reply_topic
+            else ""
+        )
         super().__init__(
             f"no reply to key {key!r} within {timeout_s:g} s after {attempts} send(s) to "
-            f"{topic!r}: is a kbatch serve consuming that topic?"
+            f"{topic!r}: is a kbatch serve consuming that topic{allowed}?"
         )
 
 
@@ -537,7 +545,9 @@ class RequestReplyClient:
                 if done:
                     break
                 if last or time.monotonic() >= deadline_s:
-                    raise RequestTimeoutError(raw_key, timeout_s, attempt, self.request_topic)
+                    raise RequestTimeoutError(
+                        raw_key, timeout_s, attempt, self.request_topic, self.reply_topic
+                    )
             reply, record, reply_encoding, received_s, answered = call.future.result()
         finally:
             for cid in call.attempts:

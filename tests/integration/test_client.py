@@ -186,6 +186,8 @@ async def test_no_server_raises_the_timeout_error(
         assert client.in_flight == 0 and client.sent == 2
     assert info.value.attempts == 2 and info.value.timeout_s == 1.0
     assert isinstance(info.value, TimeoutError)
+    # A server that refuses the reply topic answers only with a dead letter: the hint says so.
+    assert f"allow replies to {replies!r} (--allowed-reply-topics" in str(info.value)
     assert 0.9 < elapsed < 5
     cli = subprocess.run(
         [KBATCH, "request", "anyone?", "--timeout-s", "1", "--bootstrap", kafka_bootstrap,
