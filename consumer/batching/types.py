@@ -27,6 +27,11 @@ from schemas.errors import ErrorCode
 OutcomeStatus = Literal["ok", "error", "expired"]
 """The contract's reply ``status`` (CONTRACT.md §Reply record)."""
 
+Lane = Literal["live", "bulk"]
+"""Which kind of work an item is (issue 26): ``live`` requests (a client waits for the reply)
+go first; ``bulk`` work (backfill jobs, requests marked ``priority: bulk``) uses the capacity
+live work leaves idle."""
+
 
 @dataclass(slots=True)
 class InferenceItem:
@@ -47,6 +52,7 @@ class InferenceItem:
             (query, document) pair, so each pair is one sequence for buckets and the budget.
         text_pair: the second sequence of a pair item (a cross-encoder's document): tokenized
             as ``(text, text_pair)``, truncated longest-first.
+        lane: ``live`` (default) or ``bulk`` (see :data:`Lane`).
     """
 
     item_id: int
@@ -57,6 +63,7 @@ class InferenceItem:
     group: Hashable | None = None
     documents: tuple[str, ...] | None = None
     text_pair: str | None = None
+    lane: Lane = "live"
 
 
 @dataclass(slots=True)
