@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -62,8 +63,37 @@ def encoding_option(func: F) -> F:
     )(func)
 
 
+def read_text(text: str | None, text_file: BinaryIO | None) -> str:
+    """The request's text: the TEXT argument, or stdin for ``-``, or ``--text-file``'s content
+    (``-``: stdin), without its trailing newlines (as the shell's ``$(cat FILE)``: ``echo`` and
+    editors end a file with one).
+
+    Raises:
+        click.UsageError: both or neither of TEXT and ``--text-file``.
+        click.BadParameter: the file is not UTF-8.
+    """
+    if (text is None) == (text_file is None):
+        raise click.UsageError("give the text as TEXT, or - for stdin, or --text-file PATH")
+    if text is not None and text != "-":
+        return text
+    source: BinaryIO = text_file or sys.stdin.buffer
+    hint = "--text-file" if text_file is not None else "TEXT"
+    try:
+        return source.read().decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise click.BadParameter(f"not UTF-8: {err}", param_hint=hint) from None
+
+
 @click.command("request")
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option(
+    "--text-file",
+    type=click.File("rb"),
+    default=None,
+    metavar="PATH",
+    help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
+    "are dropped.",
+)
 @click.option("--key", default=None, help="Idempotency key (default: a random one).")
 @click.option(
     "--timeout-s",
@@ -128,7 +158,8 @@ def encoding_option(func: F) -> F:
 @topic_options
 @security_options
 def request_command(
-    text: str,
+    text: str | None,
+    text_file: BinaryIO | None,
     key: str | None,
     timeout_s: float,
     retries: int,
@@ -154,6 +185,9 @@ def request_command(
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
 
+    TEXT "-" reads the text from stdin (as --text-file - does); --text-file PATH reads it from
+    a file (curl's -d @PATH; a TEXT starting with @ is sent as it is).
+
     Exit status: 0 for an ok reply, 1 for an error or expired reply (still printed) or no
     reply within --timeout-s.
     """
@@ -162,6 +196,7 @@ def request_command(
     from producer_tools.client import ClientError, RequestReplyClient
     from schemas.codec import Encoding
 
+    input_text = read_text(text, text_file)
     meta_obj: dict[str, Any] | None = None
     if meta is not None:
         try:
@@ -193,7 +228,7 @@ def request_command(
             kafka_options=kafka_options,
         ) as client:
             envelope = await client.request(
-                text,
+                input_text,
                 key,
                 timeout_s=timeout_s,
                 retries=retries,

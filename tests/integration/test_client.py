@@ -161,6 +161,16 @@ def test_kbatch_request_prints_the_reply_as_json(served: Served) -> None:
     reply = json.loads(out.stdout)
     assert reply["status"] == "ok" and reply["meta"] == {"a": 1}
     assert reply["result"]["dim"] == len(reply["result"]["embedding"]) == 32
+    piped = subprocess.run(  # the same text from stdin, as echo writes it: the same embedding
+        [KBATCH, "request", "-", "--key", "cli-2", *common],
+        input="hello from the cli\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["result"]["embedding"] == reply["result"]["embedding"]
     expired = subprocess.run(
         [KBATCH, "request", "too late", "--deadline-after-ms", "0", "--full", *common],
         capture_output=True,
