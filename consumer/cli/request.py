@@ -156,6 +156,14 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
+@click.option(
+    "--dlq-topic",
+    default=_default("dlq_topic"),
+    show_default=True,
+    envvar="KBATCH_DLQ_TOPIC",
+    help="The server's dead-letter topic, refused as --reply-topic: a dead letter is not a "
+    "reply (env KBATCH_DLQ_TOPIC)",
+)
 @security_options
 def request_command(
     text: str | None,
@@ -181,6 +189,7 @@ def request_command(
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
+    dlq_topic: str,
     **security: Any,
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
@@ -226,6 +235,7 @@ def request_command(
             encoding=enc,
             start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
             kafka_options=kafka_options,
+            dead_letter_topic=dlq_topic,
         ) as client:
             envelope = await client.request(
                 input_text,
