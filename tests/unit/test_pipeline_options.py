@@ -99,8 +99,12 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
 
 @pytest.mark.parametrize(
     "value",
-    [{"query": "hello there"}, {"text": "t", "query": "q"}, {"text": "t", "top_n": 2},
-     {"text": "t", "documents": ["d"]}],  # fmt: skip
+    [
+        {"query": "hello there"},
+        {"text": "t", "query": "q"},
+        {"text": "t", "top_n": 2},
+        {"text": "t", "documents": ["d"]},
+    ],
     ids=["query-alone", "query-and-text", "top_n", "documents"],
 )
 async def test_a_rerank_field_on_an_embed_model_is_invalid_option_not_a_dead_letter(
