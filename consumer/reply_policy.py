@@ -85,7 +85,8 @@ class ReplyTopicPolicy:
         if self._pattern is None:
             return f"only the configured reply topic {self._reply_topic!r} is allowed"
         if self._pattern.fullmatch(topic) is None:
-            return f"it does not match --allowed-reply-topics {self._pattern.pattern!r}"
+            # As the operator wrote it: repr() would double each backslash (kbatch\\.x).
+            return f"it does not match --allowed-reply-topics '{self._pattern.pattern}'"
         return None
 
     def check(self, topic: str | None) -> ReplyTopicRefusal | None:

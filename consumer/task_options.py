@@ -4,8 +4,9 @@
 Pure (no torch, no I/O), the same two steps as the embed options (:mod:`consumer.options`):
 
 1. at admission, :func:`check_task_options` refuses (``invalid_option``) an option of another
-   task, an embed option on a 1.2 task (``encoding_format`` excepted on sparse, not
-   ``binary``), and a rerank request without ``documents``;
+   task (rerank's ``query``, its name for ``text``, included), an embed option on a 1.2 task
+   (``encoding_format`` excepted on sparse, not ``binary``), and a rerank request without
+   ``documents``;
 2. at reply time, :func:`shape_task_result` derives the request's ``result`` from the runner's
    (which holds everything every option needs), so dedup copies with other options share one
    computation: rerank's ``top_n``, sparse's ``top_k`` and ``encoding_format``,
@@ -76,12 +77,18 @@ def check_task_options(request: object, task: Task) -> None:
     documents read from each record); an attribute it lacks counts as absent.
 
     Raises:
-        TaskOptionError: an option of another task, an embed option on a 1.2 task other than
-            ``encoding_format`` float/f32le/f16le on sparse, or rerank without ``documents``.
+        TaskOptionError: an option of another task (``query`` too, on any task but rerank),
+            an embed option on a 1.2 task other than ``encoding_format`` float/f32le/f16le on
+            sparse, or rerank without ``documents``.
     """
     for name, owner in TASK_OPTIONS.items():
         if owner != task and getattr(request, name, None) is not None:
             raise TaskOptionError(f"{name} is a {owner} option; this model's task is {task}")
+    if task != "rerank" and getattr(request, "named_query", False):
+        raise TaskOptionError(
+            f"query is a rerank field (the rerank query); this model's task is {task}: "
+            "send the input as text"
+        )
     if task not in NEW_TASKS:
         return
     if task == "rerank" and isinstance(request, Request) and request.documents is None:

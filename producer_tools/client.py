@@ -7,6 +7,10 @@ only ``reply_partition``) and fixes its position at the current end offset befor
 is sent, so no reply is missed and no group join (seconds of rebalance) delays the first
 call. Several clients may share a reply topic: each reads every reply and keeps the ones whose
 ``kafka_correlationId`` it issued (others count as :attr:`~RequestReplyClient.stray_replies`).
+A dead letter (a copy of a request with ``kbatch.error.*`` headers, CONTRACT.md §Dead letters)
+is never a reply, even with this client's correlation id: a reply topic that is the server's
+request or dead-letter topic is refused at construction, and a dead letter read is skipped
+(:attr:`~RequestReplyClient.dead_letters_skipped`).
 Giving each client instance its own ``reply_partition`` avoids reading the others' replies.
 
 Each send carries a fresh 16-byte ``kafka_correlationId`` (as Spring's ``ReplyingKafkaTemplate``)
@@ -270,6 +274,13 @@ class RequestReplyClient:
         kafka_options: Extra aiokafka keyword arguments for both clients (security settings).
         read_committed: Read replies with ``isolation_level=read_committed``: only replies of
             committed transactions (a server run with ``--exactly-once``).
+        dead_letter_topic: The server's dead-letter topic (``kbatch serve --dlq-topic``), if
+            known: refused as ``reply_topic``, as ``request_topic`` always is.
+
+    Raises:
+        ValueError: ``reply_topic`` is ``request_topic`` or ``dead_letter_topic`` (kbatch never
+            replies there: the request would only be dead-lettered ``reply_topic_not_allowed``,
+            and the client would read requests or dead letters, not replies).
 
     Use as ``async with RequestReplyClient(...) as client: await client.request("text")``.
     """
@@ -287,7 +298,15 @@ class RequestReplyClient:
         client_id: str = "kbatch-client",
         kafka_options: Mapping[str, Any] | None = None,
         read_committed: bool = False,
+        dead_letter_topic: str | None = None,
     ) -> None:
+        for role, topic in (("request", request_topic), ("dead-letter", dead_letter_topic)):
+            if reply_topic == topic:
+                raise ValueError(
+                    f"the reply topic {reply_topic!r} is the server's {role} topic, where it "
+                    "never replies: name a reply topic of your own (`kbatch topics create "
+                    "NAME`, allowed by the server's --allowed-reply-topics)"
+                )
         if reply_partition is not None and reply_partition < 0:
             raise ValueError(f"reply_partition must be >= 0, got {reply_partition}")
         if start_timeout_s <= 0:
@@ -316,6 +335,8 @@ class RequestReplyClient:
         """Records produced so far (retries included)."""
         self.stray_replies = 0
         """Replies read whose correlation id no pending call owns (late, or another client's)."""
+        self.dead_letters_skipped = 0
+        """Dead letters read on the reply topic (``kbatch.error.code`` header): not replies."""
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -613,6 +634,9 @@ class RequestReplyClient:
 
     def _dispatch(self, record: ConsumerRecord[bytes, bytes], received_s: float) -> None:
         headers = tuple((k, v) for k, v in record.headers)
+        if H.last_value(headers, H.ERROR_CODE) is not None:  # a dead letter: the request's copy
+            self.dead_letters_skipped += 1
+            return
         correlation_id = H.last_value(headers, H.CORRELATION_ID)
         call = self._calls.get(correlation_id) if correlation_id is not None else None
         if call is None or correlation_id is None or call.future.done():

@@ -21,6 +21,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     WithJsonSchema,
     field_serializer,
     model_validator,
@@ -249,13 +251,25 @@ class Request(BaseModel):
         "replaced by [LABEL].",
     )
 
-    @model_validator(mode="before")
+    _named_query: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _query_is_text(cls, data: Any) -> Any:
-        # A rerank request may name its query "query" (TEI's /rerank); it is the text.
-        if isinstance(data, dict) and "query" in data and data.get("text") is None:
+    def _query_is_text(cls, data: Any, handler: ModelWrapValidatorHandler[Request]) -> Request:
+        # A rerank request may name its query "query" (TEI's /rerank); it is the text. The
+        # request remembers it did (named_query): on another task it is invalid_option.
+        named = isinstance(data, dict) and data.get("query") is not None
+        if named and data.get("text") is None:
             data = {k: v for k, v in data.items() if k != "query"} | {"text": data["query"]}
-        return data
+        request = handler(data)
+        request._named_query = named
+        return request
+
+    @property
+    def named_query(self) -> bool:
+        """Whether the request named the rerank field ``query`` (contract 1.2), with or
+        without ``text``: on a task other than rerank it is ``invalid_option``."""
+        return self._named_query
 
     @property
     def has_embed_options(self) -> bool:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -62,8 +63,37 @@ def encoding_option(func: F) -> F:
     )(func)
 
 
+def read_text(text: str | None, text_file: BinaryIO | None) -> str:
+    """The request's text: the TEXT argument, or stdin for ``-``, or ``--text-file``'s content
+    (``-``: stdin), without its trailing newlines (as the shell's ``$(cat FILE)``: ``echo`` and
+    editors end a file with one).
+
+    Raises:
+        click.UsageError: both or neither of TEXT and ``--text-file``.
+        click.BadParameter: the file is not UTF-8.
+    """
+    if (text is None) == (text_file is None):
+        raise click.UsageError("give the text as TEXT, or - for stdin, or --text-file PATH")
+    if text is not None and text != "-":
+        return text
+    source: BinaryIO = text_file or sys.stdin.buffer
+    hint = "--text-file" if text_file is not None else "TEXT"
+    try:
+        return source.read().decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise click.BadParameter(f"not UTF-8: {err}", param_hint=hint) from None
+
+
 @click.command("request")
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option(
+    "--text-file",
+    type=click.File("rb"),
+    default=None,
+    metavar="PATH",
+    help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
+    "are dropped.",
+)
 @click.option("--key", default=None, help="Idempotency key (default: a random one).")
 @click.option(
     "--timeout-s",
@@ -126,9 +156,18 @@ def encoding_option(func: F) -> F:
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
+@click.option(
+    "--dlq-topic",
+    default=_default("dlq_topic"),
+    show_default=True,
+    envvar="KBATCH_DLQ_TOPIC",
+    help="The server's dead-letter topic, refused as --reply-topic: a dead letter is not a "
+    "reply (env KBATCH_DLQ_TOPIC)",
+)
 @security_options
 def request_command(
-    text: str,
+    text: str | None,
+    text_file: BinaryIO | None,
     key: str | None,
     timeout_s: float,
     retries: int,
@@ -150,9 +189,13 @@ def request_command(
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
+    dlq_topic: str,
     **security: Any,
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
+
+    TEXT "-" reads the text from stdin (as --text-file - does); --text-file PATH reads it from
+    a file (curl's -d @PATH; a TEXT starting with @ is sent as it is).
 
     Exit status: 0 for an ok reply, 1 for an error or expired reply (still printed) or no
     reply within --timeout-s.
@@ -162,6 +205,7 @@ def request_command(
     from producer_tools.client import ClientError, RequestReplyClient
     from schemas.codec import Encoding
 
+    input_text = read_text(text, text_file)
     meta_obj: dict[str, Any] | None = None
     if meta is not None:
         try:
@@ -191,9 +235,10 @@ def request_command(
             encoding=enc,
             start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
             kafka_options=kafka_options,
+            dead_letter_topic=dlq_topic,
         ) as client:
             envelope = await client.request(
-                text,
+                input_text,
                 key,
                 timeout_s=timeout_s,
                 retries=retries,

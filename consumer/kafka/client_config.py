@@ -21,6 +21,7 @@ from consumer.kafka.errors import (
     describe_denial,
     map_kafka_errors,
 )
+from consumer.kafka.log_levels import quiet_retriable_errors
 
 
 class TokenFileProvider(AbstractTokenProvider):  # type: ignore[misc]
@@ -153,6 +154,7 @@ async def start_client(
             an ACL denial.
         KafkaUnavailableError: ``f"{context}: {aiokafka's error}"``.
     """
+    quiet_retriable_errors()  # a coordinator not available yet is a WARNING, not an ERROR
     failures = _ConnectFailures()
     aiokafka_log = logging.getLogger("aiokafka")  # aiokafka.client logs through it
     aiokafka_log.addFilter(failures)

@@ -161,6 +161,16 @@ def test_kbatch_request_prints_the_reply_as_json(served: Served) -> None:
     reply = json.loads(out.stdout)
     assert reply["status"] == "ok" and reply["meta"] == {"a": 1}
     assert reply["result"]["dim"] == len(reply["result"]["embedding"]) == 32
+    piped = subprocess.run(  # the same text from stdin, as echo writes it: the same embedding
+        [KBATCH, "request", "-", "--key", "cli-2", *common],
+        input="hello from the cli\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["result"]["embedding"] == reply["result"]["embedding"]
     expired = subprocess.run(
         [KBATCH, "request", "too late", "--deadline-after-ms", "0", "--full", *common],
         capture_output=True,
@@ -170,6 +180,20 @@ def test_kbatch_request_prints_the_reply_as_json(served: Served) -> None:
     )
     assert expired.returncode == 1
     assert json.loads(expired.stdout)["reply"]["status"] == "expired"
+
+
+async def test_a_dead_letter_on_the_reply_topic_is_not_taken_for_a_reply(served: Served) -> None:
+    # A new-user trial named the dead-letter topic as its reply topic: the server refuses it
+    # (reply_topic_not_allowed) and writes the request's copy there, with its correlation id,
+    # which the client read as its reply. (kbatch request refuses that topic up front.)
+    dlq = f"{served.requests}.dlq"
+    async with RequestReplyClient(
+        bootstrap=served.bootstrap, request_topic=served.requests, reply_topic=dlq
+    ) as client:
+        call = asyncio.create_task(client.request("mistaken", "dlq-1", timeout_s=60))
+        await _poll(lambda: client.dead_letters_skipped == 1, 30, "the dead letter read")
+        assert not call.done() and client.in_flight == 1  # still waiting for a reply
+        call.cancel()
 
 
 async def test_no_server_raises_the_timeout_error(

@@ -98,6 +98,29 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        {"query": "hello there"},
+        {"text": "t", "query": "q"},
+        {"text": "t", "top_n": 2},
+        {"text": "t", "documents": ["d"]},
+    ],
+    ids=["query-alone", "query-and-text", "top_n", "documents"],
+)
+async def test_a_rerank_field_on_an_embed_model_is_invalid_option_not_a_dead_letter(
+    parts: Parts, value: dict[str, Any]
+) -> None:
+    # query (rerank's name for text) was embedded as the text; found by a new-user trial.
+    pipeline, sink, engine = parts
+    await pipeline.take([InRecord("req", 0, 0, b"k", msgpack.packb(value), (), 0)])
+    await settle()
+    assert engine.items == [] and all(r.topic != DLQ for r in sink.sent)
+    (reply,) = replies(sink)
+    assert reply.error is not None and reply.error.code is ErrorCode.INVALID_OPTION
+    assert "a rerank" in reply.error.message and "task is embed" in reply.error.message
+
+
+@pytest.mark.parametrize(
     "fields",
     [{"encoding_format": "float"}, {"normalize": True}, {"dimensions": 1}, {"prompt_name": "q"}],
 )

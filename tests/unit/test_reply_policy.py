@@ -64,3 +64,11 @@ def test_a_refused_topic_is_logged_once_a_minute_per_topic() -> None:
 def test_an_invalid_pattern_is_refused_at_construction() -> None:
     with pytest.raises(re.error):
         policy("replies.(")
+
+
+def test_a_refusal_shows_the_pattern_as_the_operator_wrote_it() -> None:
+    # repr() of the pattern doubled its backslashes (kbatch\\.replies.*); found by a user trial.
+    refusal = policy(r"kbatch\.replies\..*").check("billing.events")
+    assert refusal is not None
+    assert "--allowed-reply-topics 'kbatch\\.replies\\..*'" in refusal.message
+    assert "\\\\" not in refusal.message

@@ -126,6 +126,7 @@ def test_each_option_belongs_to_one_task_and_is_refused_elsewhere() -> None:
         "redact": "token-classify",
     }
     check_task_options(Request(text="q", documents=["d"], top_n=1), "rerank")
+    check_task_options(Request.model_validate({"query": "q", "documents": ["d"]}), "rerank")
     check_task_options(Request(text="t", top_k=3, encoding_format="f16le"), "sparse")
     check_task_options(Request(text="t", aggregation="max", redact=False), "token-classify")
     check_task_options(Request(text="t", dimensions=3), "embed")  # embed's own rules elsewhere
@@ -137,6 +138,8 @@ def test_each_option_belongs_to_one_task_and_is_refused_elsewhere() -> None:
         ({"encoding_format": "binary"}, "sparse", "encoding_format 'binary'"),
         ({"dimensions": 8}, "sparse", "dimensions: not an option of task sparse"),
         ({"prompt_name": "query"}, "token-classify", "prompt_name"),
+        ({"query": "q"}, "embed", "query is a rerank field"),  # rerank's name for text
+        ({"query": "q"}, "sparse", "query is a rerank field"),
     ]
     for fields, task, message in refused:
         with pytest.raises(TaskOptionError, match=message):

@@ -1,0 +1,43 @@
+"""A reply topic where kbatch never replies is refused before anything is sent
+(producer_tools/client.py, ``kbatch request``); that a dead letter read is not taken for a reply
+is tested with a server in tests/integration/test_client.py."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from consumer.cli.request import request_command
+from producer_tools.client import RequestReplyClient
+
+
+@pytest.mark.parametrize(
+    ("reply_topic", "role"),
+    [("kbatch.requests", "request"), ("kbatch.requests.dlq", "dead-letter")],
+)
+def test_the_request_and_dead_letter_topics_are_refused_as_reply_topics(
+    reply_topic: str, role: str
+) -> None:
+    with pytest.raises(ValueError, match=f"is the server's {role} topic, where it never replies"):
+        RequestReplyClient(
+            bootstrap="127.0.0.1:1",
+            request_topic="kbatch.requests",
+            reply_topic=reply_topic,
+            dead_letter_topic="kbatch.requests.dlq",
+        )
+    RequestReplyClient(  # no dead-letter topic known: only the request topic is refused
+        bootstrap="127.0.0.1:1", request_topic="other", reply_topic="kbatch.requests.dlq"
+    )
+
+
+def test_kbatch_request_refuses_the_dead_letter_topic_in_one_line() -> None:
+    # Found by a new-user trial: --reply-topic kbatch.requests.dlq read the request's own dead
+    # letter as its reply. No broker listens on port 1: the refusal comes first.
+    runner = CliRunner()
+    common = ["--bootstrap", "127.0.0.1:1", "--reply-topic"]
+    default = runner.invoke(request_command, ["t", *common, "kbatch.requests.dlq"])
+    assert default.exit_code == 2
+    assert "'kbatch.requests.dlq' is the server's dead-letter topic" in default.output
+    assert "Traceback" not in default.output
+    env = runner.invoke(request_command, ["t", *common, "x.dlq"], env={"KBATCH_DLQ_TOPIC": "x.dlq"})
+    assert env.exit_code == 2 and "dead-letter topic" in env.output
