@@ -236,6 +236,7 @@ class BucketBatcher:
             prior_per_token_us=PRIOR_PER_TOKEN_US,
         )
         self._budget_tokens = config.max_batch_tokens
+        self._budget_tokens = self._fit_budget()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -278,12 +279,21 @@ class BucketBatcher:
         """The runner computed a batch of ``padded_tokens`` (size × padded length) in
         ``batch_ms`` milliseconds: refit the cost model and the token budget (rule 8)."""
         self.cost.observe(padded_tokens, batch_ms)
-        caps_ms = [t / 2.0 for t in (self.config.target_p99_ms,) if t is not None]
+        self._budget_tokens = self._fit_budget()
+
+    def _fit_budget(self) -> int:
+        """Rule 8's budget: ``target_p99_ms`` applies once measured; ``max_batch_ms`` from the
+        start, on the prior cost model until then (a prior for a CPU overestimates a GPU's
+        cost: bulk batches start small, never too long)."""
+        caps_ms: list[float] = []
+        if self.config.target_p99_ms is not None and self.measured:
+            caps_ms.append(self.config.target_p99_ms / 2.0)
         if self.max_batch_ms is not None:
             caps_ms.append(self.max_batch_ms)
-        if caps_ms and self.measured:
-            fit = self.cost.tokens_within(min(caps_ms))
-            self._budget_tokens = min(self.config.max_batch_tokens, max(self.max_length, fit))
+        if not caps_ms:
+            return self._budget_tokens
+        fit = self.cost.tokens_within(min(caps_ms))
+        return min(self.config.max_batch_tokens, max(self.max_length, fit))
 
     def worst_case_shapes(self) -> list[tuple[int, int]]:
         """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""
