@@ -96,10 +96,11 @@ class BatchPolicyConfig(BaseModel):
         default=None,
         gt=0.0,
         le=600_000.0,
-        description="Lanes (issue 26): once the batch cost model has measured the device, a "
-        "bulk batch holds at most the padded tokens that finish within this many ms — the "
-        "most a ready live batch waits behind bulk work. None = the live lane's budget (a "
-        "bulk batch takes no longer than the largest live batch).",
+        description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
+        "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
+        "most a ready live batch waits behind bulk work; never below one item of the model's "
+        "maximum length. None = the live lane's budget (a bulk batch takes no longer than "
+        "the largest live batch).",
     )
     bulk_min_share: float = Field(
         default=0.1,
