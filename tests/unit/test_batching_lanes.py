@@ -42,7 +42,9 @@ def test_next_lane_table(
     if not owed:
         s.note_batch("bulk", 50.0, now=1.0)
     assert s.bulk_owed() is owed
-    got = s.next_lane(live_due=live_due, bulk_due=bulk_due, free_slots=free, in_pipeline=in_pipeline)
+    got = s.next_lane(
+        live_due=live_due, bulk_due=bulk_due, free_slots=free, in_pipeline=in_pipeline
+    )
     assert got == expected
 
 
