@@ -209,7 +209,7 @@ async def test_engine_runs_a_ready_live_batch_before_queued_bulk_and_never_mixes
     await h.engine.stop()
     assert backend.lanes == [{"bulk"}, {"live"}, {"bulk"}, {"bulk"}]
     assert len(h.outcomes) == 14 and {o.status for o in h.outcomes.values()} == {"ok"}
-    assert h.engine.bulk_share == pytest.approx(12 / 14, abs=0.2)  # the fake's timings vary
+    assert h.engine.bulk_share > 0.5  # the gated bulk batch held the device longest
 
 
 async def test_a_routed_submit_gets_its_own_outcomes() -> None:

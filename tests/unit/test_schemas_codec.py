@@ -793,7 +793,6 @@ def test_reply_wire_gives_to_wire_for_ints_where_floats_are_expected() -> None:
     assert reply_wire("error", model={}, error=("no_such_code", "x")) is None  # type: ignore[arg-type]
 
 
-
 @pytest.mark.parametrize("priority", ["live", "bulk"])
 def test_priority_round_trips_and_other_values_are_invalid_request(priority: str) -> None:
     """Contract 1.2 ``priority`` (issue 26): encoded by clients, decoded; ``LIVE`` is no value."""
