@@ -38,7 +38,11 @@ on_outcomes=callback)``, and draws its item ids from :meth:`Engine.new_routed_id
 so they never collide with the pipeline's ids, which count up from 0). Each of those items'
 outcomes goes to ``callback`` (on the loop thread, a list at a time) instead of the engine's
 ``on_outcomes``; everything else (expiry, cancel_group by its own ``group`` tags, flush,
-drain) is shared.
+drain) is shared. Submit bulk work in chunks of a poll's size (≤ a few hundred items) and only
+while ``queued_items_of("bulk")`` is below about one batch's worth per free slot and a few
+more: the one tokenize thread is shared, so a large bulk chunk delays the tokenization of live
+items behind it. A rerank job wraps the engine in its own
+:class:`~consumer.batching.fanout.FanOutEngine` (``replace`` keeps each pair's lane).
 """
 
 from __future__ import annotations
