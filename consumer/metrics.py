@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from consumer.batching.types import Lane
+
 _LATENCY_BUCKETS_S = (
     0.001,
     0.0025,
@@ -61,7 +63,14 @@ class Metrics:
             ["status"],
             registry=r,
         )
-        self._reply_children: dict[str, Counter] = {}
+        self.lane_replies = Counter(
+            "kbatch_lane_replies_total",
+            "Replies acknowledged by the broker, by lane (the request's priority: live or "
+            "bulk) and status; kbatch_replies_total is their sum over lanes.",
+            ["lane", "status"],
+            registry=r,
+        )
+        self._reply_children: dict[tuple[str, str], _ReplyCount] = {}
         self.dead_letters = Counter(
             "kbatch_dead_letters_total",
             "Dead letters acknowledged, by error code.",
@@ -103,7 +112,11 @@ class Metrics:
             "kbatch_inference_failed_total", "Requests answered inference_failed.", registry=r
         )
         self.batch_size = Histogram(
-            "kbatch_batch_size", "Requests per batch run.", buckets=_BATCH_SIZE_BUCKETS, registry=r
+            "kbatch_batch_size",
+            "Requests per batch run, by lane (live or bulk; a batch never mixes lanes).",
+            ["lane"],
+            buckets=_BATCH_SIZE_BUCKETS,
+            registry=r,
         )
         self.tokens_real = Counter(
             "kbatch_tokens_real_total", "Real (non-padding) tokens computed.", registry=r
@@ -121,7 +134,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "kbatch_queue_wait_seconds",
-            "Time a request waited in its bucket.",
+            "Time a request waited in its bucket, by lane (live or bulk).",
+            ["lane"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -244,16 +258,33 @@ class Metrics:
             warnings.simplefilter("ignore", UserWarning)
             self.lag.remove(tp[0], str(tp[1]))
 
-    def reply_status(self, status: str) -> Counter:
-        """The ``kbatch_replies_total`` child of ``status`` (cached: this is per record)."""
-        child = self._reply_children.get(status)
+    def reply_status(self, status: str, lane: Lane = "live") -> _ReplyCount:
+        """The ``kbatch_replies_total`` child of ``status`` and the ``kbatch_lane_replies_total``
+        child of ``(lane, status)``, counted together (cached: this is per record)."""
+        child = self._reply_children.get((status, lane))
         if child is None:
-            child = self._reply_children[status] = self.replies.labels(status)
+            child = self._reply_children[(status, lane)] = _ReplyCount(
+                self.replies.labels(status), self.lane_replies.labels(lane, status)
+            )
         return child
 
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _ReplyCount:
+    """Counts replies of one status and lane in both reply counters."""
+
+    __slots__ = ("_by_lane", "_total")
+
+    def __init__(self, total: Counter, by_lane: Counter) -> None:
+        self._total = total
+        self._by_lane = by_lane
+
+    def inc(self, amount: float = 1) -> None:
+        self._total.inc(amount)
+        self._by_lane.inc(amount)
 
 
 def _sum_samples(metric: Counter | Gauge, name: str) -> float:
@@ -434,10 +465,15 @@ class PrometheusStats:
         self._m = metrics
 
     def on_batch(
-        self, batch_size: int, real_tokens: int, padded_tokens: int, infer_ms: float
+        self,
+        batch_size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        infer_ms: float,
+        lane: Lane = "live",
     ) -> None:
         m = self._m
-        m.batch_size.observe(batch_size)
+        m.batch_size.labels(lane).observe(batch_size)
         m.tokens_real.inc(real_tokens)
         m.tokens_padded.inc(padded_tokens)
         if padded_tokens:
@@ -445,8 +481,8 @@ class PrometheusStats:
         m.inference_time.observe(infer_ms / 1000)
         m.model_busy.add(infer_ms / 1000)
 
-    def on_queue_wait(self, queue_ms: float) -> None:
-        self._m.queue_wait.observe(queue_ms / 1000)
+    def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
+        self._m.queue_wait.labels(lane).observe(queue_ms / 1000)
 
     def on_expired(self, n: int) -> None:
         self._m.expired.inc(n)

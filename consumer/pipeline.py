@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumer.batching.engine import EngineClosedError
-from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.batching.types import InferenceItem, ItemOutcome, Lane
 from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
@@ -116,6 +116,8 @@ class Pending:
     """The key its computation is shared under (:func:`consumer.options.dedup_key`)."""
     status: str = ""
     """Its reply's ``kbatch-status`` once built (the ``kbatch_replies_total`` label)."""
+    lane: Lane = "live"
+    """Its request's ``priority`` (contract 1.2), once admitted: the engine lane it rides."""
 
 
 class Pipeline:
@@ -314,6 +316,7 @@ class Pipeline:
         """Answer at once what needs no computation; else return the item to compute."""
         assert pending.parsed is not None
         request = pending.parsed.request
+        pending.lane = request.priority or "live"  # not in the dedup key: a retry is the same
         if request.task is not None and request.task != self.settings.task:
             message = f"this consumer serves task {self.settings.task!r}, not {request.task!r}"
             self._reply(
@@ -367,6 +370,7 @@ class Pipeline:
             deadline_s=deadline_s,
             group=pending.record.tp,
             documents=None if request.documents is None else tuple(request.documents),
+            lane=pending.lane,
         )
 
     # ---- outcomes → replies -------------------------------------------------------------------
@@ -435,12 +439,13 @@ class Pipeline:
         """
         m = self._metrics
         now_ms = self._wall_ms()
-        by_status: dict[str, int] = {}
+        by_status: dict[tuple[str, Lane], int] = {}
         for pending, _ in delivered:
-            by_status[pending.status] = by_status.get(pending.status, 0) + 1
+            k = (pending.status, pending.lane)
+            by_status[k] = by_status.get(k, 0) + 1
             m.end_to_end.observe(max(0.0, (now_ms - pending.record.timestamp_ms) / 1000))
-        for status, n in by_status.items():
-            m.reply_status(status).inc(n)
+        for (status, lane), n in by_status.items():
+            m.reply_status(status, lane).inc(n)
 
     def on_dead_lettered(
         self, pending: Pending, code: ErrorCode, sent: bool, reply_sent: bool
@@ -451,7 +456,7 @@ class Pipeline:
         else:
             self._metrics.dead_letters_failed.labels(code.value).inc()
         if reply_sent:
-            self._metrics.reply_status("error").inc()
+            self._metrics.reply_status("error", pending.lane).inc()
 
     def on_finished(self, pending: Pending, completed: bool) -> None:
         """Delivery: ``pending`` is done; its flow credit is released when its offset was

@@ -560,7 +560,15 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
         EncodeError: when ``meta`` holds something the encoding cannot carry.
     """
     wire: dict[str, Any] = {"v": request.v, "text": request.text}
-    for name in ("task", "deadline_ms", "truncate", "meta", *EMBED_OPTIONS, *TASK_OPTIONS):
+    for name in (
+        "task",
+        "deadline_ms",
+        "truncate",
+        "meta",
+        *EMBED_OPTIONS,
+        *TASK_OPTIONS,
+        "priority",
+    ):
         field = getattr(request, name)
         if field is not None:
             wire[name] = field

@@ -88,6 +88,12 @@ AGGREGATIONS: Final[tuple[Aggregation, ...]] = ("none", "simple", "first", "max"
 Status = Literal["ok", "error", "expired"]
 """Reply status, also sent as the ``kbatch-status`` header (CONTRACT.md §Reply record)."""
 
+Priority = Literal["live", "bulk"]
+"""A request's lane (CONTRACT.md §Additions in 1.2, ``priority``): ``live`` requests go first,
+``bulk`` ones use the capacity live work leaves idle (the engine's lanes, issue 26)."""
+
+PRIORITIES: Final[tuple[Priority, ...]] = ("live", "bulk")
+
 EncodingFormat = Literal["float", "f32le", "f16le", "binary"]
 """How ``result.embedding`` is sent (CONTRACT.md §Additions in 1.1, ``encoding_format``)."""
 
@@ -249,6 +255,14 @@ class Request(BaseModel):
         default=None,
         description="token-classify: also answer result.redacted, the text with every entity "
         "replaced by [LABEL].",
+    )
+
+    priority: Priority | None = Field(
+        default=None,
+        description='Any task: "live" (default) or "bulk". Bulk requests are computed in the '
+        "capacity live requests leave idle (and a minimum share), never in a batch with live "
+        "ones; for clients that mix interactive and offline work on one topic. Not part of "
+        "the dedup key: a retry with another priority is the same request.",
     )
 
     _named_query: bool = PrivateAttr(default=False)

@@ -92,6 +92,31 @@ class BatchPolicyConfig(BaseModel):
         le=600_000.0,
         description="Time constant of each bucket's exponentially decayed arrival rate.",
     )
+    bulk_max_batch_ms: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=600_000.0,
+        description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
+        "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
+        "most a ready live batch waits behind bulk work; never below one item of the model's "
+        "maximum length. None = the live lane's budget (a bulk batch takes no longer than "
+        "the largest live batch).",
+    )
+    bulk_min_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=0.9,
+        description="Lanes: the share of device time the bulk lane gets while both lanes have "
+        "due work, so bulk never starves (measured over lane_share_window_ms). 0 = bulk runs "
+        "only when live leaves the device idle.",
+    )
+    lane_share_window_ms: float = Field(
+        default=5_000.0,
+        gt=0.0,
+        le=3_600_000.0,
+        description="Lanes: time constant of the exponentially decayed device time per lane "
+        "that bulk_min_share is measured on.",
+    )
 
     @model_validator(mode="after")
     def _check_batch_policy(self) -> Self:
@@ -112,6 +137,11 @@ class BatchPolicyConfig(BaseModel):
     def max_wait_s(self) -> float:
         """``max_wait_ms`` in seconds (the clock's unit)."""
         return self.max_wait_ms / 1000.0
+
+    @property
+    def lane_share_window_s(self) -> float:
+        """``lane_share_window_ms`` in seconds."""
+        return self.lane_share_window_ms / 1000.0
 
     @property
     def rate_window_s(self) -> float:

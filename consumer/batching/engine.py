@@ -24,11 +24,31 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
   chunk's rejections, the items expired together); each submitted item's outcome (ok, error or
   expired) is in exactly one call, except for items removed by :meth:`Engine.cancel_group` or
   still queued at :meth:`Engine.stop`.
+
+Lanes (issue 26; docs/ARCHITECTURE.md §Lanes): each item's ``lane`` (``live`` by default, or
+``bulk``) picks one of two :class:`BucketBatcher` s — items of different lanes never share a
+batch — and :class:`~consumer.batching.lanes.LaneScheduler` picks which lane's due batch takes
+each free model slot: live first; bulk while the device is idle, in batches sized so that one
+takes at most ``bulk_max_batch_ms``; bulk ahead of live only while it is below
+``bulk_min_share`` of recent device time.
+
+A second producer of items (serve's backfill job runner) shares the engine: it submits
+``InferenceItem(lane="bulk", ...)`` with its own callback, ``await engine.submit(items,
+on_outcomes=callback)``, and draws its item ids from :meth:`Engine.new_routed_id` (negative,
+so they never collide with the pipeline's ids, which count up from 0). Each of those items'
+outcomes goes to ``callback`` (on the loop thread, a list at a time) instead of the engine's
+``on_outcomes``; everything else (expiry, cancel_group by its own ``group`` tags, flush,
+drain) is shared. Submit bulk work in chunks of a poll's size (≤ a few hundred items) and only
+while ``queued_items_of("bulk")`` is below about one batch's worth per free slot and a few
+more: the one tokenize thread is shared, so a large bulk chunk delays the tokenization of live
+items behind it. A rerank job wraps the engine in its own
+:class:`~consumer.batching.fanout.FanOutEngine` (``replace`` keeps each pair's lane).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -37,6 +57,7 @@ from typing import Literal, TypeVar
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.errors import EngineClosedError
+from consumer.batching.lanes import LaneScheduler
 from consumer.batching.policy import BucketBatcher
 from consumer.batching.protocols import BatchRunner, TokenizerLike
 from consumer.batching.stats import NullStats, StatsSink
@@ -45,6 +66,7 @@ from consumer.batching.types import (
     InferenceItem,
     ItemOutcome,
     ItemRun,
+    Lane,
     Rejected,
     TokenizedItem,
 )
@@ -55,6 +77,8 @@ __all__ = ["Engine", "EngineClosedError", "WarmupMode"]
 log = logging.getLogger(__name__)
 
 WarmupMode = Literal["all", "largest", "none"]
+OutcomeCallback = Callable[[list[ItemOutcome]], None]
+"""Receives a list of outcomes on the event loop thread."""
 _T = TypeVar("_T")
 
 
@@ -67,7 +91,8 @@ class Engine:
         policy_config: batch formation settings; :meth:`start` may lower
             ``max_batch_tokens`` (see :attr:`policy_config`).
         on_outcomes: called on the loop thread with a list of :class:`ItemOutcome` (a whole
-            batch's together); an exception in it is logged and ignored.
+            batch's together); an exception in it is logged and ignored. Items submitted with
+            a callback of their own (``submit(..., on_outcomes=...)``) go to that one instead.
         clock: monotonic seconds; ``InferenceItem.arrival_s``/``deadline_s`` use it too.
         stats: counters sink (``on_queue_wait``, ``on_expired``, ``on_watchdog``; give the same
             object to the runner for batch counters).
@@ -104,6 +129,10 @@ class Engine:
         self.max_length = min(runner.max_length, tokenizer.max_length)
         self.policy_config = policy_config
         self._batcher = BucketBatcher(policy_config, self.max_length)
+        self._bulk = self._bulk_batcher(policy_config)
+        self._lanes = LaneScheduler(policy_config.bulk_min_share, policy_config.lane_share_window_s)
+        self._routes: dict[int, OutcomeCallback] = {}  # item_id → its submit's callback
+        self._routed_ids = itertools.count(-1, -1)
         self._prefetch = bool(runner.prefetch)
         self._depth = 2 if self._prefetch else 1
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-tokenize")
@@ -127,13 +156,22 @@ class Engine:
 
     @property
     def queued_items(self) -> int:
-        """Items waiting in buckets (not yet in a batch)."""
-        return self._batcher.queued_items
+        """Items waiting in buckets (not yet in a batch), both lanes."""
+        return self._batcher.queued_items + self._bulk.queued_items
 
     @property
     def queued_tokens(self) -> int:
-        """Real tokens of the items waiting in buckets."""
-        return self._batcher.queued_tokens
+        """Real tokens of the items waiting in buckets, both lanes."""
+        return self._batcher.queued_tokens + self._bulk.queued_tokens
+
+    def queued_items_of(self, lane: Lane) -> int:
+        """Items of ``lane`` waiting in buckets."""
+        return self._batcher_of(lane).queued_items
+
+    @property
+    def bulk_share(self) -> float:
+        """The bulk lane's share of recent device time, in [0, 1] (1.0 before any batch)."""
+        return self._lanes.bulk_share()
 
     @property
     def in_flight_items(self) -> int:
@@ -189,22 +227,43 @@ class Engine:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         self._state = "stopped"
+        self._routes.clear()
         await self._notify()
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+    def new_routed_id(self) -> int:
+        """A fresh item id for a submit with its own ``on_outcomes`` (negative: never one of
+        the default producer's ids, which count up from 0)."""
+        return next(self._routed_ids)
+
+    async def submit(
+        self,
+        items: Sequence[InferenceItem],
+        on_outcomes: OutcomeCallback | None = None,
+    ) -> list[int]:
         """Tokenize a chunk of items off the event loop and queue them for batching.
 
-        Returns each item's token count (special tokens included; for an ``input_too_long``
-        item, its length). An over-length item that may not be truncated is answered
-        ``error``/``input_too_long`` through ``on_outcomes`` (after this returns). If the
-        tokenizer itself raises, every item of the chunk is answered ``inference_failed``.
-        Raises :class:`EngineClosedError` before :meth:`start` or after :meth:`stop`.
+        Each item joins its ``lane``'s buckets. Returns each item's token count (special
+        tokens included; for an ``input_too_long`` item, its length). An over-length item that
+        may not be truncated is answered ``error``/``input_too_long`` (after this returns). If
+        the tokenizer itself raises, every item of the chunk is answered ``inference_failed``.
+        Outcomes go to ``on_outcomes`` when given (ids from :meth:`new_routed_id`), else to
+        the engine's callback.
+
+        Raises:
+            EngineClosedError: before :meth:`start` or after :meth:`stop`.
+            ValueError: ``on_outcomes`` given and an item's id is already routed (in flight).
         """
         if self._state != "running":
             raise EngineClosedError(f"engine is {self._state}")
         if not items:
             return []
         chunk = list(items)
+        if on_outcomes is not None:
+            clash = [it.item_id for it in chunk if it.item_id in self._routes]
+            if clash:
+                raise ValueError(f"item ids already in flight: {clash[:5]}")
+            for it in chunk:
+                self._routes[it.item_id] = on_outcomes
         loop = asyncio.get_running_loop()
         self._tokenizing += len(chunk)
         try:
@@ -226,7 +285,7 @@ class Engine:
             if isinstance(r, Rejected):
                 answered.append(_rejected(r, now))
             elif self._state == "running":
-                self._batcher.add(r, now)
+                self._batcher_of(r.item.lane).add(r, now)
             else:
                 answered.append(_failed(r.item, "the engine stopped"))
         if answered:
@@ -240,7 +299,10 @@ class Engine:
         No outcome is delivered for them. Items of a :meth:`submit` still tokenizing are not
         affected (await pending submits first).
         """
-        removed = self._batcher.cancel_group(group, self._clock())
+        now = self._clock()
+        removed = self._batcher.cancel_group(group, now) + self._bulk.cancel_group(group, now)
+        for t in removed:
+            self._routes.pop(t.item.item_id, None)
         if removed:
             self._wake.set()
         return [t.item.item_id for t in removed]
@@ -251,7 +313,7 @@ class Engine:
         self._force = True
         self._wake.set()
         try:
-            await self._wait_for(lambda: self._batcher.queued_items == 0, None)
+            await self._wait_for(lambda: self.queued_items == 0, None)
         finally:
             self._force = False
 
@@ -292,29 +354,61 @@ class Engine:
                 config = config.model_copy(update={"max_batch_tokens": lowered})
                 self.policy_config = config
                 self._batcher = BucketBatcher(config, self.max_length)
+                self._bulk = self._bulk_batcher(config)
+
+    def _bulk_batcher(self, config: BatchPolicyConfig) -> BucketBatcher:
+        return BucketBatcher(config, self.max_length, max_batch_ms=config.bulk_max_batch_ms)
+
+    def _batcher_of(self, lane: Lane) -> BucketBatcher:
+        return self._bulk if lane == "bulk" else self._batcher
+
+    def _due(self, batcher: BucketBatcher, now: float) -> bool:
+        if not batcher.queued_items:
+            return False
+        if self._force:
+            return True
+        due = batcher.next_deadline()
+        return due is not None and due <= now
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             now = self._clock()
-            free = self._depth - self._in_pipeline
-            ready = self._batcher.pop_ready(now, max_batches=max(free, 0), force=self._force)
-            if ready.expired:
-                self._expire(ready.expired, now)
-            for batch in ready.batches:
-                self._launch(batch)
+            expired = self._batcher.pop_ready(now, max_batches=0).expired
+            expired += self._bulk.pop_ready(now, max_batches=0).expired
+            if expired:
+                self._expire(expired, now)
+            launched = 0
+            while True:  # one batch per free slot, the lane scheduler choosing whose
+                lane = self._lanes.next_lane(
+                    live_due=self._due(self._batcher, now),
+                    bulk_due=self._due(self._bulk, now),
+                    free_slots=self._depth - self._in_pipeline,
+                    in_pipeline=self._in_pipeline,
+                )
+                if lane is None:
+                    break
+                ready = self._batcher_of(lane).pop_ready(now, max_batches=1, force=self._force)
+                if ready.expired:
+                    self._expire(ready.expired, now)
+                if not ready.batches:
+                    break
+                self._launch(ready.batches[0])
+                launched += 1
             await self._notify()
             self._wake.clear()
-            # Wake at the next bucket deadline when a batch could start, and at the next item
-            # deadline in any case: the expiry sweep must not wait for a running batch.
-            wake_at = [self._batcher.next_expiry()]
+            # Wake at the next bucket deadline of a lane that could start a batch, and at the
+            # next item deadline in any case: the expiry sweep must not wait for a running batch.
+            wake_at = [self._batcher.next_expiry(), self._bulk.next_expiry()]
             if self._in_pipeline < self._depth:
                 wake_at.append(self._batcher.next_deadline())
+                if self._lanes.bulk_may_start(self._in_pipeline):
+                    wake_at.append(self._bulk.next_deadline())
             due = min((t for t in wake_at if t is not None), default=None)
             timeout: float | None = None
             if due is not None:
                 timeout = max(0.0, due - self._clock())
-                if timeout == 0.0 and not ready:
+                if timeout == 0.0 and not (launched or expired):
                     # Due but nothing formed or expired (a timer a hair early): yield once
                     # rather than spin.
                     timeout = 0.001
@@ -356,17 +450,20 @@ class Engine:
                         return
                     batch = Batch(live, max(t.n_tokens for t in live), batch.formed_s, batch.bucket)
                     prepared = None
+                lane = live[0].item.lane
                 for t in live:
-                    self._stats.on_queue_wait((start - t.item.arrival_s) * 1000.0)
+                    self._stats.on_queue_wait((start - t.item.arrival_s) * 1000.0, lane)
                 runs = await self._watch(
                     loop.run_in_executor(self._model_pool, self._runner.run, batch, prepared),
                     batch,
                 )
+                self._lanes.note_batch(lane, (self._clock() - start) * 1000.0, self._clock())
             if len(runs) != len(batch.items):
                 raise RuntimeError(f"runner returned {len(runs)} runs for {len(batch.items)}")
             outcomes = [_ok_or_error(t, r, start) for t, r in zip(batch.items, runs, strict=True)]
             if runs and runs[0].batch_size == len(batch.items):  # not split: one timing
-                self._batcher.observe_batch(batch.padded_tokens, runs[0].infer_ms)
+                for batcher in (self._batcher, self._bulk):  # one device: one cost model
+                    batcher.observe_batch(batch.padded_tokens, runs[0].infer_ms)
         except Exception as exc:  # never lose an item, never stop the engine
             log.exception("batch of %d failed outside the runner", len(batch.items))
             msg = f"batch failed: {type(exc).__name__}"
@@ -436,8 +533,20 @@ class Engine:
         )
 
     def _emit(self, outcomes: list[ItemOutcome]) -> None:
+        if not self._routes:
+            self._call(self._on_outcomes, outcomes)
+            return
+        by_callback: dict[int, tuple[OutcomeCallback, list[ItemOutcome]]] = {}
+        for o in outcomes:
+            callback = self._routes.pop(o.item_id, self._on_outcomes)
+            by_callback.setdefault(id(callback), (callback, []))[1].append(o)
+        for callback, part in by_callback.values():
+            self._call(callback, part)
+
+    @staticmethod
+    def _call(callback: OutcomeCallback, outcomes: list[ItemOutcome]) -> None:
         try:
-            self._on_outcomes(outcomes)
+            callback(outcomes)
         except Exception:
             log.exception("on_outcomes raised for items %s", [o.item_id for o in outcomes])
 

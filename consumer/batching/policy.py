@@ -199,6 +199,10 @@ class BucketBatcher:
     Args:
         config: the batching settings.
         max_length: the model's maximum length in tokens (the last bucket edge).
+        max_batch_ms: once the cost model has measured the device (rule 8), a batch holds at
+            most the padded tokens that finish within this many milliseconds (never below one
+            item of ``max_length``); the engine's bulk lane passes ``bulk_max_batch_ms``
+            (consumer/batching/lanes.py). None = no such cap.
 
     Raises:
         ValueError: when ``config.max_batch_tokens`` cannot hold one item of ``max_length``.
@@ -206,9 +210,12 @@ class BucketBatcher:
     Not thread-safe: one owner (the engine's event loop) calls it.
     """
 
-    def __init__(self, config: BatchPolicyConfig, max_length: int) -> None:
+    def __init__(
+        self, config: BatchPolicyConfig, max_length: int, *, max_batch_ms: float | None = None
+    ) -> None:
         self.config = config
         self.max_length = max_length
+        self.max_batch_ms = max_batch_ms
         self.edges: tuple[int, ...] = config.edges_for(max_length)
         self._buckets = [_Bucket(i, e) for i, e in enumerate(self.edges)]
         self._due: list[float] = [math.inf] * len(self.edges)
@@ -229,6 +236,7 @@ class BucketBatcher:
             prior_per_token_us=PRIOR_PER_TOKEN_US,
         )
         self._budget_tokens = config.max_batch_tokens
+        self._budget_tokens = self._fit_budget()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -254,8 +262,8 @@ class BucketBatcher:
     @property
     def budget_tokens(self) -> int:
         """Padded tokens a batch may hold now: ``max_batch_tokens``, lowered by
-        ``target_p99_ms`` once the device is measured (rule 8), never below one item of
-        ``max_length``."""
+        ``target_p99_ms`` (or ``max_batch_ms``) once the device is measured (rule 8), never
+        below one item of ``max_length``."""
         return self._budget_tokens
 
     @property
@@ -271,10 +279,21 @@ class BucketBatcher:
         """The runner computed a batch of ``padded_tokens`` (size × padded length) in
         ``batch_ms`` milliseconds: refit the cost model and the token budget (rule 8)."""
         self.cost.observe(padded_tokens, batch_ms)
-        target = self.config.target_p99_ms
-        if target is not None and self.measured:
-            fit = self.cost.tokens_within(target / 2.0)
-            self._budget_tokens = min(self.config.max_batch_tokens, max(self.max_length, fit))
+        self._budget_tokens = self._fit_budget()
+
+    def _fit_budget(self) -> int:
+        """Rule 8's budget: ``target_p99_ms`` applies once measured; ``max_batch_ms`` from the
+        start, on the prior cost model until then (a prior for a CPU overestimates a GPU's
+        cost: bulk batches start small, never too long)."""
+        caps_ms: list[float] = []
+        if self.config.target_p99_ms is not None and self.measured:
+            caps_ms.append(self.config.target_p99_ms / 2.0)
+        if self.max_batch_ms is not None:
+            caps_ms.append(self.max_batch_ms)
+        if not caps_ms:
+            return self._budget_tokens
+        fit = self.cost.tokens_within(min(caps_ms))
+        return min(self.config.max_batch_tokens, max(self.max_length, fit))
 
     def worst_case_shapes(self) -> list[tuple[int, int]]:
         """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""

@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from consumer.batching.types import Lane
+
 __all__ = ["EngineStats", "StatsSink"]
 
 
@@ -20,13 +22,20 @@ class StatsSink(Protocol):
     implementations must be thread-safe (prometheus-client metrics are)."""
 
     def on_batch(
-        self, batch_size: int, real_tokens: int, padded_tokens: int, infer_ms: float
+        self,
+        batch_size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        infer_ms: float,
+        lane: Lane = "live",
     ) -> None:
         """One (sub-)batch computed: items, real and padded (``padded_len × n``) tokens, and
-        its model time in milliseconds (collate + forward + results to host)."""
+        its model time in milliseconds (collate + forward + results to host); ``lane``: its items'
+        lane (a batch never mixes lanes)."""
 
-    def on_queue_wait(self, queue_ms: float) -> None:
-        """One item's wait from arrival to the start of its batch, in milliseconds."""
+    def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
+        """One item's wait from arrival to the start of its batch, in milliseconds, and its
+        lane."""
 
     def on_expired(self, n: int) -> None:
         """``n`` items answered ``expired`` without compute."""
@@ -76,7 +85,12 @@ class EngineStats:
         return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
 
     def on_batch(
-        self, batch_size: int, real_tokens: int, padded_tokens: int, infer_ms: float
+        self,
+        batch_size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        infer_ms: float,
+        lane: Lane = "live",
     ) -> None:
         """See :meth:`StatsSink.on_batch`."""
         with self._lock:
@@ -87,7 +101,7 @@ class EngineStats:
             self.batch_sizes.append(batch_size)
             self.infer_ms.append(infer_ms)
 
-    def on_queue_wait(self, queue_ms: float) -> None:
+    def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
         """See :meth:`StatsSink.on_queue_wait`."""
         with self._lock:
             self.queue_ms.append(queue_ms)
@@ -117,11 +131,16 @@ class NullStats:
     """A :class:`StatsSink` that drops everything."""
 
     def on_batch(
-        self, batch_size: int, real_tokens: int, padded_tokens: int, infer_ms: float
+        self,
+        batch_size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        infer_ms: float,
+        lane: Lane = "live",
     ) -> None:
         """Ignored."""
 
-    def on_queue_wait(self, queue_ms: float) -> None:
+    def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
         """Ignored."""
 
     def on_expired(self, n: int) -> None:

@@ -15,16 +15,27 @@ Rules:
   paused; they resume (unless paused on their own account) once both totals are at or below
   their low watermarks.
 * aiokafka forgets pauses on every rebalance: after one, re-pause :meth:`FlowControl.reapply`.
+* Lanes (issue 26): a partition assigned with ``lane="bulk"`` (its records are bulk work)
+  pauses first: when the totals reach ``bulk_total_fraction`` of the total limits (the bulk
+  watermark, with the same hysteresis), while ``live`` partitions pause only at the hard limits
+  above. A source outside this object's partitions — serve's backfill job runner, with its own
+  consumer — counts what it buffers with :meth:`FlowControl.add_bulk` /
+  :meth:`FlowControl.remove_bulk` (into the totals) and asks :meth:`FlowControl.should_pause_bulk`
+  before each poll: True → pause all its partitions, False → resume them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from consumer.kafka.records import TopicPartition
+
+Lane = Literal["live", "bulk"]
+"""A partition's lane: the same values as ``consumer.batching.types.Lane`` (the Kafka layer
+imports nothing of consumer outside it)."""
 
 
 class FlowConfig(BaseModel):
@@ -58,6 +69,13 @@ class FlowConfig(BaseModel):
         lt=1.0,
         description="Resume below this share of a limit (0: only when the buffer is empty).",
     )
+    bulk_total_fraction: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Pause bulk sources (backfill jobs, bulk partitions) when the totals reach "
+        "this share of max_total_records/max_total_tokens; live ones pause only at the limits.",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(**dict(zip(FlowConfig.model_fields, args, strict=False)), **kwargs)
@@ -75,9 +93,10 @@ class FlowDecision:
 
 
 class _Counts:
-    __slots__ = ("over", "records", "tokens")
+    __slots__ = ("lane", "over", "records", "tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, lane: Lane = "live") -> None:
+        self.lane: Lane = lane
         self.records = 0
         self.tokens = 0
         self.over = False  # above its own high watermark, not yet back below the low one
@@ -92,6 +111,9 @@ class FlowControl:
         self._total_records = 0
         self._total_tokens = 0
         self._total_over = False
+        self._bulk_over = False  # totals at or above the bulk watermark (hysteresis)
+        self._bulk_records = 0  # buffered by sources outside the partitions (add_bulk)
+        self._bulk_tokens = 0
         self._paused: set[TopicPartition] = set()
 
     @property
@@ -125,9 +147,46 @@ class FlowControl:
         counts = self._counts.get(tp)
         return 0 if counts is None else counts.tokens
 
-    def assign(self, tp: TopicPartition) -> None:
-        """Start counting ``tp`` (empty, not paused). A no-op when already assigned."""
-        self._counts.setdefault(tp, _Counts())
+    def assign(self, tp: TopicPartition, lane: Lane = "live") -> None:
+        """Start counting ``tp`` (empty, not paused); a ``bulk`` partition pauses at the bulk
+        watermark. A no-op when already assigned."""
+        self._counts.setdefault(tp, _Counts(lane))
+
+    def add_bulk(self, records: int, tokens: int) -> None:
+        """Count ``records`` and ``tokens`` a bulk source outside the partitions (serve's job
+        runner) took into its buffer: they count toward the totals. Raises ``ValueError`` for
+        a negative count."""
+        _check_counts(records, tokens)
+        self._bulk_records += records
+        self._bulk_tokens += tokens
+        self._total_records += records
+        self._total_tokens += tokens
+
+    def remove_bulk(self, records: int, tokens: int) -> None:
+        """Count ``records`` and ``tokens`` leaving that bulk source's buffer (stops at zero).
+        Raises ``ValueError`` for a negative count."""
+        _check_counts(records, tokens)
+        records = min(records, self._bulk_records)
+        tokens = min(tokens, self._bulk_tokens)
+        self._bulk_records -= records
+        self._bulk_tokens -= tokens
+        self._total_records -= records
+        self._total_tokens -= tokens
+
+    def should_pause_bulk(self) -> bool:
+        """Whether bulk sources should be paused now: the totals reached the bulk watermark
+        (``bulk_total_fraction`` of the total limits) and have not yet fallen to its low
+        watermark. Updates the hysteresis state that :meth:`decide` also uses."""
+        cfg = self._config
+        self._bulk_over = _hysteresis(
+            self._bulk_over,
+            self._total_records,
+            self._total_tokens,
+            max(1, int(cfg.max_total_records * cfg.bulk_total_fraction)),
+            max(1, int(cfg.max_total_tokens * cfg.bulk_total_fraction)),
+            cfg.resume_fraction,
+        )
+        return self._bulk_over
 
     def revoke(self, tp: TopicPartition) -> None:
         """Forget ``tp``: its counts leave the totals and it leaves :attr:`paused`."""
@@ -189,6 +248,7 @@ class FlowControl:
             cfg.max_total_tokens,
             cfg.resume_fraction,
         )
+        bulk_over = self.should_pause_bulk()
         wanted: set[TopicPartition] = set()
         for tp, counts in self._counts.items():
             counts.over = _hysteresis(
@@ -199,7 +259,7 @@ class FlowControl:
                 cfg.max_partition_tokens,
                 cfg.resume_fraction,
             )
-            if counts.over or self._total_over:
+            if counts.over or self._total_over or (bulk_over and counts.lane == "bulk"):
                 wanted.add(tp)
         decision = FlowDecision(
             pause=frozenset(wanted - self._paused), resume=frozenset(self._paused - wanted)

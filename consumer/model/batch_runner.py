@@ -117,7 +117,7 @@ class ModelRunner:
             return out
         infer_ms = (self._clock() - start) * 1000.0
         real = sum(t.n_tokens for t in items)
-        self.stats.on_batch(len(items), real, padded_len * len(items), infer_ms)
+        self.stats.on_batch(len(items), real, padded_len * len(items), infer_ms, items[0].item.lane)
         n = len(items)
         return [
             ItemRun(result=r, infer_ms=infer_ms, batch_size=n, padded_len=padded_len)

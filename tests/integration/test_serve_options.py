@@ -24,7 +24,15 @@ from schemas.embedding import decode_embedding
 from schemas.errors import ErrorCode
 from schemas.models import EmbedResult, Reply
 from tests.conftest import unique_group
-from tests.integration.harness import KBATCH, Req, ServeProcess, produce, read_topic, request
+from tests.integration.harness import (
+    KBATCH,
+    Req,
+    ServeProcess,
+    poll_until,
+    produce,
+    read_topic,
+    request,
+)
 
 TEXT = "replies in compact bytes"
 
@@ -155,3 +163,33 @@ async def test_client_decodes_every_format_and_the_cli_prints_lists(served: Serv
     raw_st = SentenceTransformer(modules=[s.st[0], s.st[1]], device="cpu")
     reference = raw_st.encode([TEXT], prompt="passage: ", truncate_dim=4)[0]
     np.testing.assert_allclose(printed["result"]["embedding"], reference, atol=2e-6)
+
+
+async def test_priority_bulk_is_answered_and_an_invalid_priority_is_dead_lettered(
+    served: Served,
+) -> None:
+    """Contract 1.2 ``priority`` (issue 26): a bulk request rides the bulk lane to its ok reply;
+    a value other than live/bulk is invalid_request and a dead letter."""
+    s = served
+    records = [
+        request("prio-bulk", "scored in the spare capacity", priority="bulk"),
+        request("prio-live", "scored first", priority="live"),
+        Req(b"prio-bad", msgpack.packb({"text": TEXT, "priority": "urgent"})),
+    ]
+    await produce(s.bootstrap, s.requests, records)
+    mine = {b"prio-bulk", b"prio-live", b"prio-bad"}
+    got = await read_topic(s.bootstrap, s.replies, lambda rs: mine <= {r.key for r in rs}, 90)
+    by_key = {r.key: r.reply for r in got if r.key in mine}
+    assert by_key[b"prio-bulk"].status == "ok" and by_key[b"prio-live"].status == "ok"
+    bad = by_key[b"prio-bad"]
+    assert bad.error is not None and bad.error.code is ErrorCode.INVALID_REQUEST
+    dead = await read_topic(
+        s.bootstrap, s.dlq, lambda rs: b"prio-bad" in {d.key for d in rs}, 30, decode=False
+    )
+    assert b"prio-bad" in {d.key for d in dead}
+    bulk_ok = 'kbatch_lane_replies_total{lane="bulk",status="ok"}'
+    # counted on the broker's ack, which may come after the reply is readable
+    poll_until(lambda: s.server.metrics().get(bulk_ok, 0) >= 1, 30, "the bulk reply's count")
+    metrics = s.server.metrics()
+    assert metrics[bulk_ok] == 1
+    assert metrics['kbatch_queue_wait_seconds_count{lane="bulk"}'] == 1

@@ -207,3 +207,54 @@ def test_negative_counts_raise(records: int, tokens: int) -> None:
 def test_config_rejects_bad_values(override: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(override))):
         FlowConfig(**override)
+
+
+# -- lanes (issue 26): bulk sources pause at bulk_total_fraction of the totals (12 / 125 here) --
+
+J: TopicPartition = ("backfill-source", 0)
+
+
+def lanes_flow() -> FlowControl:
+    flow = FlowControl(CONFIG.model_copy(update={"bulk_total_fraction": 0.5}))
+    flow.assign(A)
+    flow.assign(B)
+    flow.assign(J, lane="bulk")
+    return flow
+
+
+@pytest.mark.parametrize(
+    ("live_records", "bulk_records", "paused"),
+    [
+        (0, 0, set()),
+        (5, 6, set()),  # 11 in total: below the bulk watermark (12)
+        (6, 6, {J}),  # 12: bulk pauses, live keeps reading
+        (9, 9, {J}),  # 18 (no partition at its own limit): still only bulk
+        (9, 16, {A, B, J}),  # 25: the hard total pauses live too
+    ],
+)
+def test_bulk_partitions_pause_before_live_ones(
+    live_records: int, bulk_records: int, paused: set[TopicPartition]
+) -> None:
+    flow = lanes_flow()
+    flow.add(A, live_records, 0)
+    flow.add(J, bulk_records, 0)
+    assert flow.decide().pause == frozenset(paused)
+    assert flow.should_pause_bulk() is (J in paused)
+
+
+def test_an_outside_bulk_source_counts_into_the_totals_and_resumes_at_the_low_watermark() -> None:
+    flow = lanes_flow()
+    flow.add(A, 8, 0)
+    assert not flow.should_pause_bulk()
+    flow.add_bulk(4, 40)  # the job runner's buffer: 12 records in total
+    assert flow.should_pause_bulk() and flow.total_records == 12
+    assert flow.decide().pause == frozenset({J})  # live partitions keep reading
+    flow.remove_bulk(2, 20)  # 10: between the bulk watermark's low (6) and high (12)
+    assert flow.should_pause_bulk()
+    flow.remove(A, 8, 0)  # 2
+    assert not flow.should_pause_bulk()
+    assert flow.decide() == decision(set(), {J})
+    flow.remove_bulk(100, 100)  # stops at zero
+    assert flow.total_records == 0 and flow.total_tokens == 0
+    with pytest.raises(ValueError, match="counts must be"):
+        flow.add_bulk(-1, 0)

@@ -144,6 +144,8 @@ async def test_any_embed_option_on_a_classify_model_is_invalid_option(
         {"normalize": 1},
         {"prompt_name": 5},
         {"encoding_format": "base64"},
+        {"priority": "urgent"},  # contract 1.2: live or bulk only
+        {"priority": 1},
     ],
 )
 async def test_a_wrong_type_or_value_is_invalid_request_and_a_dead_letter(
@@ -234,3 +236,28 @@ async def test_a_classify_reply_carries_usage_too() -> None:
     await settle()
     (reply,) = replies(sink)
     assert reply.status == "ok" and reply.usage is not None and reply.usage.tokens == 5
+
+
+async def test_priority_picks_the_lane_and_a_retry_with_another_priority_is_the_same_request(
+    parts: Parts,
+) -> None:
+    pipeline, sink, engine = parts
+    await pipeline.take([request(0, b"a", priority="bulk"), request(1, b"b")])
+    await pipeline.take([request(2, b"a", priority="live")])  # a retry of "a"
+    await settle()
+    # "a" rides the bulk lane; its retry joined that computation (not computed again)
+    assert [(i.item_id, i.lane) for i in engine.items] == [(0, "bulk"), (1, "live")]
+    pipeline.on_outcomes([ok(i) for i in engine.items])
+    await settle()
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    assert len(replies(sink)) == 3
+    metrics = pipeline._metrics
+    lane_ok = {
+        s.labels["lane"]: s.value
+        for family in metrics.lane_replies.collect()
+        for s in family.samples
+        if s.name == "kbatch_lane_replies_total" and s.labels["status"] == "ok"
+    }
+    assert lane_ok == {"bulk": 1.0, "live": 2.0}  # each reply counts in its request's priority

@@ -133,6 +133,7 @@ def test_full_request_decodes_every_field(encoding: Encoding) -> None:
         "top_k": 16,
         "aggregation": "first",
         "redact": True,
+        "priority": "bulk",
     }
     request = decode_request(enc(raw, encoding), encoding)
     assert request.model_dump() == raw
@@ -210,7 +211,7 @@ def test_null_optional_field_counts_as_absent(encoding: Encoding, field: str) ->
 
 @BOTH
 def test_unknown_fields_are_ignored(encoding: Encoding) -> None:
-    raw = {"text": "x", "priority": 3, "future": {"nested": [1, 2]}, "task": "embed"}
+    raw = {"text": "x", "urgency": 3, "future": {"nested": [1, 2]}, "task": "embed"}
     assert decode_request(enc(raw, encoding), encoding) == Request(text="x", task="embed")
 
 
@@ -790,3 +791,13 @@ def test_reply_wire_gives_to_wire_for_ints_where_floats_are_expected() -> None:
     assert wire == reply.to_wire()
     assert reply_wire("expired", model={}, error=(ErrorCode.INPUT_TOO_LONG, "x")) is None
     assert reply_wire("error", model={}, error=("no_such_code", "x")) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("priority", ["live", "bulk"])
+def test_priority_round_trips_and_other_values_are_invalid_request(priority: str) -> None:
+    """Contract 1.2 ``priority`` (issue 26): encoded by clients, decoded; ``LIVE`` is no value."""
+    request = Request.model_validate({"text": "t", "priority": priority})
+    assert decode_request(encode_request(request)).priority == priority
+    with pytest.raises(DecodeError) as err:
+        decode_request(msgpack.packb({"text": "t", "priority": priority.upper()}))
+    assert err.value.code is ErrorCode.INVALID_REQUEST

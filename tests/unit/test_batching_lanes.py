@@ -1,0 +1,233 @@
+"""Lanes (issue 26): the pure LaneScheduler, a fake-clock device simulation of both lanes, the bulk
+batch-time cap, and the engine's lane handling on a gated fake backend."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.lanes import LaneScheduler
+from consumer.batching.policy import MIN_FIT_BATCHES, BucketBatcher
+from consumer.batching.types import InferenceItem, ItemOutcome, Lane, TokenizedItem
+from consumer.model.protocol import FakeBackend
+from tests.fakes import FakeClock
+from tests.unit.test_batching_engine import Harness, items
+
+# -- the scheduler's decision table ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("live_due", "bulk_due", "free", "in_pipeline", "owed", "expected"),
+    [
+        (True, False, 1, 0, False, "live"),
+        (True, True, 1, 0, False, "live"),  # a ready live batch goes first
+        (False, True, 1, 0, False, "bulk"),  # bulk fills an idle device
+        (False, True, 1, 1, False, None),  # ...but never queues behind a running batch
+        (True, True, 0, 1, False, None),  # no free slot
+        (True, True, 1, 1, True, "bulk"),  # below its minimum share: bulk's turn
+        (False, True, 1, 1, True, "bulk"),
+        (True, False, 1, 1, True, "live"),  # owed but nothing due
+        (False, False, 2, 0, True, None),
+    ],
+)
+def test_next_lane_table(
+    live_due: bool, bulk_due: bool, free: int, in_pipeline: int, owed: bool, expected: Lane | None
+) -> None:
+    s = LaneScheduler(bulk_min_share=0.1, share_window_s=5.0)
+    s.note_batch("live", 100.0, now=1.0)
+    if not owed:
+        s.note_batch("bulk", 50.0, now=1.0)
+    assert s.bulk_owed() is owed
+    got = s.next_lane(
+        live_due=live_due, bulk_due=bulk_due, free_slots=free, in_pipeline=in_pipeline
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("batches", "share"),
+    [
+        ([], 1.0),  # nothing run: nothing owed
+        ([("live", 90.0, 0.0), ("bulk", 10.0, 0.0)], 0.1),
+        # the older live time decays by e^-1 over one window: 10 / (10 + 90/e)
+        ([("live", 90.0, 0.0), ("bulk", 10.0, 5.0)], 10.0 / (10.0 + 90.0 / 2.718281828)),
+        ([("bulk", -1.0, 0.0), ("live", 10.0, 0.0)], 0.0),  # a negative time is ignored
+    ],
+)
+def test_bulk_share_is_decayed_device_time(
+    batches: list[tuple[Lane, float, float]], share: float
+) -> None:
+    s = LaneScheduler(bulk_min_share=0.1, share_window_s=5.0)
+    for lane, ms, now in batches:
+        s.note_batch(lane, ms, now)
+    assert s.bulk_share() == pytest.approx(share, rel=1e-6)
+
+
+def test_min_share_zero_never_owes_and_bad_settings_raise() -> None:
+    s = LaneScheduler(bulk_min_share=0.0, share_window_s=1.0)
+    s.note_batch("live", 1000.0, 0.0)
+    assert not s.bulk_owed()
+    assert s.next_lane(live_due=False, bulk_due=True, free_slots=1, in_pipeline=1) is None
+    with pytest.raises(ValueError, match="bulk_min_share"):
+        LaneScheduler(bulk_min_share=1.0, share_window_s=1.0)
+
+
+# -- a fake-clock device: both lanes through the scheduler -----------------------------------
+
+FIXED_MS, PER_TOKEN_US = 5.0, 100.0
+
+
+def _tok(item_id: int, n: int, arrival_s: float, lane: Lane) -> TokenizedItem:
+    item = InferenceItem(item_id, "x", arrival_s=arrival_s, lane=lane)
+    return TokenizedItem(item, [1] * n, n, truncated=False)
+
+
+def _simulate(
+    *, live_every_s: float | None, bulk_backlog: int, min_share: float, until_s: float
+) -> dict[str, Any]:
+    """One device (batch time = 5 ms + 100 µs per padded token, depth 1), a live item of 20
+    tokens every ``live_every_s`` and a bulk backlog of 30-token items. Returns per-lane batch
+    counts and device ms, the batches' lanes, and each live item's wait beyond its bucket's due
+    time."""
+    clock = FakeClock()
+    cfg = BatchPolicyConfig(
+        max_wait_ms=2.0, bucket_edges=(32,), bulk_min_share=min_share, bulk_max_batch_ms=20.0
+    )
+    live, bulk = BucketBatcher(cfg, 32), BucketBatcher(cfg, 32, max_batch_ms=20.0)
+    sched = LaneScheduler(cfg.bulk_min_share, cfg.lane_share_window_s)
+    t0 = clock.now_s
+    for i in range(bulk_backlog):
+        bulk.add(_tok(-1 - i, 30, t0, "bulk"), t0)
+    next_live = t0 if live_every_s is not None else float("inf")
+    n_live = 0
+    out: dict[str, Any] = {"lanes": [], "device_ms": {"live": 0.0, "bulk": 0.0}, "late_ms": []}
+    running: tuple[Lane, float] | None = None  # (lane, ends at)
+    step = 0.0005
+    while clock.now_s < t0 + until_s:
+        now = clock.now_s
+        while next_live <= now:
+            live.add(_tok(n_live, 20, next_live, "live"), next_live)
+            n_live += 1
+            next_live += live_every_s or float("inf")
+        if running is not None and running[1] <= now:
+            running = None
+        if running is None:
+            due = {
+                "live": live.queued_items > 0 and (live.next_deadline() or 1e18) <= now,
+                "bulk": bulk.queued_items > 0 and (bulk.next_deadline() or 1e18) <= now,
+            }
+            lane = sched.next_lane(
+                live_due=due["live"], bulk_due=due["bulk"], free_slots=1, in_pipeline=0
+            )
+            if lane is not None:
+                batcher = live if lane == "live" else bulk
+                (batch,) = batcher.pop_ready(now, max_batches=1).batches
+                assert {t.item.lane for t in batch.items} == {lane}  # lanes never mix
+                ms = FIXED_MS + PER_TOKEN_US * batch.padded_tokens / 1000.0
+                for b in (live, bulk):
+                    b.observe_batch(batch.padded_tokens, ms)
+                sched.note_batch(lane, ms, now + ms / 1000.0)
+                out["lanes"].append(lane)
+                out["device_ms"][lane] += ms
+                if lane == "live":  # waited past the due time by at most the batch before
+                    due_s = min(t.item.arrival_s for t in batch.items) + cfg.max_wait_s
+                    out["late_ms"].append((now - due_s) * 1000.0)
+                running = (lane, now + ms / 1000.0)
+        clock.now_s = round(now + step, 6)
+    return out
+
+
+def test_bulk_fills_idle_capacity_and_delays_live_by_at_most_one_bulk_batch() -> None:
+    # live at ~25 % load (a 7 ms batch every 28 ms), a long bulk backlog, no minimum share
+    out = _simulate(live_every_s=0.028, bulk_backlog=5_000, min_share=0.0, until_s=3.0)
+    assert out["lanes"].count("bulk") > out["lanes"].count("live") > 50
+    # a live batch waits past its due time for at most one bulk batch (≤ 20 ms: the prior
+    # cost model caps it until the fit takes over), + the adaptive wait's 2 ms and a clock step
+    assert max(out["late_ms"]) <= 20.0 + 2.0 + 0.5
+
+
+def test_min_share_keeps_bulk_from_starving_under_saturating_live() -> None:
+    # live arrives faster than the device drains it: without a share bulk would never run
+    starved = _simulate(live_every_s=0.0002, bulk_backlog=500, min_share=0.0, until_s=1.0)
+    assert starved["lanes"].count("bulk") <= 1  # at most the one batch of the idle start
+    fed = _simulate(live_every_s=0.0002, bulk_backlog=500, min_share=0.2, until_s=1.0)
+    share = fed["device_ms"]["bulk"] / sum(fed["device_ms"].values())
+    assert 0.15 <= share <= 0.3
+
+
+def test_bulk_batches_are_capped_by_measured_time() -> None:
+    cfg = BatchPolicyConfig(max_batch_tokens=4096, bucket_edges=(32,))
+    b = BucketBatcher(cfg, 32, max_batch_ms=20.0)
+    for _ in range(MIN_FIT_BATCHES):
+        b.observe_batch(1000, FIXED_MS + PER_TOKEN_US * 1000 / 1000.0)
+        b.observe_batch(2000, FIXED_MS + PER_TOKEN_US * 2000 / 1000.0)
+    # (20 - 5) ms / 100 µs = 150 padded tokens
+    assert b.budget_tokens == pytest.approx(150, abs=2)
+    assert BucketBatcher(cfg, 32).budget_tokens == 4096  # no cap: the configured budget
+    # before any batch the prior (32 tokens × 120 µs fixed, 120 µs/token) caps it already
+    assert BucketBatcher(cfg, 32, max_batch_ms=20.0).budget_tokens == (20_000 - 3840) // 120
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+class LaneSpy(FakeBackend):
+    """Records each forward's lanes (in order)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.lanes: list[set[Lane]] = []
+
+    def forward(self, prepared: object) -> list[dict[str, Any]]:
+        assert isinstance(prepared, tuple)
+        self.lanes.append({t.item.lane for t in prepared[0]})
+        return super().forward(prepared)
+
+
+async def _wait_calls(backend: FakeBackend, n: int) -> None:
+    async with asyncio.timeout(10):
+        while len(backend.calls) < n:
+            await asyncio.sleep(0.001)
+
+
+async def test_engine_runs_a_ready_live_batch_before_queued_bulk_and_never_mixes() -> None:
+    gate = threading.Event()
+    backend = LaneSpy(max_length=64, gate=gate)
+    h = Harness(backend, bulk_min_share=0.0, max_batch_size=4)
+    await h.engine.start()
+    await h.engine.submit(items(["a b"] * 4, start=0, lane="bulk"))  # runs, held by the gate
+    await _wait_calls(backend, 1)
+    await h.engine.submit(items(["a b"] * 8, start=10, lane="bulk"))
+    await h.engine.submit(items(["a b"] * 2, start=100))  # live, ready at once (max_wait 0)
+    assert h.engine.queued_items_of("bulk") == 8 and h.engine.queued_items_of("live") == 2
+    gate.set()
+    assert await h.engine.drain(timeout_s=10)
+    await h.engine.stop()
+    assert backend.lanes == [{"bulk"}, {"live"}, {"bulk"}, {"bulk"}]
+    assert len(h.outcomes) == 14 and {o.status for o in h.outcomes.values()} == {"ok"}
+    assert h.engine.bulk_share > 0.5  # the gated bulk batch held the device longest
+
+
+async def test_a_routed_submit_gets_its_own_outcomes() -> None:
+    gate = threading.Event()
+    backend = FakeBackend(max_length=64, gate=gate)
+    h = Harness(backend)
+    await h.engine.start()
+    mine: list[ItemOutcome] = []
+    ids = [h.engine.new_routed_id() for _ in range(3)]
+    assert ids == [-1, -2, -3]
+    job = [InferenceItem(i, "some bulk text", lane="bulk", group="job") for i in ids]
+    await h.engine.submit(job, on_outcomes=mine.extend)
+    await _wait_calls(backend, 1)  # held by the gate: still in flight
+    with pytest.raises(ValueError, match="already in flight"):
+        await h.engine.submit(job[:1], on_outcomes=mine.extend)
+    await h.engine.submit(items(["live text"] * 2, start=0))
+    gate.set()
+    assert await h.engine.drain(timeout_s=10)
+    await h.engine.stop()
+    assert sorted(o.item_id for o in mine) == sorted(ids)
+    assert sorted(h.outcomes) == [0, 1]  # the default callback saw only its own
