@@ -1,0 +1,231 @@
+"""One serve member's share of one job: join the job's group, score what it is assigned, report.
+
+::
+
+    GroupRangeSource (job's group) ─► assignment ─► BackfillJob (plan of the assigned
+    partitions) ─► JobEngine (bulk lane of serve's engine) ─► output topic ─► commit
+        └─ revoked: the BackfillJob stops reading, finishes what it read, commits (in the
+           revoke callback, before the partitions move)
+
+The member publishes a :class:`~consumer.jobs.records.MemberProgress` every
+``progress_interval_s`` and at each change of state; when its partitions are at their end it
+keeps its place in the group (to take over a dead member's partitions) and checks the group's
+committed offsets: once every partition is at its end it declares the job ``completed``
+(docs/JOBS.md §One writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from consumer.backfill.config import BackfillSettings
+from consumer.backfill.job import BackfillJob, BackfillSummary
+from consumer.config import project
+from consumer.jobs.records import JobCounts, JobRecord, JobState, MemberProgress, MemberState
+from consumer.jobs.router import JobEngine
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import KafkaLayerError
+from consumer.kafka.group_range import AssignedRange, GroupRangeSource
+from consumer.kafka.sink import KafkaSink
+from consumer.replies import ReplyBuilder
+
+__all__ = ["JobBus", "JobWorker"]
+
+log = logging.getLogger("kbatch.jobs")
+
+
+class JobBus(Protocol):
+    """What a worker tells the runner (which owns the jobs topic)."""
+
+    async def publish(self, progress: MemberProgress) -> None: ...
+    async def end_job(self, job_id: str, state: JobState, reason: str | None) -> None: ...
+
+
+class JobWorker:
+    """Runs ``job`` on this member until it is complete, cancelled, failed, or serve stops.
+
+    Args:
+        job: the job's record.
+        settings: :func:`consumer.jobs.spec.member_settings` of it.
+        engine: this job's view of serve's engine (:meth:`EngineRouter.job_engine`).
+        replies: serve's reply builder (the loaded model's info and profile).
+        bus: where progress and the job's end go.
+        member: this member's id.
+        progress_interval_s: seconds between progress records while running.
+        session_timeout_ms: the job group's session timeout (a killed member's partitions
+            move to the others after it).
+    """
+
+    def __init__(
+        self,
+        job: JobRecord,
+        settings: BackfillSettings,
+        *,
+        engine: JobEngine,
+        replies: ReplyBuilder,
+        bus: JobBus,
+        member: str,
+        progress_interval_s: float = 1.0,
+        session_timeout_ms: int = 10_000,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job = job
+        self.settings = settings
+        self._engine = engine
+        self._replies = replies
+        self._bus = bus
+        self.member = member
+        self._interval_s = progress_interval_s
+        self._wall = wall_clock
+        client = project(KafkaClientSettings, settings)
+        self._sink = KafkaSink(
+            client, project(SinkSettings, settings), default_topic=settings.output_topic
+        )
+        self._source = GroupRangeSource(
+            client=client,
+            topic=job.source_topic,
+            group_id=job.group_id,
+            ranges=job.ranges,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(100, session_timeout_ms // 6),
+            client_id=f"kbatch-job-{member}",
+        )
+        self._source.on_revoke = self._on_revoke
+        self._stop = asyncio.Event()
+        self._run_stop = asyncio.Event()
+        self._running: asyncio.Task[BackfillSummary] | None = None
+        self._current: BackfillJob | None = None
+        self._assigned: AssignedRange | None = None
+        self._positions: dict[int, int] = {}
+        self._counts = JobCounts()
+        self.state: MemberState = "idle"
+
+    # -- control -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop (cancel, end of job, serve stopping): reading stops at once; what was read is
+        finished and committed, then the member leaves the job's group."""
+        self._stop.set()
+        self._run_stop.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` or the job's end; never raises (a failure ends the job
+        ``failed`` with the reason)."""
+        reason: str | None = None
+        try:
+            await self._sink.start()
+            await self._source.start()
+            await self._publish("idle")
+            last = 0.0
+            while not self._stop.is_set():
+                assigned = await self._source.next_assignment(timeout_s=0.5)
+                if assigned is not None and assigned.plan:
+                    await self._run_assignment(assigned)
+                if self._stop.is_set():
+                    break
+                if await self._source.all_at_end():
+                    await self._publish("idle")
+                    await self._bus.end_job(self.job.job_id, "completed", None)
+                    break
+                if self._wall() - last >= self._interval_s:
+                    await self._publish("idle")
+                    last = self._wall()
+        except (KafkaLayerError, OSError, ValueError) as err:
+            reason = f"member {self.member}: {err}"
+            log.error("job %s failed: %s", self.job.job_id, reason)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._finish_run()
+            self._engine.close()
+            for part in (self._source.stop, self._sink.stop):
+                with contextlib.suppress(Exception):
+                    await part()
+            with contextlib.suppress(Exception):
+                await self._publish("failed" if reason else "stopped", reason)
+                if reason:
+                    await self._bus.end_job(self.job.job_id, "failed", reason)
+
+    # -- one assignment ------------------------------------------------------------------------
+
+    async def _run_assignment(self, assigned: AssignedRange) -> None:
+        self._run_stop = asyncio.Event()
+        if self._stop.is_set():
+            self._run_stop.set()
+        job = BackfillJob(self.settings, assigned, self._sink, self._replies)
+        job.bind(self._engine)
+        self._engine.bind(job.on_outcomes)
+        self._current, self._assigned = job, assigned
+        self._positions.update(assigned.positions())
+        log.info(
+            "job %s: assigned partitions %s of %s",
+            self.job.job_id,
+            sorted(assigned.plan),
+            self.job.source_topic,
+        )
+        self._running = asyncio.create_task(job.run(self._run_stop))
+        await self._publish("running")
+        while not self._running.done():
+            await asyncio.wait({self._running}, timeout=self._interval_s)
+            await self._publish("running")
+        await self._finish_run()
+        await self._publish("idle")
+
+    async def _finish_run(self) -> None:
+        """Stop the running assignment, wait for its drain and commit, and count it."""
+        running, job = self._running, self._current
+        if running is None or job is None:
+            return
+        self._run_stop.set()
+        summary = await asyncio.shield(running)
+        if self._running is not running:  # the revoke callback and the loop both waited
+            return
+        self._running = self._current = None
+        self._counts = self._counts + JobCounts(
+            done=job.ok, failed=job.error_replies + job.dead_lettered, skipped=job.skipped_completed
+        )
+        self._positions.update(job.committed_positions())
+        if job.undelivered:
+            raise ValueError(f"{job.undelivered} dead letter(s) could not be delivered")
+        log.info(
+            "job %s: assignment ended (%d read, %d ok)",
+            self.job.job_id,
+            summary.records_read,
+            summary.ok,
+        )
+
+    async def _on_revoke(self) -> None:
+        """The job's group is rebalancing: finish and commit before the partitions move."""
+        if self._running is not None:
+            log.info("job %s: partitions revoked, finishing what was read", self.job.job_id)
+            await self._finish_run()
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _live_counts(self) -> JobCounts:
+        job = self._current
+        if job is None:
+            return self._counts
+        return self._counts + JobCounts(
+            done=job.ok, failed=job.error_replies + job.dead_lettered, skipped=job.skipped_completed
+        )
+
+    async def _publish(self, state: MemberState, reason: str | None = None) -> None:
+        self.state = state
+        if self._current is not None:
+            self._positions.update(self._current.committed_positions())
+        await self._bus.publish(
+            MemberProgress(
+                job_id=self.job.job_id,
+                member=self.member,
+                state=state,
+                positions=dict(self._positions),
+                counts=self._live_counts(),
+                updated_at_s=self._wall(),
+                reason=reason,
+            )
+        )
