@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from consumer.backfill.config import BackfillSettings
@@ -31,6 +31,7 @@ from consumer.jobs.router import JobEngine
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaLayerError
 from consumer.kafka.group_range import AssignedRange, GroupRangeSource
+from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
 from consumer.replies import ReplyBuilder
 
@@ -138,6 +139,9 @@ class JobWorker:
         except (KafkaLayerError, OSError, ValueError) as err:
             reason = f"member {self.member}: {err}"
             log.error("job %s failed: %s", self.job.job_id, reason)
+        except Exception as err:  # a bug: the job fails, serve goes on
+            reason = f"member {self.member}: {type(err).__name__}: {err}"
+            log.exception("job %s failed", self.job.job_id)
         finally:
             with contextlib.suppress(Exception):
                 await self._finish_run()
@@ -167,11 +171,13 @@ class JobWorker:
             sorted(assigned.plan),
             self.job.source_topic,
         )
-        self._running = asyncio.create_task(job.run(self._run_stop))
+        assigned.before_commit = self._before_commit
+        running = self._running = asyncio.create_task(job.run(self._run_stop))
         await self._publish("running")
-        while not self._running.done():
-            await asyncio.wait({self._running}, timeout=self._interval_s)
-            await self._publish("running")
+        while not running.done():
+            await asyncio.wait({running}, timeout=self._interval_s)
+            if not running.done():
+                await self._publish("running")
         await self._finish_run()
         await self._publish("idle")
 
@@ -198,6 +204,17 @@ class JobWorker:
             summary.ok,
         )
 
+    async def _before_commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Publish progress with the offsets about to be committed: the counts published are
+        never behind the committed offsets, so a member that takes a partition over after a
+        kill -9 never leaves records uncounted (it may count again what was written after the
+        commit: at-least-once, as the output topic)."""
+        self._positions.update({tp[1]: offset for tp, offset in offsets.items()})
+        try:
+            await self._publish("running")
+        except KafkaLayerError as err:  # progress only: the commit goes on
+            log.warning("job %s: progress not written: %s", self.job.job_id, err)
+
     async def _on_revoke(self) -> None:
         """The job's group is rebalancing: finish and commit before the partitions move."""
         if self._running is not None:
@@ -217,7 +234,8 @@ class JobWorker:
     async def _publish(self, state: MemberState, reason: str | None = None) -> None:
         self.state = state
         if self._current is not None:
-            self._positions.update(self._current.committed_positions())
+            for p, offset in self._current.committed_positions().items():
+                self._positions[p] = max(offset, self._positions.get(p, offset))
         await self._bus.publish(
             MemberProgress(
                 job_id=self.job.job_id,

@@ -222,6 +222,8 @@ class AssignedRange:
         self.topic = source.topic
         self._plan = plan
         self._active = source._seek(plan)
+        self.before_commit: Callable[[Mapping[TopicPartition, int]], Awaitable[None]] | None = None
+        """Awaited with the offsets before each commit (the job's progress record)."""
 
     @property
     def plan(self) -> Mapping[int, PartitionRange]:
@@ -281,6 +283,8 @@ class AssignedRange:
         """
         if not offsets:
             return
+        if self.before_commit is not None:
+            await self.before_commit(offsets)
         meta = metadata or {}
         try:
             with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):

@@ -85,26 +85,19 @@ async def _source(m: Members, partitions: int, n: int) -> tuple[str, str]:
 
 
 def _submit(m: Members, source: str, output: str, *extra: str) -> str:
+    args = [
+        KBATCH, "backfill", "submit",
+        "--bootstrap", m.bootstrap,
+        "--jobs-topic", m.jobs_topic,
+        "--source-topic", source,
+        "--output-topic", output,
+        "--model", str(m.model),
+        "--commit-interval-ms", "200",
+        "--json",
+        *extra,
+    ]  # fmt: skip
     out = subprocess.run(
-        [
-            KBATCH,
-            "backfill",
-            "submit",
-            "--bootstrap",
-            m.bootstrap,
-            "--jobs-topic",
-            m.jobs_topic,
-            "--source-topic",
-            source,
-            "--output-topic",
-            output,
-            "--model",
-            str(m.model),
-            "--commit-interval-ms",
-            "200",
-            "--json",
-            *extra,
-        ],  # fmt: skip
+        args,
         capture_output=True,
         text=True,
         timeout=60,
@@ -204,5 +197,7 @@ async def test_kill_9_of_one_member_mid_job_completes_with_every_record_scored(
         for r in written
     }
     assert scored == {(i % 4, i // 4) for i in range(n)}  # every record, at least once
-    assert status.counts.done >= n
-    assert len(written) == status.counts.done + status.counts.failed
+    # Counts are published before each commit: never below the records scored; what the killed
+    # member wrote after its last publish is in the output and scored again (at least once).
+    assert n <= status.counts.done <= len(written)
+    assert status.counts.failed == 0
