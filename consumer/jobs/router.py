@@ -131,6 +131,8 @@ class JobEngine:
 
     async def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every item this job submitted has its outcome; False at ``timeout_s``."""
+        if self._idle.is_set():
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
