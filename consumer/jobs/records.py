@@ -227,7 +227,9 @@ def derive_status(job: JobRecord, progress: Iterable[MemberProgress]) -> JobStat
     progress, else ``pending``. Finished offsets: per partition the highest position any member
     reported (a member that took a partition over resumes from the committed offset, so the
     highest is the truth), less the range start; ``completed`` counts the whole range.
-    Counts: the record's final counts when it has them, else the members' sum.
+    Counts: the members' sum (each member's last record: published before each of its commits,
+    so complete once every partition is committed at its end); the record's final counts (what
+    the member that ended the job had read then) only when no member record is left.
     """
     members = [p for p in progress if p.job_id == job.job_id]
     state: JobState = job.state
@@ -243,9 +245,9 @@ def derive_status(job: JobRecord, progress: Iterable[MemberProgress]) -> JobStat
             finished += max(0, end - start)
         else:
             finished += max(0, min(reached.get(partition, start), end) - start)
-    counts = job.counts
+    counts = sum((p.counts for p in members), JobCounts()) if members else job.counts
     if counts is None:
-        counts = sum((p.counts for p in members), JobCounts())
+        counts = JobCounts()
     return JobStatus(
         job_id=job.job_id,
         state=state,

@@ -114,8 +114,10 @@ def test_a_terminal_record_wins_and_completed_counts_the_whole_range() -> None:
     clock = FakeClock()
     final = JobCounts(done=149, failed=1)
     job = _job(clock).with_state("completed", clock() + 9, counts=final)
-    status = derive_status(job, [_progress(clock, "a", {0: 10}, 3, state="stopped")])
+    status = derive_status(job, [])
     assert (status.state, status.finished_offsets, status.counts) == ("completed", 150, final)
+    later = [_progress(clock, "a", {0: 100}, 100, state="stopped"), _progress(clock, "b", {}, 50)]
+    assert derive_status(job, later).counts == JobCounts(done=150)  # the members' latest
     cancelled = _job(clock).with_state("cancelled", clock(), reason="by hand")
     status = derive_status(cancelled, [_progress(clock, "a", {0: 10}, 10)])
     assert (status.state, status.reason, status.counts.done) == ("cancelled", "by hand", 10)
