@@ -61,7 +61,7 @@ def add_job_commands(
             ],
             help="Submit the backfill these flags describe (kbatch backfill's flags) as a job "
             "for the kbatch serve members watching --jobs-topic: the range is resolved now; "
-            "prints the job id. --exactly-once and task=rerank are not supported for jobs yet.",
+            "prints the job id. task=rerank is not supported for jobs yet.",
         )
     )
     group.add_command(

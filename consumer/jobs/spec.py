@@ -45,21 +45,20 @@ JOB_FIELDS: frozenset[str] = frozenset(
         "default_prompt_name",
         "dlq_topic",
         "commit_interval_ms",
+        "exactly_once",
     }
 )
 """BackfillSettings fields a job record keeps (``model`` only when given)."""
 
-_FROM_JOB = JOB_FIELDS | {"group_id", "exactly_once", "progress"}
+_FROM_JOB = JOB_FIELDS | {"group_id", "progress"}
 
 
 def unsupported(settings: BackfillSettings) -> str | None:
     """Why these settings cannot run as a job (a usage error at submit), or None.
 
-    ``--exactly-once`` and ``task=rerank`` are not run by serve's job runner yet
-    (docs/JOBS.md §Limits): run ``kbatch backfill`` standalone for them.
+    ``task=rerank`` is not run by serve's job runner yet (docs/JOBS.md §Limits): run
+    ``kbatch backfill`` standalone for it.
     """
-    if settings.exactly_once:
-        return "--exactly-once is not supported for jobs yet: run `kbatch backfill` standalone"
     if settings.task == "rerank":
         return "task=rerank is not supported for jobs yet: run `kbatch backfill` standalone"
     return None
@@ -118,5 +117,5 @@ def member_settings(serve: ServeSettings, job: JobRecord) -> BackfillSettings:
         if name in type(serve).model_fields and name not in _FROM_JOB
     }
     values: dict[str, Any] = {**mine, **job.settings}
-    values.update(group_id=job.group_id, exactly_once=False, progress=False)
+    values.update(group_id=job.group_id, progress=False)
     return BackfillSettings(**values)

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob, BackfillSummary
@@ -33,6 +33,7 @@ from consumer.kafka.errors import KafkaLayerError
 from consumer.kafka.group_range import AssignedRange, GroupRangeSource
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
+from consumer.kafka.transactions import TransactionalSink
 from consumer.replies import ReplyBuilder
 
 __all__ = ["JobBus", "JobWorker"]
@@ -84,9 +85,21 @@ class JobWorker:
         self._interval_s = progress_interval_s
         self._wall = wall_clock
         client = project(KafkaClientSettings, settings)
-        self._sink = KafkaSink(
-            client, project(SinkSettings, settings), default_topic=settings.output_topic
-        )
+        self._transactions: TransactionalSink | None = None
+        self._sink: KafkaSink | TransactionalSink
+        if settings.exactly_once:  # a transactional producer per assigned source partition
+            self._sink = self._transactions = _ProgressFirstTransactions(
+                self._before_commit,
+                client,
+                project(SinkSettings, settings),
+                default_topic=settings.output_topic,
+                group_id=job.group_id,
+                id_prefix="kbatch-job",
+            )
+        else:
+            self._sink = KafkaSink(
+                client, project(SinkSettings, settings), default_topic=settings.output_topic
+            )
         self._source = GroupRangeSource(
             client=client,
             topic=job.source_topic,
@@ -97,6 +110,7 @@ class JobWorker:
             client_id=f"kbatch-job-{member}",
         )
         self._source.on_revoke = self._on_revoke
+        self._source.before_plan = self._open_transactions
         self._stop = asyncio.Event()
         self._run_stop = asyncio.Event()
         self._running: asyncio.Task[BackfillSummary] | None = None
@@ -160,7 +174,9 @@ class JobWorker:
         self._run_stop = asyncio.Event()
         if self._stop.is_set():
             self._run_stop.set()
-        job = BackfillJob(self.settings, assigned, self._sink, self._replies)
+        job = BackfillJob(
+            self.settings, assigned, self._sink, self._replies, transactions=self._transactions
+        )
         job.bind(self._engine)
         self._engine.bind(job.on_outcomes)
         self._current, self._assigned = job, assigned
@@ -220,6 +236,16 @@ class JobWorker:
         if self._running is not None:
             log.info("job %s: partitions revoked, finishing what was read", self.job.job_id)
             await self._finish_run()
+        if self._transactions is not None:  # committed: what is open now is empty
+            await self._transactions.stop()
+
+    async def _open_transactions(self, partitions: list[int]) -> None:
+        """``--exactly-once``: open each assigned partition's transactional producer before its
+        committed offset is read (fences the previous owner, aborts its open transaction)."""
+        if self._transactions is None:
+            return
+        for p in partitions:
+            await self._transactions.open((self.job.source_topic, p))
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -247,3 +273,23 @@ class JobWorker:
                 reason=reason,
             )
         )
+
+
+class _ProgressFirstTransactions(TransactionalSink):
+    """``--exactly-once``: publishes the member's progress before each transaction commit (as
+    :attr:`AssignedRange.before_commit` does for plain commits)."""
+
+    def __init__(
+        self,
+        before_commit: Callable[[Mapping[TopicPartition, int]], Awaitable[None]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._before_commit = before_commit
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
+    ) -> dict[TopicPartition, int]:
+        await self._before_commit(offsets)
+        return await super().commit(offsets, metadata)

@@ -77,6 +77,9 @@ class GroupRangeSource:
         self.group_id = group_id
         self.ranges = dict(ranges)
         self.on_revoke: Callable[[], Awaitable[None]] | None = None
+        self.before_plan: Callable[[list[int]], Awaitable[None]] | None = None
+        """Awaited with a new assignment's partitions before their committed offsets are read
+        (``--exactly-once``: opening their transactional producers fences a zombie first)."""
         self._consumer = AIOKafkaConsumer(
             group_id=group_id,
             client_id=client_id,
@@ -141,6 +144,8 @@ class GroupRangeSource:
         self._changed.clear()
         partitions, self._assignment = self._assignment or [], None
         mine = [p for p in partitions if p in self.ranges]
+        if self.before_plan is not None:
+            await self.before_plan(mine)
         tps = [KafkaTP(self.topic, p) for p in mine]
         with map_kafka_errors(RangeSourceError, f"planning {self.topic} for group {self.group_id}"):
             log_start = await self._consumer.beginning_offsets(tps) if tps else {}

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,15 @@ from consumer.jobs.records import JobStatus
 from consumer.kafka.admin import create_topics, delete_topics
 from consumer.kafka.config import KafkaClientSettings
 from tests.conftest import unique_group
-from tests.integration.harness import KBATCH, Req, ServeProcess, kill, produce, read_all
+from tests.integration.harness import (
+    KBATCH,
+    Req,
+    ServeProcess,
+    kill,
+    produce,
+    read_all,
+    read_committed,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -173,14 +182,14 @@ async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
     assert len(later) == len(written)
 
 
-async def test_kill_9_of_one_member_mid_job_completes_with_every_record_scored(
-    members: Members,
-) -> None:
+async def _kill_one_member_mid_job(m: Members, *extra: str) -> tuple[int, JobStatus, list[Any]]:
+    """Run a 4-partition job on both members, kill -9 the first mid-job, wait for completion;
+    (records, final status, output records read ``read_committed``)."""
     n = 4000
-    source, output = await _source(members, 4, n)
-    job = _submit(members, source, output, "--max-in-flight-records", "4")
+    source, output = await _source(m, 4, n)
+    job = _submit(m, source, output, "--max-in-flight-records", "4", *extra)
     await _wait_status(
-        members,
+        m,
         job,
         lambda s: (
             len(s.members) == 2
@@ -189,15 +198,33 @@ async def test_kill_9_of_one_member_mid_job_completes_with_every_record_scored(
         ),
         60,
     )
-    kill(members.servers[0])
-    status = await _wait_status(members, job, lambda s: s.state == "completed", 120)
-    written = await read_all(members.bootstrap, output, 4)
-    scored = {
+    kill(m.servers[0])
+    status = await _wait_status(m, job, lambda s: s.state == "completed", 120)
+    return n, status, await read_committed(m.bootstrap, output, 4)
+
+
+def _scored(written: list[Any]) -> list[tuple[int, int]]:
+    return sorted(
         (int(r.headers["kbatch.source.partition"]), int(r.headers["kbatch.source.offset"]))
         for r in written
-    }
-    assert scored == {(i % 4, i // 4) for i in range(n)}  # every record, at least once
+    )
+
+
+async def test_kill_9_of_one_member_mid_job_completes_with_every_record_scored(
+    members: Members,
+) -> None:
+    n, status, written = await _kill_one_member_mid_job(members)
+    every = sorted((i % 4, i // 4) for i in range(n))
+    assert sorted(set(_scored(written))) == every  # every record, at least once
     # Counts are published before each commit: never below the records scored; what the killed
     # member wrote after its last publish is in the output and scored again (at least once).
     assert n <= status.counts.done <= len(written)
     assert status.counts.failed == 0
+
+
+async def test_kill_9_under_exactly_once_scores_every_record_once(members: Members) -> None:
+    members.servers[0].launch()  # the member the previous test killed
+    members.servers[0].wait_ready()
+    n, status, written = await _kill_one_member_mid_job(members, "--exactly-once")
+    assert _scored(written) == sorted((i % 4, i // 4) for i in range(n))  # each exactly once
+    assert status.counts.done >= n  # aborted writes of the killed member were counted too

@@ -50,11 +50,16 @@ def test_a_member_of_another_task_or_model_does_not_run_it() -> None:
     )
 
 
-def test_exactly_once_is_refused_at_submit() -> None:
+def test_rerank_is_refused_at_submit_and_exactly_once_travels_with_the_job() -> None:
     plain = BackfillSettings(source_topic="s", output_topic="o")
     assert unsupported(plain) is None
+    rerank = BackfillSettings(
+        source_topic="s", output_topic="o", task="rerank", text_field="q", documents_field="d"
+    )
+    assert "task=rerank" in (unsupported(rerank) or "")
     eos = BackfillSettings(source_topic="s", output_topic="o", exactly_once=True)
-    assert "--exactly-once" in (unsupported(eos) or "")
+    record = job_record(eos, RANGES, now_s=0.0)
+    assert unsupported(eos) is None and member_settings(ServeSettings(), record).exactly_once
 
 
 def test_backfill_is_a_group_that_still_runs_without_a_subcommand() -> None:
@@ -67,8 +72,10 @@ def test_backfill_is_a_group_that_still_runs_without_a_subcommand() -> None:
     mixed = runner.invoke(cli, ["backfill", "--source-topic", "s", "status"])
     assert mixed.exit_code == 2 and "after the subcommand" in mixed.output
     refused = runner.invoke(
-        cli, ["backfill", "submit", "--source-topic", "s", "--output-topic", "o", "--exactly-once"]
-    )
+        cli,
+        ["backfill", "submit", "--source-topic", "s", "--output-topic", "o", "--task", "rerank",
+         "--text-field", "q", "--documents-field", "d"],
+    )  # fmt: skip
     assert refused.exit_code == 2 and "not supported for jobs" in refused.output
 
 
