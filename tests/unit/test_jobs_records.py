@@ -153,3 +153,24 @@ def test_the_table_refuses_a_key_that_does_not_match_its_record() -> None:
     with pytest.raises(RecordError, match="without a key"):
         table.apply(None, encode_record(_job(clock)))
     assert table.jobs == {}
+
+
+def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
+    from rich.console import Console
+
+    from consumer.jobs.render import render_statuses, status_json
+
+    clock = FakeClock()
+    running = derive_status(_job(clock), [_progress(clock, "a", {0: 75}, 75)])
+    ended = derive_status(
+        _job(clock, job_id="job-2").with_state("cancelled", clock(), reason="by hand"), []
+    )
+    console = Console(record=True, width=200, color_system=None)
+    render_statuses([running, ended], console)
+    text = console.export_text()
+    assert "━" in text and "75/150" not in text  # the bar, not a fraction, while running
+    assert "0/150" in text and "by hand" in text and "cancelled" in text
+    assert status_json(running)["fraction"] == 0.5
+    empty = Console(record=True)
+    render_statuses([], empty)
+    assert "no jobs" in empty.export_text()
