@@ -139,7 +139,8 @@ async def _fill(bootstrap: str, topic: str, texts: Sequence[str], n: int, partit
         await producer.stop()
 
 
-async def _drain(opts: E2EBenchOptions, topics: _Topics, say: Say) -> float:
+async def _drain(opts: E2EBenchOptions, topics: _Topics) -> float:
+    """The e2e bench's drain: N requests released at once to the ready serve; seq/s."""
     texts = list(opts.texts)
     records = prefill_records(texts, topics.reply, f"lanes-drain-{uuid.uuid4().hex[:6]}")
     backlog = _HeldBacklog(opts.bootstrap)
@@ -153,7 +154,6 @@ async def _drain(opts: E2EBenchOptions, topics: _Topics, say: Say) -> float:
     finally:
         await counter.close()
         await backlog.close()
-    del say
 
 
 async def _phase(
@@ -276,7 +276,7 @@ async def run_lanes_bench(lanes: LanesBenchOptions, say: Say = lambda _m: None) 
         proc.start()
         await proc.wait_ready(opts.ready_timeout_s)
         say("serve ready; measuring the drain")
-        drain = await _drain(opts, topics, say)
+        drain = await _drain(opts, topics)
         say(f"drain: {drain} seq/s")
         for fraction in lanes.fractions:
             rate = round(fraction * drain, 1)
