@@ -86,11 +86,12 @@ async def job_statuses(
         JobsTopicError / KafkaUnavailableError: the jobs topic cannot be read.
     """
     table = await read_table(client, jobs_topic)
+    now = time.time()
     if job_id is None:
-        return table.statuses()
+        return table.statuses(now)
     if job_id not in table.jobs:
         raise JobNotFoundError(f"no job {job_id!r} in {jobs_topic}")
-    return [table.status(job_id)]
+    return [table.status(job_id, now)]
 
 
 async def cancel_job(client: KafkaClientSettings, jobs_topic: str, job_id: str) -> JobRecord:

@@ -49,6 +49,10 @@ __all__ = [
 
 JobState = Literal["pending", "running", "completed", "failed", "cancelled"]
 MemberState = Literal["running", "idle", "stopped", "failed"]
+ShownMemberState = Literal["running", "idle", "stopped", "failed", "lost"]
+LOST_AFTER_S = 30.0
+"""A running or idle member silent this long is shown ``lost`` (it publishes every second; a
+killed member's partitions move to the others after the job group's session timeout)."""
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 SCHEMA_VERSION = 1
 
@@ -163,7 +167,7 @@ class JobStatus(BaseModel):
     total_offsets: int
     finished_offsets: int
     counts: JobCounts
-    members: dict[str, MemberState]
+    members: dict[str, ShownMemberState]
     created_at_s: float
     updated_at_s: float
     reason: str | None = None
@@ -220,16 +224,24 @@ def decode_record(value: bytes) -> JobRecord | MemberProgress:
     raise RecordError(f"unknown kind {kind!r}")
 
 
-def derive_status(job: JobRecord, progress: Iterable[MemberProgress]) -> JobStatus:
+def derive_status(
+    job: JobRecord,
+    progress: Iterable[MemberProgress],
+    *,
+    now_s: float | None = None,
+    lost_after_s: float = LOST_AFTER_S,
+) -> JobStatus:
     """The job's status from its record and its members' latest progress records.
 
     State: the record's terminal state if it has one; else ``running`` when a member reported
     progress, else ``pending``. Finished offsets: per partition the highest position any member
     reported (a member that took a partition over resumes from the committed offset, so the
     highest is the truth), less the range start; ``completed`` counts the whole range.
-    Counts: the members' sum (each member's last record: published before each of its commits,
-    so complete once every partition is committed at its end); the record's final counts (what
-    the member that ended the job had read then) only when no member record is left.
+    Members: each one's last state; ``lost`` for a running or idle one silent for
+    ``lost_after_s`` at ``now_s`` (Unix s; None: never lost). Counts: the members' sum (each
+    member's last record: published before each of its commits, so complete once every
+    partition is committed at its end); the record's final counts (what the member that ended
+    the job had read then) only when no member record is left.
     """
     members = [p for p in progress if p.job_id == job.job_id]
     state: JobState = job.state
@@ -257,11 +269,19 @@ def derive_status(job: JobRecord, progress: Iterable[MemberProgress]) -> JobStat
         total_offsets=job.total_offsets,
         finished_offsets=finished,
         counts=counts,
-        members={p.member: p.state for p in sorted(members, key=lambda m: m.member)},
+        members={
+            p.member: _shown(p, now_s, lost_after_s)
+            for p in sorted(members, key=lambda m: m.member)
+        },
         created_at_s=job.created_at_s,
         updated_at_s=max([job.updated_at_s, *(p.updated_at_s for p in members)]),
         reason=job.reason,
     )
+
+
+def _shown(p: MemberProgress, now_s: float | None, lost_after_s: float) -> ShownMemberState:
+    silent = now_s is not None and now_s - p.updated_at_s > lost_after_s
+    return "lost" if silent and p.state in ("running", "idle") else p.state
 
 
 class JobTable:
@@ -305,14 +325,14 @@ class JobTable:
         """The latest progress record of each member of ``job_id``."""
         return [p for (j, _), p in self.progress.items() if j == job_id]
 
-    def status(self, job_id: str) -> JobStatus:
-        """:func:`derive_status` of ``job_id``. Raises KeyError: no such job."""
-        return derive_status(self.jobs[job_id], self.members_of(job_id))
+    def status(self, job_id: str, now_s: float | None = None) -> JobStatus:
+        """:func:`derive_status` of ``job_id`` at ``now_s``. Raises KeyError: no such job."""
+        return derive_status(self.jobs[job_id], self.members_of(job_id), now_s=now_s)
 
-    def statuses(self) -> list[JobStatus]:
-        """Every job's status, oldest first."""
+    def statuses(self, now_s: float | None = None) -> list[JobStatus]:
+        """Every job's status at ``now_s``, oldest first."""
         jobs = sorted(self.jobs.values(), key=lambda j: (j.created_at_s, j.job_id))
-        return [derive_status(j, self.members_of(j.job_id)) for j in jobs]
+        return [derive_status(j, self.members_of(j.job_id), now_s=now_s) for j in jobs]
 
 
 def sum_counts(progress: Mapping[str, MemberProgress] | Iterable[MemberProgress]) -> JobCounts:

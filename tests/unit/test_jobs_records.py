@@ -174,3 +174,18 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     empty = Console(record=True)
     render_statuses([], empty)
     assert "no jobs" in empty.export_text()
+
+
+def test_a_silent_running_member_is_shown_lost() -> None:
+    clock = FakeClock()
+    job = _job(clock)
+    members = [
+        _progress(clock, "dead", {0: 10}, 10),
+        _progress(clock, "done", {}, 0, state="stopped"),
+    ]
+    clock.now_s += 20
+    members.append(_progress(clock, "alive", {1: 20}, 10))
+    clock.now_s += 15  # dead: 35 s silent, alive: 15 s
+    shown = derive_status(job, members, now_s=clock()).members
+    assert shown == {"alive": "running", "dead": "lost", "done": "stopped"}
+    assert derive_status(job, members).members["dead"] == "running"  # no clock: never lost
