@@ -35,7 +35,11 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
         return
     table = Table(title="backfill jobs")
     for name in ("job", "state", "progress", "done", "failed", "skipped", "members", "topics"):
-        table.add_column(name, justify="right" if name in ("done", "failed", "skipped") else "left")
+        table.add_column(
+            name,
+            justify="right" if name in ("done", "failed", "skipped") else "left",
+            no_wrap=name in ("job", "state", "progress"),
+        )
     for s in statuses:
         progress: Any
         if s.state == "running":
@@ -45,8 +49,8 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
             progress = f"{s.finished_offsets}/{s.total_offsets}"
         members = ", ".join(f"{m}:{state}" for m, state in s.members.items()) or "-"
         state = f"[{_STYLE[s.state]}]{s.state}[/]"
-        if s.reason:
-            state += f"\n{s.reason}"
+        if s.reason and s.state == "failed":
+            state += f"\n[red]{s.reason}[/]"
         table.add_row(
             f"{s.job_id}\n{_when(s.created_at_s)}",
             state,

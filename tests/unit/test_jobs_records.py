@@ -163,13 +163,13 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     clock = FakeClock()
     running = derive_status(_job(clock), [_progress(clock, "a", {0: 75}, 75)])
     ended = derive_status(
-        _job(clock, job_id="job-2").with_state("cancelled", clock(), reason="by hand"), []
+        _job(clock, job_id="job-2").with_state("failed", clock(), reason="by hand"), []
     )
     console = Console(record=True, width=200, color_system=None)
     render_statuses([running, ended], console)
     text = console.export_text()
     assert "━" in text and "75/150" not in text  # the bar, not a fraction, while running
-    assert "0/150" in text and "by hand" in text and "cancelled" in text
+    assert "0/150" in text and "by hand" in text and "failed" in text
     assert status_json(running)["fraction"] == 0.5
     empty = Console(record=True)
     render_statuses([], empty)
