@@ -23,6 +23,7 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
+from consumer.jobs.router import EngineRouter
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
@@ -128,11 +129,13 @@ async def serve(settings: ServeSettings) -> int:
     pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
     # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
     fanout = FanOutEngine(pipeline.on_outcomes) if settings.task == "rerank" else None
+    # Outcomes of backfill jobs' items (docs/JOBS.md) go to their job, the rest to the pipeline.
+    router = EngineRouter(pipeline.on_outcomes if fanout is None else fanout.on_outcomes)
     engine = Engine(
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        on_outcomes=pipeline.on_outcomes if fanout is None else fanout.on_outcomes,
+        on_outcomes=router.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -147,6 +150,7 @@ async def serve(settings: ServeSettings) -> int:
         topics=(settings.request_topic,),
         max_poll_records=settings.poll_max_records,
     )
+    router.bind(engine)
     if fanout is not None:
         fanout.bind(engine)
     pipeline.bind(source, engine if fanout is None else fanout)
@@ -212,6 +216,8 @@ async def serve(settings: ServeSettings) -> int:
                 if unstarted not in started:
                     await unstarted.stop()
             return 1
+        if settings.run_jobs:
+            await _start_jobs(settings, router, replies, stop, life)
         frozen = freeze_startup_heap()
         log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
@@ -239,3 +245,25 @@ async def serve(settings: ServeSettings) -> int:
         return 0
     log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
     return EXIT_DRAIN_DEADLINE
+
+
+async def _start_jobs(
+    settings: ServeSettings,
+    router: EngineRouter,
+    replies: ReplyBuilder,
+    stop: asyncio.Event,
+    life: Lifecycle,
+) -> None:
+    """Start the backfill job runner (docs/JOBS.md); a jobs topic that cannot be created or
+    read leaves serve running without it (one error line)."""
+    from consumer.jobs.runner import JobRunner
+    from consumer.kafka.errors import KafkaLayerError
+
+    jobs = JobRunner(settings, router, replies)
+    try:
+        await jobs.start(stop)
+    except KafkaLayerError as err:
+        log.error("backfill jobs off: %s (--no-run-jobs to not try)", err)
+        await jobs.stop()
+        return
+    life.enter("job runner", jobs.stop)

@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.jobs.config import JobsSettings
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -162,6 +163,7 @@ def project(group: type[G], settings: BaseModel) -> G:
 
 
 class ServeSettings(  # fields in --help: the last base's first, the class's own last
+    JobsSettings,
     RunSettings,
     FlowConfig,
     BatchPolicyConfig,

@@ -41,7 +41,13 @@ from consumer.replies import ReplyBuilder
 from consumer.task_options import NEW_TASKS, check_task_options
 from schemas.models import ModelInfo
 
-__all__ = ["EXIT_COMPLETE", "EXIT_INCOMPLETE", "EXIT_STOPPED", "run_backfill"]
+__all__ = [
+    "EXIT_COMPLETE",
+    "EXIT_INCOMPLETE",
+    "EXIT_STOPPED",
+    "ensure_output_topics",
+    "run_backfill",
+]
 
 log = logging.getLogger("kbatch.backfill")
 
@@ -108,7 +114,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 r.start,
                 f" (resumed: group {group_id})" if r.resumed_from is not None else "",
             )
-        await _ensure_output_topics(settings, len(plan))
+        await ensure_output_topics(settings, len(plan))
         sink: KafkaSink | TransactionalSink = transactions or KafkaSink(
             client, project(SinkSettings, settings), default_topic=settings.output_topic
         )
@@ -167,7 +173,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
 
 
-async def _ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:
+async def ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:
     """Create the output topic (``partitions``, as many as the source) and the dead-letter
     topic (1) when missing, as ``kbatch serve`` creates its topics.
 

@@ -180,6 +180,16 @@ class BackfillJob:
         assert self._engine is not None, "bind() first"
         return self._engine
 
+    def committed_positions(self) -> dict[int, int]:
+        """Partition → the offset committed so far (every record below it finished), for the
+        partitions of the plan that have one (a job's progress record, docs/JOBS.md)."""
+        out: dict[int, int] = {}
+        for p in self._source.plan:
+            committed = self._tracker.committed((self._topic, p))
+            if committed is not None:
+                out[p] = committed
+        return out
+
     # -- the loop --------------------------------------------------------------------------------
 
     async def run(

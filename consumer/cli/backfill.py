@@ -2,6 +2,10 @@
 
 Every :class:`consumer.backfill.config.BackfillSettings` field is a flag; ``--from``/``--to``
 are ``range_from``/``range_to``. See ``kbatch backfill --help``.
+
+``kbatch backfill`` with flags and no subcommand runs the backfill in this process, as always;
+``submit``/``status``/``cancel`` manage backfill jobs run by ``kbatch serve`` (docs/JOBS.md).
+The command is a click group invoked without a subcommand too, so both shapes work.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import click
 from pydantic import ValidationError
 
 from consumer.backfill.config import BackfillSettings
+from consumer.cli.backfill_jobs import add_job_commands
 from consumer.cli.options import settings_options
 from consumer.config import load_settings
 
@@ -22,6 +27,10 @@ _EXPLICIT = frozenset({"source_topic", "output_topic", "range_from", "range_to"}
 
 
 def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
+    if click.get_current_context().invoked_subcommand is not None:
+        if config is not None or as_json or any(v is not None for v in flags.values()):
+            raise click.UsageError("give the flags after the subcommand")
+        return
     try:
         settings = load_settings(BackfillSettings, config, **flags)
     except (ValidationError, FileNotFoundError) as err:
@@ -54,49 +63,60 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
     sys.exit(code)
 
 
-backfill_command = click.Command(
+_RANGE_PARAMS = [
+    click.Option(
+        ["--source-topic", "source_topic"],
+        default=None,
+        help="Topic whose history is scored (env KBATCH_SOURCE_TOPIC). Required.",
+    ),
+    click.Option(
+        ["--output-topic", "output_topic"],
+        default=None,
+        help="Topic the scored records go to (env KBATCH_OUTPUT_TOPIC). Required.",
+    ),
+    click.Option(
+        ["--from", "range_from"],
+        default=None,
+        help="Start (inclusive): earliest | ISO-8601 time with zone | P:OFFSET,… "
+        "[default: earliest] (env KBATCH_RANGE_FROM)",
+    ),
+    click.Option(
+        ["--to", "range_to"],
+        default=None,
+        help="End (exclusive), fixed at start: now | ISO-8601 time with zone | P:OFFSET,… "
+        "[default: now] (env KBATCH_RANGE_TO)",
+    ),
+]
+_COMMON_PARAMS = [
+    click.Option(
+        ["--config", "config"],
+        type=click.Path(path_type=Path),
+        default=None,
+        help="YAML file of settings (flags and KBATCH_* variables win over it).",
+    ),
+    click.Option(
+        ["--json", "as_json"],
+        is_flag=True,
+        default=False,
+        help="Also print the final summary as one JSON object on stdout.",
+    ),
+]
+
+backfill_command = click.Group(
     name="backfill",
     callback=_backfill,
+    invoke_without_command=True,
     params=[
-        click.Option(
-            ["--source-topic", "source_topic"],
-            default=None,
-            help="Topic whose history is scored (env KBATCH_SOURCE_TOPIC). Required.",
-        ),
-        click.Option(
-            ["--output-topic", "output_topic"],
-            default=None,
-            help="Topic the scored records go to (env KBATCH_OUTPUT_TOPIC). Required.",
-        ),
-        click.Option(
-            ["--from", "range_from"],
-            default=None,
-            help="Start (inclusive): earliest | ISO-8601 time with zone | P:OFFSET,… "
-            "[default: earliest] (env KBATCH_RANGE_FROM)",
-        ),
-        click.Option(
-            ["--to", "range_to"],
-            default=None,
-            help="End (exclusive), fixed at start: now | ISO-8601 time with zone | P:OFFSET,… "
-            "[default: now] (env KBATCH_RANGE_TO)",
-        ),
-        click.Option(
-            ["--config", "config"],
-            type=click.Path(path_type=Path),
-            default=None,
-            help="YAML file of settings (flags and KBATCH_* variables win over it).",
-        ),
-        click.Option(
-            ["--json", "as_json"],
-            is_flag=True,
-            default=False,
-            help="Also print the final summary as one JSON object on stdout.",
-        ),
+        *_RANGE_PARAMS,
+        *_COMMON_PARAMS,
         *settings_options(BackfillSettings, exclude=_EXPLICIT),
     ],
     help="Score a topic's history over an offset or time range with the batching engine "
     "(waits off), writing contract replies keyed by the source key. Resumable: commits under "
     "its own consumer group. Output values are msgpack, or JSON when the source value was read "
     "as JSON; headers kbatch.source.topic/partition/offset name the source record. Exit 0 "
-    "only when every partition reached its end; 3 when stopped by a signal first; 1 otherwise.",
+    "only when every partition reached its end; 3 when stopped by a signal first; 1 otherwise. "
+    "Subcommands submit, status and cancel manage the same backfill as a job run by kbatch "
+    "serve (docs/JOBS.md).",
 )
+add_job_commands(backfill_command, _RANGE_PARAMS, _COMMON_PARAMS[0], _EXPLICIT)

@@ -544,3 +544,8 @@ def e2e(
     from producer_tools.report import report_console
 
     print_e2e_table(report, report_console())
+
+
+from consumer.cli.bench_lanes import lanes_command  # noqa: E402 (a command of its own module)
+
+bench_group.add_command(lanes_command)

@@ -181,3 +181,7 @@ def map_kafka_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
         raise KafkaSecurityError(f"{context}: the broker denies it: {denial}") from err
     except KafkaError as err:
         raise to(f"{context}: {err}") from err
+
+
+class JobsTopicError(KafkaLayerError):
+    """The jobs topic cannot be created, read or written (docs/JOBS.md)."""

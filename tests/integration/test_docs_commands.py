@@ -146,6 +146,8 @@ def _parse_kbatch(args: list[str]) -> str:
     cmd: click.Command = cli
     while isinstance(cmd, click.Group):
         rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        if not rest and cmd.invoke_without_command:  # `kbatch backfill --…`: the group runs
+            break
         name, sub, rest = cmd.resolve_command(ctx, rest)
         assert name is not None and sub is not None
         cmd, ctx = sub, sub.make_context(name, rest, parent=ctx)

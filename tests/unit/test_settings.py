@@ -15,6 +15,7 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.cli.backfill import backfill_command
 from consumer.cli.serve import serve_command
 from consumer.config import ModelSettings, RunSettings, ServeSettings, SettingsBase, project
+from consumer.jobs.config import JobsSettings
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -36,6 +37,7 @@ GROUPS: list[type[BaseModel]] = [
     SinkSettings,
     BatchPolicyConfig,
     FlowConfig,
+    JobsSettings,
 ]
 # The flags ``kbatch backfill`` spells differently from its field names.
 RENAMED = {"range_from": "--from", "range_to": "--to"}

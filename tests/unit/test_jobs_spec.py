@@ -1,0 +1,87 @@
+"""From submit's settings to a job record and back to a member's settings (pure)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from consumer.backfill.config import BackfillSettings
+from consumer.cli import cli
+from consumer.config import ServeSettings
+from consumer.jobs.spec import incompatibility, job_record, member_settings, unsupported
+
+RANGES = {0: (3, 10), 1: (0, 4)}
+
+
+def test_the_record_keeps_the_jobs_fields_and_resolved_ranges_not_client_settings() -> None:
+    settings = BackfillSettings(
+        source_topic="src", output_topic="out", text_field="a.b", dimensions=8,
+        bootstrap="broker:9", range_to="0:10,1:4",
+    )  # fmt: skip
+    record = job_record(settings, RANGES, job_id="job-x", now_s=5.0)
+    assert (record.group_id, record.state, record.ranges) == ("kbatch-job.job-x", "pending", RANGES)
+    assert record.settings["text_field"] == "a.b" and record.settings["dimensions"] == 8
+    assert record.settings["dlq_topic"] == "src.dlq"
+    assert "bootstrap" not in record.settings and "model" not in record.settings
+    assert record.total_offsets == 11
+
+
+def test_a_member_runs_the_job_with_its_own_client_and_the_jobs_group() -> None:
+    settings = BackfillSettings(source_topic="src", output_topic="out", text_field="t")
+    record = job_record(settings, RANGES, job_id="job-x", now_s=5.0)
+    serve = ServeSettings(bootstrap="mine:9092", group_id="serve-group", max_batch_size=7)
+    mine = member_settings(serve, record)
+    assert (mine.bootstrap, mine.group_id, mine.text_field) == (
+        "mine:9092",
+        "kbatch-job.job-x",
+        "t",
+    )
+    assert (mine.dead_letter_topic, mine.source_topic, mine.progress) == ("src.dlq", "src", False)
+
+
+def test_a_member_of_another_task_or_model_does_not_run_it() -> None:
+    given = BackfillSettings(source_topic="s", output_topic="o", model="/m/a")
+    record = job_record(given, RANGES, now_s=0.0)
+    assert incompatibility(ServeSettings(model="/m/a"), record) is None
+    assert "model /m/a" in (incompatibility(ServeSettings(model="/m/b"), record) or "")
+    assert "task=classify" in (
+        incompatibility(ServeSettings(model="/m/a", task="classify"), record) or ""
+    )
+
+
+def test_rerank_is_refused_at_submit_and_exactly_once_travels_with_the_job() -> None:
+    plain = BackfillSettings(source_topic="s", output_topic="o")
+    assert unsupported(plain) is None
+    rerank = BackfillSettings(
+        source_topic="s", output_topic="o", task="rerank", text_field="q", documents_field="d"
+    )
+    assert "task=rerank" in (unsupported(rerank) or "")
+    eos = BackfillSettings(source_topic="s", output_topic="o", exactly_once=True)
+    record = job_record(eos, RANGES, now_s=0.0)
+    assert unsupported(eos) is None and member_settings(ServeSettings(), record).exactly_once
+
+
+def test_backfill_is_a_group_that_still_runs_without_a_subcommand() -> None:
+    command = cli.commands["backfill"]
+    assert isinstance(command, click.Group)
+    assert sorted(command.commands) == ["cancel", "status", "submit"]
+    runner = CliRunner()
+    plain = runner.invoke(cli, ["backfill", "--output-topic", "out"])
+    assert plain.exit_code == 2 and "source_topic" in plain.output  # the standalone path
+    mixed = runner.invoke(cli, ["backfill", "--source-topic", "s", "status"])
+    assert mixed.exit_code == 2 and "after the subcommand" in mixed.output
+    refused = runner.invoke(
+        cli,
+        ["backfill", "submit", "--source-topic", "s", "--output-topic", "o", "--task", "rerank",
+         "--text-field", "q", "--documents-field", "d"],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "not supported for jobs" in refused.output
+
+
+@pytest.mark.parametrize("sub", ["submit", "status", "cancel"])
+def test_every_subcommand_takes_the_jobs_topic(sub: str) -> None:
+    command = cli.commands["backfill"]
+    assert isinstance(command, click.Group)
+    flags = {o for p in command.commands[sub].params for o in p.opts}
+    assert "--jobs-topic" in flags and "--bootstrap" in flags
