@@ -23,7 +23,6 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
-from consumer.jobs.router import EngineRouter
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
@@ -34,6 +33,7 @@ from consumer.kafka.errors import (
     TopicCreationError,
     TransactionError,
 )
+from consumer.kafka.flow import FlowControl
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
@@ -129,13 +129,12 @@ async def serve(settings: ServeSettings) -> int:
     pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
     # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
     fanout = FanOutEngine(pipeline.on_outcomes) if settings.task == "rerank" else None
-    # Outcomes of backfill jobs' items (docs/JOBS.md) go to their job, the rest to the pipeline.
-    router = EngineRouter(pipeline.on_outcomes if fanout is None else fanout.on_outcomes)
     engine = Engine(
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        on_outcomes=router.on_outcomes,
+        # backfill jobs' items (docs/JOBS.md) are submitted with a callback of their own
+        on_outcomes=pipeline.on_outcomes if fanout is None else fanout.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -150,7 +149,6 @@ async def serve(settings: ServeSettings) -> int:
         topics=(settings.request_topic,),
         max_poll_records=settings.poll_max_records,
     )
-    router.bind(engine)
     if fanout is not None:
         fanout.bind(engine)
     pipeline.bind(source, engine if fanout is None else fanout)
@@ -217,7 +215,7 @@ async def serve(settings: ServeSettings) -> int:
                     await unstarted.stop()
             return 1
         if settings.run_jobs:
-            await _start_jobs(settings, router, replies, stop, life)
+            await _start_jobs(settings, engine, pipeline.flow, replies, stop, life)
         frozen = freeze_startup_heap()
         log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
@@ -249,7 +247,8 @@ async def serve(settings: ServeSettings) -> int:
 
 async def _start_jobs(
     settings: ServeSettings,
-    router: EngineRouter,
+    engine: Engine,
+    flow: FlowControl,
     replies: ReplyBuilder,
     stop: asyncio.Event,
     life: Lifecycle,
@@ -259,7 +258,7 @@ async def _start_jobs(
     from consumer.jobs.runner import JobRunner
     from consumer.kafka.errors import KafkaLayerError
 
-    jobs = JobRunner(settings, router, replies)
+    jobs = JobRunner(settings, engine, replies, flow=flow)
     try:
         await jobs.start(stop)
     except KafkaLayerError as err:

@@ -19,6 +19,7 @@ import socket
 import time
 
 from consumer.config import ServeSettings, project
+from consumer.jobs.job_engine import BulkFlow, JobEngine, RoutingEngine
 from consumer.jobs.records import (
     JobState,
     JobTable,
@@ -29,7 +30,6 @@ from consumer.jobs.records import (
     record_key,
     sum_counts,
 )
-from consumer.jobs.router import EngineRouter
 from consumer.jobs.spec import incompatibility, member_settings
 from consumer.jobs.worker import JobWorker
 from consumer.kafka.config import KafkaClientSettings
@@ -52,7 +52,9 @@ class JobRunner:
 
     Args:
         settings: serve's settings (``jobs_topic``, the client, the model and task).
-        router: serve's engine router (job items go to the bulk lane through it).
+        engine: serve's engine (each job's items go to its bulk lane through a :class:`JobEngine`).
+        flow: serve's flow control (jobs count toward its totals and stop reading while bulk
+            sources should pause); ``None``: not counted.
         replies: serve's reply builder.
         member: this member's id (default :func:`member_id`).
         session_timeout_ms: every job group's session timeout.
@@ -61,16 +63,18 @@ class JobRunner:
     def __init__(
         self,
         settings: ServeSettings,
-        router: EngineRouter,
+        engine: RoutingEngine,
         replies: ReplyBuilder,
         *,
+        flow: BulkFlow | None = None,
         member: str | None = None,
         session_timeout_ms: int | None = None,
     ) -> None:
         self.settings = settings
         self.topic = settings.jobs_topic
         self.member = member or member_id()
-        self._router = router
+        self._engine = engine
+        self._flow = flow
         self._replies = replies
         self._client = project(KafkaClientSettings, settings)
         self._session_timeout_ms = session_timeout_ms or settings.session_timeout_ms
@@ -174,7 +178,7 @@ class JobRunner:
             worker = JobWorker(
                 job,
                 settings,
-                engine=self._router.job_engine(job_id),
+                engine=JobEngine(self._engine, job_id, self._flow),
                 replies=self._replies,
                 bus=self,
                 member=self.member,

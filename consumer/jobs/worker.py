@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob, BackfillSummary
 from consumer.config import project
+from consumer.jobs.job_engine import JobEngine
 from consumer.jobs.records import JobCounts, JobRecord, JobState, MemberProgress, MemberState
-from consumer.jobs.router import JobEngine
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaLayerError
 from consumer.kafka.group_range import AssignedRange, GroupRangeSource
@@ -54,7 +54,7 @@ class JobWorker:
     Args:
         job: the job's record.
         settings: :func:`consumer.jobs.spec.member_settings` of it.
-        engine: this job's view of serve's engine (:meth:`EngineRouter.job_engine`).
+        engine: this job's view of serve's engine (:class:`consumer.jobs.job_engine.JobEngine`).
         replies: serve's reply builder (the loaded model's info and profile).
         bus: where progress and the job's end go.
         member: this member's id.
@@ -111,6 +111,7 @@ class JobWorker:
         )
         self._source.on_revoke = self._on_revoke
         self._source.before_plan = self._open_transactions
+        self._source.pause_reading = engine.should_pause_reading
         self._stop = asyncio.Event()
         self._run_stop = asyncio.Event()
         self._running: asyncio.Task[BackfillSummary] | None = None

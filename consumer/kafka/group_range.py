@@ -80,6 +80,10 @@ class GroupRangeSource:
         self.before_plan: Callable[[list[int]], Awaitable[None]] | None = None
         """Awaited with a new assignment's partitions before their committed offsets are read
         (``--exactly-once``: opening their transactional producers fences a zombie first)."""
+        self.pause_reading: Callable[[], bool] = lambda: False
+        """Asked before each poll: True pauses the assigned partitions (a Kafka pause: the
+        poll still runs, so the member stays in the group) until it turns False (serve's flow
+        control pausing bulk sources first, issue 26)."""
         self._consumer = AIOKafkaConsumer(
             group_id=group_id,
             client_id=client_id,
@@ -259,6 +263,11 @@ class AssignedRange:
             self._active.clear()  # revoked: the job drains and stops
             return []
         try:
+            if self._source.pause_reading():
+                self._consumer.pause(*tps)
+                await self._consumer.getmany(timeout_ms=timeout_ms)  # nothing: all paused
+                return []
+            self._consumer.resume(*tps)
             with map_kafka_errors(RangeSourceError, f"fetching {self.topic}"):
                 batches = await self._consumer.getmany(
                     *tps, timeout_ms=timeout_ms, max_records=max_records

@@ -1,0 +1,114 @@
+"""A job's view of serve's engine: its items get fresh engine ids and the bulk lane; its
+outcomes come back to it under its own ids; drain waits for its own items only."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.jobs.job_engine import JobEngine, OutcomeCallback
+
+
+class _Engine:
+    """Records submits and their callbacks, as :class:`Engine` routes them."""
+
+    def __init__(self) -> None:
+        self.items: list[InferenceItem] = []
+        self.routes: dict[int, OutcomeCallback] = {}
+        self._ids = itertools.count(-1, -1)
+        self.flushes = 0
+
+    def new_routed_id(self) -> int:
+        return next(self._ids)
+
+    async def submit(
+        self, items: Sequence[InferenceItem], on_outcomes: OutcomeCallback | None = None
+    ) -> list[int]:
+        assert on_outcomes is not None
+        self.items.extend(items)
+        self.routes.update({i.item_id: on_outcomes for i in items})
+        return [1] * len(items)
+
+    def answer(self, *ids: int) -> None:
+        for i in ids:
+            self.routes.pop(i)([_outcome(i)])
+
+    async def flush(self) -> None:
+        self.flushes += 1
+
+
+def _outcome(item_id: int, **kw: Any) -> ItemOutcome:
+    base: dict[str, Any] = dict(
+        item_id=item_id, status="ok", result={"x": item_id}, error_code=None,
+        error_message=None, truncated=False, n_tokens=3, queue_ms=0.0, infer_ms=1.0,
+        batch_size=2, padded_len=3,
+    )  # fmt: skip
+    return ItemOutcome(**{**base, **kw})
+
+
+async def test_job_items_go_bulk_under_engine_ids_and_come_back_with_their_own() -> None:
+    engine = _Engine()
+    a, b = JobEngine(engine, "a"), JobEngine(engine, "b")
+    got_a: list[ItemOutcome] = []
+    got_b: list[ItemOutcome] = []
+    a.bind(got_a.extend)
+    b.bind(got_b.extend)
+    await a.submit([InferenceItem(0, "x", 0.0, group=("src", 0))])
+    await b.submit([InferenceItem(0, "y", 0.0)])  # the same own id as a's: no collision
+    routed = [i.item_id for i in engine.items]
+    assert routed == [-1, -2]
+    assert [i.lane for i in engine.items] == ["bulk", "bulk"]
+    assert engine.items[0].group == ("kbatch.job", "a", ("src", 0))
+    engine.answer(-2, -1)
+    assert [(o.item_id, o.result) for o in got_a] == [(0, {"x": -1})]
+    assert [o.item_id for o in got_b] == [0]
+    assert (a.in_flight, b.in_flight) == (0, 0)
+
+
+async def test_drain_waits_for_the_jobs_own_items_only() -> None:
+    engine = _Engine()
+    job = JobEngine(engine, "a")
+    job.bind(lambda outcomes: None)
+    await job.submit([InferenceItem(5, "x", 0.0), InferenceItem(6, "y", 0.0)])
+    assert await job.drain(0.01) is False
+    engine.answer(-1)
+    waiter = asyncio.create_task(job.drain(5))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    engine.answer(-2)
+    assert await waiter is True
+    await job.flush()
+    assert engine.flushes == 1
+
+
+async def test_a_closed_job_drops_late_outcomes() -> None:
+    engine = _Engine()
+    job = JobEngine(engine, "a")
+    got: list[ItemOutcome] = []
+    job.bind(got.extend)
+    await job.submit([InferenceItem(0, "x", 0.0)])
+    job.close()
+    assert await job.drain(0) is True
+    engine.answer(-1)
+    assert got == []
+
+
+async def test_job_items_count_toward_the_flow_totals_until_answered() -> None:
+    from consumer.kafka.flow import FlowConfig, FlowControl
+
+    flow = FlowControl(FlowConfig(max_total_records=4, max_total_tokens=1_000))
+    engine = _Engine()  # every item counts 1 token
+    job = JobEngine(engine, "a", flow)
+    job.bind(lambda outcomes: None)
+    assert job.should_pause_reading() is False
+    await job.submit([InferenceItem(i, "x", 0.0) for i in range(2)])
+    # 2 of 4 records: the bulk watermark (bulk_total_fraction 0.5 of the total limit)
+    assert job.should_pause_reading() is True
+    engine.answer(-1, -2)
+    assert job.should_pause_reading() is False  # at or below the low watermark again
+    await job.submit([InferenceItem(9, "y", 0.0)])
+    job.close()  # what a closed job had in flight leaves the totals too
+    assert job.should_pause_reading() is False
