@@ -106,7 +106,8 @@ class ModelSettings(BaseModel):
     torch_trace: bool = Field(
         True,
         description="Run embed/classify on the CPU through a TorchScript trace of the model "
-        "(same outputs, ~15-20% faster forward; eager when tracing fails).",
+        "(same outputs, less per-op Python: ~15-20% faster small batches; eager when tracing "
+        "fails).",
     )
     quantize: Literal["none", "int8"] = Field(
         "none", description="int8: ONNX Runtime dynamic int8 (needs --backend onnx; lossy)."
