@@ -51,7 +51,7 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
         raise ValueError("no texts")
     threads = configure_threads(opts.threads)
     texts = list(opts.texts)
-    reference = load_runner(opts.model_dir, device=opts.device)
+    reference = load_runner(opts.model_dir, device=opts.device, trace=False)  # eager fp32
     candidate = load_runner(
         opts.model_dir,
         device=opts.device,

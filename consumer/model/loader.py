@@ -162,6 +162,7 @@ def load_model(
             backend=settings.backend,
             quantize=settings.quantize,
             threads=threads,
+            trace=settings.torch_trace,
         )
     tokenizer: TokenizerLike
     if settings.model == NOOP_MODEL:
@@ -199,7 +200,7 @@ def _quality_gate(
     from consumer.model.quality import probe_gate
 
     reference = load_runner(
-        model_dir, task=runner.task, device=device, max_length=runner.max_length
+        model_dir, task=runner.task, device=device, max_length=runner.max_length, trace=False
     )
     what = f"--backend {settings.backend} --quantize {settings.quantize} --dtype {settings.dtype}"
     probe_gate(
@@ -302,6 +303,7 @@ def load_runner(
     backend: BackendName = "torch",
     quantize: Quantize = "none",
     threads: int | None = None,
+    trace: bool = True,
 ) -> ModelRunner:
     """Load a model directory (``save_pretrained`` layout) into a :class:`ModelRunner`.
 
@@ -321,6 +323,8 @@ def load_runner(
             the cache: :mod:`consumer.model.onnx_backend`).
         quantize: ``int8`` (ORT dynamic int8; ``onnx`` only) or ``none``.
         threads: ORT intra-op threads (default: torch's thread count).
+        trace: ``embed``/``classify`` with ``torch`` on the CPU run through a TorchScript
+            trace of the model (:mod:`consumer.model.traced`; eager when tracing fails).
 
     Raises:
         OSError / ValueError: from transformers when the directory is not a model;
@@ -369,6 +373,7 @@ def load_runner(
         name=name or path.name,
         revision=revision,
         warmup_token_id=warmup_token_id(path, int(cfg.vocab_size)),
+        trace=trace and backend == "torch",
     )
     return ModelRunner(net_backend, stats=stats)
 

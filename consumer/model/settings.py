@@ -103,6 +103,12 @@ class ModelSettings(BaseModel):
         description="What runs the network: torch, or onnx (ONNX Runtime on the CPU; exported "
         "once into the cache).",
     )
+    torch_trace: bool = Field(
+        True,
+        description="Run embed/classify on the CPU through a TorchScript trace of the model "
+        "(same outputs, less per-op Python: ~15-20% faster small batches; eager when tracing "
+        "fails).",
+    )
     quantize: Literal["none", "int8"] = Field(
         "none", description="int8: ONNX Runtime dynamic int8 (needs --backend onnx; lossy)."
     )

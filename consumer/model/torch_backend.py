@@ -43,6 +43,7 @@ from consumer.batching.types import TokenizedItem
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import is_out_of_memory, map_device_errors
 from consumer.model.protocol import AutocastName, Task
+from consumer.model.traced import TracedNetwork, trace_network
 
 __all__ = [
     "Pooling",
@@ -203,6 +204,9 @@ class TorchBackend:
         warmup_token_id: the token id :meth:`warmup` fills its batches with; it must be in
             the model's vocabulary (``load_runner`` takes it from the tokenizer, see
             :func:`warmup_token_id`). Default: the padding id.
+        trace: run ``embed``/``classify`` on the CPU through a TorchScript trace of the model
+            (:mod:`consumer.model.traced`: the same outputs, less per-op Python) for batches
+            that run without autocast; eager when tracing fails (logged once) or elsewhere.
     """
 
     def __init__(
@@ -218,6 +222,7 @@ class TorchBackend:
         name: str = "model",
         revision: str | None = None,
         warmup_token_id: int | None = None,
+        trace: bool = False,
     ) -> None:
         self.model = model
         self.warmup_token_id = pad_token_id if warmup_token_id is None else warmup_token_id
@@ -244,6 +249,11 @@ class TorchBackend:
         hidden = getattr(config, "hidden_size", None)
         self.embedding_dim: int | None = int(hidden) if task == "embed" and hidden else None
         self.normalizes = self.pooling.normalize
+        self.traced: TracedNetwork | None = None
+        if trace and task in ("embed", "classify") and not self.cuda:
+            self.traced = trace_network(
+                model, task, token_id=self.warmup_token_id, pad_id=pad_token_id
+            )
 
     # -- ModelBackend --------------------------------------------------------------------
 
@@ -268,10 +278,12 @@ class TorchBackend:
         """Compute a batch from :meth:`prepare`; one contract ``result`` map per row."""
         if not isinstance(prepared, _Prepared):
             raise TypeError("forward() takes the result of prepare()")
-        with map_device_errors(), torch.inference_mode(), self._autocast(prepared.ids.numel()):
+        autocast = self._autocast(prepared.ids.numel())
+        eager = not isinstance(autocast, contextlib.nullcontext)
+        with map_device_errors(), torch.inference_mode(), autocast:
             if self.task == "embed":
-                out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
-                pooled = self._pool(out.last_hidden_state, prepared.mask)
+                hidden = self._network(prepared, eager=eager)
+                pooled = self._pool(hidden, prepared.mask)
                 emb = pooled
                 if self.pooling.normalize:
                     emb = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
@@ -279,8 +291,8 @@ class TorchBackend:
                 raw = pooled.cpu().numpy()
                 dim = emb.shape[-1]
                 return [{"embedding": r, "dim": dim, "pooled": raw[i]} for i, r in enumerate(rows)]
-            out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
-            probs = torch.softmax(out.logits.float(), dim=-1).cpu().tolist()
+            logits = self._network(prepared, eager=eager)
+            probs = torch.softmax(logits.float(), dim=-1).cpu().tolist()
         labels = self.labels
         results: list[dict[str, Any]] = []
         for p in probs:
@@ -318,6 +330,26 @@ class TorchBackend:
             torch.cuda.empty_cache()
 
     # -- internals -----------------------------------------------------------------------
+
+    def _network(self, prepared: _Prepared, *, eager: bool) -> torch.Tensor:
+        """``last_hidden_state`` (embed) or ``logits`` (classify) of a prepared batch: through
+        the trace unless ``eager`` (autocast on) or there is none. A traced forward that fails
+        other than by running out of memory turns the trace off (logged once) and the batch
+        runs eager."""
+        if self.traced is not None and not eager:
+            try:
+                return self.traced(prepared.ids, prepared.mask)
+            except Exception as exc:
+                if self.is_oom(exc):
+                    raise
+                log.warning(
+                    "traced forward failed (%s: %s): the model runs eager from now on",
+                    type(exc).__name__,
+                    exc,
+                )
+                self.traced = None
+        out = self.model(input_ids=prepared.ids, attention_mask=prepared.mask)
+        return out.last_hidden_state if self.task == "embed" else out.logits  # type: ignore[no-any-return]
 
     def _to_device(self, a: np.ndarray[Any, Any]) -> torch.Tensor:
         if self._staging is None:
@@ -372,6 +404,7 @@ def describe_runner(runner: ModelRunner) -> dict[str, Any]:
     params = sum(p.numel() for n, p in backend.model.named_parameters() if "embeddings" not in n)
     info["params_non_embedding"] = int(params)
     info["autocast"] = str(backend.autocast_dtype) if backend.autocast_dtype else None
+    info["traced"] = backend.traced is not None
     if backend.cuda:
         name = torch.cuda.get_device_name(backend.device)
         info["device_name"] = name

@@ -221,7 +221,9 @@ def test_cpu_bf16_autocast_runs_full_batches_in_bf16_close_to_fp32(
     """``--dtype bfloat16`` on the CPU: autocast over fp32 weights (the matrix multiplies in
     bf16) for a batch of at least CPU_BF16_MIN_PADDED_TOKENS, fp32 below; float32 results; a
     padded mixed-length batch close to fp32 row by row."""
-    bf16 = load_runner(tiny_embed_dir, device="cpu", autocast="bf16")
+    # eager: the hook below sees the modules' dtypes, which a TorchScript trace hides (the
+    # traced path's own choice of batches: tests/unit/test_model_traced.py)
+    bf16 = load_runner(tiny_embed_dir, device="cpu", autocast="bf16", trace=False)
     backend = bf16.backend
     assert isinstance(backend, TorchBackend) and backend.autocast_dtype == torch.bfloat16
     assert next(backend.model.parameters()).dtype == torch.float32  # weights stay fp32
