@@ -29,7 +29,7 @@ from consumer.kafka.errors import (
     describe_denial,
     map_kafka_errors,
 )
-from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.records import InRecord, Membership, TopicPartition
 from consumer.kafka.static_fence import StaticFenceDetector
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,14 @@ class KafkaSource:
                 f"denies it: {describe_denial(err)}"
             ) from None
         return [InRecord.from_consumer_record(r) for records in batches.values() for r in records]
+
+    def membership(self) -> Membership:
+        """This member's id and group generation now (``("", -1)`` outside the group). In
+        the revoke listener: the generation being left; in the assign listener: the new one."""
+        coordinator = self._consumer._coordinator
+        if coordinator is None:
+            return Membership("", -1)
+        return Membership(str(coordinator.member_id or ""), int(coordinator.generation))
 
     def assignment(self) -> frozenset[TopicPartition]:
         """The partitions this member owns now."""

@@ -225,6 +225,13 @@ async def test_exactly_once_opens_each_partitions_producer_before_reading_its_of
     assert txn.events == [("open", A), ("read", A)]
     assert source.positions[A] == 40
     await pipeline.on_revoked(frozenset({A}))
+    assert txn.events[-1] == ("read", A)  # kept open until the assignment is known
+    source.generation += 1
+    await pipeline.on_assigned(frozenset({A}))  # given back: the same producer goes on
+    assert txn.events[-1] == ("read", A)
+    await pipeline.on_revoked(frozenset({A}))
+    source.generation += 1
+    await pipeline.on_assigned(frozenset())  # moved: what is open is aborted
     assert txn.events[-1] == ("close", A)
 
 
