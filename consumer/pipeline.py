@@ -634,12 +634,14 @@ class Pipeline:
         deadline = Deadline.after(
             self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE, loop.time
         )
-        await self._delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.commit(only=tps), deadline.remaining_s())
-        self._delivery.hold(tps)  # a transactional commit reopened them
-        for tp in tps:
-            self.tracker.suspend(tp)
+        try:
+            await self._delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.commit(only=tps), deadline.remaining_s())
+        finally:  # also when the commit raised (TransactionError): the assignment decides
+            self._delivery.hold(tps)  # a transactional commit reopened them
+            for tp in tps:
+                self.tracker.suspend(tp)
         kept = sum(self.tracker.pending(tp) for tp in tps)
         log.info(
             "revoked %s in %.1f s (%d records in flight kept until the assignment)",

@@ -97,9 +97,7 @@ async def test_a_bandwidth_limit_on_every_link_loses_nothing(
         finally:
             cc.proxies.set_bandwidth(None)
 
-    result = await run_scenario(
-        "bandwidth-2KiB", chaos_cluster, tmp_path, tiny_embed_dir, throttle
-    )
+    result = await run_scenario("bandwidth-2KiB", chaos_cluster, tmp_path, tiny_embed_dir, throttle)
     assert result.lost == 0
 
 
