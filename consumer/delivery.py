@@ -27,6 +27,9 @@ Rules (CONTRACT.md §Delivery):
 * ``--exactly-once`` (``sourced`` given): each record's sends go to its input partition's
   transaction (``sourced.send_from``), and :meth:`Delivery.quiesce` / :meth:`Delivery.reopen`
   bound a transaction between commits (:class:`consumer.exactly_once.IntervalGate`).
+* A revoke (both modes) quiesces its partitions too: their new replies are held until the
+  next assignment says whether the partition stays (:meth:`Delivery.reopen`: sent) or moved
+  (:meth:`Delivery.drop`: never sent, the next owner answers the records).
 
 Policy (what to count, what finishing releases) is the owner's; this class does the I/O.
 """
@@ -154,7 +157,10 @@ class Delivery(Generic[P]):
         self._sink_send: _SinkSend = (
             (lambda _tp, records: sink.send(records)) if sourced is None else sourced.send_from
         )
-        self._gate: IntervalGate[_Held[P]] | None = None if sourced is None else IntervalGate()
+        # Per input partition: records started and held (commits under --exactly-once, and
+        # revokes in both modes).
+        self._gate: IntervalGate[_Held[P]] = IntervalGate()
+        self._per_partition = sourced is not None  # one send task per input partition
         self._tracker = tracker
         self._owner = owner
         self._replies = replies
@@ -175,10 +181,7 @@ class Delivery(Generic[P]):
         """Send each ``pending``'s reply (one task for the batch); each is finished on its ack."""
         if batch:
             self._opened(len(batch))
-            if self._gate is None:
-                self._spawn(self._send(batch))
-            else:
-                self._send_gated(batch)
+            self._send_gated(batch)
 
     def dead_letter(
         self, pending: P, dlq: OutRecord, code: ErrorCode, reply: OutRecord | None = None
@@ -186,22 +189,35 @@ class Delivery(Generic[P]):
         """Send ``pending``'s dead letter (cut when refused whole), then ``reply`` (an error
         reply for the client, when it can be addressed); then finish it (see the rules)."""
         self._opened(1)
-        if self._gate is None or self._gate.admit(pending.record.tp, (pending, dlq, code, reply)):
+        if self._gate.admit(pending.record.tp, (pending, dlq, code, reply)):
             self._spawn(self._dead_letter(pending, dlq, code, reply))
 
     async def quiesce(
         self, tps: frozenset[TopicPartition], timeout_s: float
     ) -> frozenset[TopicPartition]:
-        """``--exactly-once``, a commit begins: hold new records of ``tps`` and wait up to
-        ``timeout_s`` seconds for their started ones; returns those of ``tps`` quiet now (their
-        transactions hold the sends of exactly the records finished in the tracker)."""
-        assert self._gate is not None, "quiesce() needs sourced="
+        """A commit (``--exactly-once``) or a revoke begins: hold new records of ``tps`` and
+        wait up to ``timeout_s`` seconds for their started ones; returns those of ``tps`` quiet
+        now (their transactions hold the sends of exactly the records finished in the
+        tracker)."""
         self._gate.close(tps)
         return await self._gate.quiet(tps, timeout_s)
 
+    def hold(self, tps: frozenset[TopicPartition]) -> None:
+        """Hold new records of ``tps`` from now on (a revoke), until :meth:`reopen` or
+        :meth:`drop`."""
+        self._gate.close(tps)
+
+    def drop(self, tps: frozenset[TopicPartition]) -> None:
+        """``tps`` moved to another member: their held records are never sent, each is
+        finished as not completed (its record stays uncommitted here)."""
+        for pending, _, _, _ in self._gate.drop(tps):
+            self._open -= 1
+            if self._open == 0:
+                self._idle.set()
+            self._owner.on_finished(pending, False)
+
     def reopen(self, tps: frozenset[TopicPartition]) -> None:
-        """``--exactly-once``, the commit ended: start the records of ``tps`` held meanwhile."""
-        assert self._gate is not None, "reopen() needs sourced="
+        """The commit or the revoke ended: start the records of ``tps`` held meanwhile."""
         sends: list[tuple[P, OutRecord]] = []
         for pending, record, code, reply in self._gate.reopen(tps):
             if code is None:
@@ -225,7 +241,6 @@ class Delivery(Generic[P]):
 
     def _send_gated(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
         gate = self._gate
-        assert gate is not None
         self._send_by_partition(
             [
                 (pending, record)
@@ -235,7 +250,12 @@ class Delivery(Generic[P]):
         )
 
     def _send_by_partition(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
-        """One send task per input partition (its transaction) of started records."""
+        """One send task per input partition (its transaction) of started records; one for
+        them all outside ``--exactly-once``."""
+        if not self._per_partition:
+            if batch:
+                self._spawn(self._send(batch))
+            return
         by_tp: dict[TopicPartition, list[tuple[P, OutRecord]]] = {}
         for pair in batch:
             by_tp.setdefault(pair[0].record.tp, []).append(pair)
@@ -243,8 +263,7 @@ class Delivery(Generic[P]):
             self._spawn(self._send(part))
 
     def _done(self, pending: P, completed: bool) -> None:
-        if self._gate is not None:
-            self._gate.finished(pending.record.tp)
+        self._gate.finished(pending.record.tp)
         self._open -= 1
         if self._open == 0:
             self._idle.set()
@@ -261,7 +280,7 @@ class Delivery(Generic[P]):
             log.error("a delivery task failed", exc_info=task.exception())
 
     async def _send(self, batch: Sequence[tuple[P, OutRecord]]) -> None:
-        tp = batch[0][0].record.tp  # one partition under --exactly-once (_send_by_partition)
+        tp = batch[0][0].record.tp  # the only one under --exactly-once (_send_by_partition)
         if self._slots is None:
             acks = await self._sink_send(tp, [record for _, record in batch])
         else:

@@ -99,6 +99,15 @@ class IntervalGate(Generic[T]):
                 await asyncio.wait_for(self._changed.wait(), give_up - loop.time())
         return frozenset(tp for tp in tps if tp not in self._started)
 
+    def drop(self, tps: Iterable[TopicPartition]) -> list[T]:
+        """Start records of ``tps`` again; returns the held ones, in order, never started
+        (the partition moved to another member: they are not sent)."""
+        out: list[T] = []
+        for tp in tps:
+            self._closed.discard(tp)
+            out.extend(self._held.pop(tp, []))
+        return out
+
     def reopen(self, tps: Iterable[TopicPartition]) -> list[T]:
         """Start records of ``tps`` again; returns the held ones, in order, now started."""
         out: list[T] = []

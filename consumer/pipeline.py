@@ -16,9 +16,13 @@ Rules this module keeps (CONTRACT.md §Delivery):
 * Commits, their kb1 metadata, the lag base and the read-back at assignment are the
   checkpoint's (:mod:`consumer.checkpoint`), plain or ``--exactly-once`` (each partition's
   replies and offsets in its own Kafka transaction), chosen once when the pipeline is built.
-* A revoke first finishes the revoked partitions' buffered work within the rebalance timeout,
-  so a rebalance that finishes in time repeats nothing; what is still queued at the deadline is
-  dropped, stays uncommitted, and is computed by the next owner.
+* A revoke waits for nothing slow: it holds the revoked partitions' new replies, waits for
+  the replies already sent (one broker round trip) and commits what is finished, with its kb1
+  metadata, at once. Their work (queued, running, answered and held) is kept until the new
+  assignment: a partition given back to this member without a break goes on where it was
+  (nothing recomputed, the held replies sent); one that moved has its queued work cancelled,
+  its running work forgotten and its held replies dropped — the next owner computes those
+  records (:mod:`consumer.handover`).
 
 Policy objects decide; this class does the I/O. Kafka I/O lives in :mod:`consumer.kafka`, the
 model behind :class:`EngineLike`.
@@ -43,6 +47,7 @@ from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
 from consumer.delivery import Delivery, SinkLike
+from consumer.handover import NO_MEMBERSHIP, Membership, handover
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
@@ -63,8 +68,13 @@ from schemas.records import (
 log = logging.getLogger(__name__)
 
 REVOKE_SHARE = 0.8
-"""The part of ``rebalance_timeout_ms`` a revoke may spend finishing its partitions' work (the
-rest is the margin for the commit to reach the broker and the member to rejoin in time)."""
+"""The part of ``rebalance_timeout_ms`` a revoke may spend on its commit (the rest is the
+margin for the member to rejoin in time)."""
+
+REVOKE_SENDS_WAIT_S = 1.0
+"""At most this long a revoke waits for the revoked partitions' replies already sent (one
+broker round trip normally); a reply acknowledged later is committed only if the partition
+comes back (else the next owner answers its record again: at-least-once)."""
 
 LAG_REFRESH_S = 1.0
 """How often ``kbatch_consumer_lag`` asks the broker for the log end offsets (seconds)."""
@@ -86,6 +96,7 @@ class SourceLike(Protocol):
     async def end_offsets(self, tps: frozenset[TopicPartition]) -> dict[TopicPartition, int]: ...
     async def position(self, tp: TopicPartition) -> int | None: ...
     def seek(self, tp: TopicPartition, offset: int) -> None: ...
+    def membership(self) -> Membership: ...
 
 
 class EngineLike(Protocol):
@@ -187,6 +198,7 @@ class Pipeline:
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
         self.assigned_once = False
+        self._revoked_in = NO_MEMBERSHIP  # the membership the last revoke was made in
         self._lag_refresh: asyncio.Future[None] | None = None
         self._next_lag_s = -math.inf
 
@@ -572,42 +584,89 @@ class Pipeline:
     # ---- rebalance and shutdown -----------------------------------------------------------------
 
     async def on_assigned(self, tps: frozenset[TopicPartition]) -> None:
-        """Start a new generation for each partition; re-apply pauses aiokafka forgot."""
+        """Go on with the suspended partitions given back without a break; drop the work of
+        those that moved; start a new generation for the others; re-apply pauses aiokafka
+        forgot (:mod:`consumer.handover`)."""
         self._metrics.rebalances.labels("assigned").inc()
+        plan = handover(self.tracker.suspended, tps, self._revoked_in, self.source.membership())
+        if plan.moved:
+            await self._release(plan.moved)
         # Nothing of ``tps`` is taken in before every one of them is set up: a record polled
         # meanwhile would be dropped (not assigned yet; the position moves past it, so the
         # commit would too) or computed although the commit metadata names it.
         self.source.pause(tps)
-        for tp in tps:
+        for tp in plan.kept:
+            self.tracker.resume(tp)
+            last = self.tracker.last_tracked(tp)
+            if last is not None:  # the client would read again from the committed offset
+                self.source.seek(tp, last + 1)
+        for tp in plan.new:
             self.tracker.assign(tp)
             self.flow.assign(tp)
-        for tp in tps:  # the committed offset and what was answered above it (skipped)
+        for tp in plan.new:  # the committed offset and what was answered above it (skipped)
             await self.checkpoint.assign(tp, self.source)
+        self._delivery.reopen(plan.kept)  # the replies answered meanwhile go out
         self.flow.decide()
         paused = self.flow.reapply()
         self.source.resume(tps - paused)
         if paused:
             self.source.pause(paused)
         self.assigned_once = True
-        log.info("assigned %s", sorted(tps))
+        if plan.kept or plan.moved:
+            log.info(
+                "assigned %s (kept the work of %s, dropped that of %s)",
+                sorted(tps),
+                sorted(plan.kept),
+                sorted(plan.moved),
+            )
+        else:
+            log.info("assigned %s", sorted(tps))
 
     async def on_revoked(self, tps: frozenset[TopicPartition]) -> None:
-        """Finish, send and commit what revoked partitions hold, within the revoke's share
-        (:data:`REVOKE_SHARE`) of the rebalance timeout; drop the rest, uncommitted."""
+        """Commit what revoked partitions finished, at once; keep their work until the new
+        assignment (:meth:`on_assigned`) says whether they stay.
+
+        Their new replies are held; the ones already sent get up to
+        :data:`REVOKE_SENDS_WAIT_S` to be acknowledged; the commit is bounded by the revoke's
+        share (:data:`REVOKE_SHARE`) of the rebalance timeout. Nothing waits for the model.
+        """
         self._metrics.rebalances.labels("revoked").inc()
+        self._revoked_in = self.source.membership()
         if not tps:
             return
-        share_s = self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await self.finish(tps, Deadline.after(share_s, loop.time))
-        for tp in tps:  # finish() dropped their unanswered work
+        deadline = Deadline.after(
+            self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE, loop.time
+        )
+        try:
+            await self._delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.commit(only=tps), deadline.remaining_s())
+        finally:  # also when the commit raised (TransactionError): the assignment decides
+            self._delivery.hold(tps)  # a transactional commit reopened them
+            for tp in tps:
+                self.tracker.suspend(tp)
+        kept = sum(self.tracker.pending(tp) for tp in tps)
+        log.info(
+            "revoked %s in %.1f s (%d records in flight kept until the assignment)",
+            sorted(tps),
+            loop.time() - started,
+            kept,
+        )
+
+    async def _release(self, tps: frozenset[TopicPartition]) -> None:
+        """Suspended partitions that moved: their work is dropped (queued cancelled, running
+        forgotten, held replies never sent) and their state forgotten; under
+        ``--exactly-once`` their open transaction is aborted."""
+        self._drop_unanswered(tps)
+        self._delivery.drop(tps)
+        for tp in tps:
             self.dedup.drop_partition(tp)
             self.tracker.revoke(tp)
             self.flow.revoke(tp)
             self._metrics.forget_partition(tp)
             await self.checkpoint.revoke(tp)  # --exactly-once: what was not committed is aborted
-        log.info("revoked %s in %.1f s", sorted(tps), loop.time() - started)
 
     async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:
         """Answer what ``tps`` (all assigned when None) hold and commit, all by ``deadline``.

@@ -10,7 +10,7 @@ from typing import Protocol
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.kafka.errors import DeliveryError, TransactionError
 from consumer.kafka.range_source import PartitionRange, plan_partition
-from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.records import InRecord, Membership, TopicPartition
 from schemas.records import OutRecord
 
 
@@ -113,9 +113,16 @@ class FakeSource:
         self.paused: set[TopicPartition] = set()
         self.ends: dict[TopicPartition, int] = {}
         self.positions: dict[TopicPartition, int] = {}
+        # The member's place in its group; a test bumps ``generation`` between a revoke and
+        # an assignment for a rebalance without a break (consumer.handover).
+        self.member_id = "fake-member"
+        self.generation = 1
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []
+
+    def membership(self) -> Membership:
+        return Membership(self.member_id, self.generation)
 
     async def commit(
         self, offsets: dict[TopicPartition, int], metadata: dict[TopicPartition, str]

@@ -121,6 +121,13 @@ class ConsumerGroupSettings(BaseModel):
         description="Static membership id (KIP-345): a restart within the session timeout "
         "keeps the assignment.",
     )
+    leave_group_on_shutdown: bool = Field(
+        False,
+        description="A static member (--group-instance-id) leaves the group when it stops "
+        "(SIGTERM, SIGINT): its partitions move at once, not after the session timeout. For "
+        "ids that never come back (a Deployment's pod names, a scale-down); off where the "
+        "same id restarts (a StatefulSet). Dynamic members always leave.",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a group without a commit starts: every request is answered."
     )
@@ -138,7 +145,10 @@ class ConsumerGroupSettings(BaseModel):
         300_000, ge=10_000, description="Longest gap between polls before the member is dropped."
     )
     rebalance_timeout_ms: int = Field(
-        60_000, ge=1_000, description="Time a revoked partition's running batches get to finish."
+        60_000,
+        ge=1_000,
+        description="Time every member gets to rejoin a rebalance; a revoke commits what is "
+        "finished within four fifths of it and keeps the rest of its work for the next assignment.",
     )
 
     @model_validator(mode="after")

@@ -24,6 +24,10 @@ Rules (CONTRACT.md §Delivery, Kafka commit semantics):
 * Each assignment of a partition is a *generation*. A completion carrying an older generation
   (the partition was revoked and assigned again while its batch ran) is ignored: the new owner
   of that generation re-reads from the last commit.
+* Between a revoke and the next assignment (aiokafka's eager rebalance revokes everything
+  first) a partition is *suspended*: it is neither assigned nor committable, but completions
+  of its generation still apply, so that an assignment giving it back to this member
+  (:meth:`OffsetTracker.resume`) carries on where it was.
 
 Cost: ``track`` O(1); ``complete`` amortized O(1) (each offset leaves the queue once);
 ``committable`` O(partitions with progress).
@@ -99,6 +103,7 @@ class OffsetTracker:
 
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, _Partition] = {}
+        self._suspended: dict[TopicPartition, _Partition] = {}
         self._next_generation = 1
 
     def assign(self, tp: TopicPartition) -> int:
@@ -111,14 +116,43 @@ class OffsetTracker:
         generation = self._next_generation
         self._next_generation += 1
         self._partitions[tp] = _Partition(generation)
+        self._suspended.pop(tp, None)
         return generation
 
     def revoke(self, tp: TopicPartition) -> None:
-        """Forget ``tp``: later completions for it are ignored. Unknown partitions are a no-op.
+        """Forget ``tp`` (assigned or suspended): later completions for it are ignored.
+        Unknown partitions are a no-op.
 
         Commit what :meth:`committable` returns *before* revoking, if the commit is wanted.
         """
         self._partitions.pop(tp, None)
+        self._suspended.pop(tp, None)
+
+    def suspend(self, tp: TopicPartition) -> None:
+        """Take ``tp`` out of :attr:`assigned` and :meth:`committable` but keep its state:
+        completions of its generation still apply (a no-op when ``tp`` is not assigned)."""
+        state = self._partitions.pop(tp, None)
+        if state is not None:
+            self._suspended[tp] = state
+
+    def resume(self, tp: TopicPartition) -> bool:
+        """Assign a suspended ``tp`` again with its state and generation; False when it was
+        not suspended (then nothing changes)."""
+        state = self._suspended.pop(tp, None)
+        if state is None:
+            return False
+        self._partitions[tp] = state
+        return True
+
+    @property
+    def suspended(self) -> frozenset[TopicPartition]:
+        """The partitions suspended (revoked, their next assignment not known yet)."""
+        return frozenset(self._suspended)
+
+    def last_tracked(self, tp: TopicPartition) -> int | None:
+        """The highest offset tracked of ``tp`` (assigned or suspended); None when none."""
+        state = self._partitions.get(tp) or self._suspended.get(tp)
+        return None if state is None else state.last_tracked
 
     def generation(self, tp: TopicPartition) -> int | None:
         """The current generation of ``tp``, or None when it is not assigned."""
@@ -200,7 +234,7 @@ class OffsetTracker:
         ``generation`` is not the current one, or ``offset`` is not an unfinished tracked
         offset (never tracked, or completed already). Never raises.
         """
-        state = self._partitions.get(tp)
+        state = self._partitions.get(tp) or self._suspended.get(tp)
         if state is None or state.generation != generation or offset not in state.unfinished:
             return False
         state.unfinished.remove(offset)
@@ -211,8 +245,9 @@ class OffsetTracker:
         return True
 
     def pending(self, tp: TopicPartition) -> int:
-        """Tracked records of ``tp`` not finished yet (0 when ``tp`` is not assigned)."""
-        state = self._partitions.get(tp)
+        """Tracked records of ``tp`` not finished yet (0 when ``tp`` is neither assigned nor
+        suspended)."""
+        state = self._partitions.get(tp) or self._suspended.get(tp)
         return 0 if state is None else len(state.unfinished)
 
     def committable(self) -> dict[TopicPartition, int]:

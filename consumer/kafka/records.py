@@ -39,3 +39,12 @@ class InRecord:
         """The plain copy of an aiokafka ``ConsumerRecord`` (``r``: its ``topic``,
         ``partition``, ``offset``, ``key``, ``value``, ``headers``, ``timestamp``)."""
         return cls(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers), r.timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A member's place in its group: ``member_id`` ("" when it has none) and the group
+    ``generation`` it was assigned in (-1 when none)."""
+
+    member_id: str
+    generation: int

@@ -29,7 +29,7 @@ from consumer.kafka.errors import (
     describe_denial,
     map_kafka_errors,
 )
-from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.records import InRecord, Membership, TopicPartition
 from consumer.kafka.static_fence import StaticFenceDetector
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class KafkaSource:
         self._group_id = group_id
         self._handler = handler
         self._instance_id = group.group_instance_id
+        self._leave_on_stop = group.leave_group_on_shutdown
         self._fence = StaticFenceDetector() if group.group_instance_id is not None else None
         self._fenced: FencedInstanceError | None = None
         self._joined = False
@@ -118,7 +119,20 @@ class KafkaSource:
         self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler, self))
 
     async def stop(self) -> None:
-        """Leave the group and close (idempotent)."""
+        """Leave the group and close (idempotent).
+
+        A static member leaves only with ``leave_group_on_shutdown``: aiokafka skips the
+        LeaveGroup of a member with a ``group_instance_id`` (Kafka's Java client does too, so
+        that a restart keeps the assignment) and 0.14 has no LeaveGroup v3 (KIP-345's removal
+        by instance id); its LeaveGroup v0-1 by member id, sent after the heartbeats stopped,
+        removes a static member as well, so the broker rebalances at once.
+        """
+        coordinator = self._consumer._coordinator
+        if self._leave_on_stop and self._fenced is None and coordinator is not None:
+            # aiokafka's close sends its LeaveGroup only when this is None (group_coordinator
+            # _maybe_leave_group); read nowhere else on the way out.
+            coordinator._group_instance_id = None
+            log.info("static member %r leaves the group on shutdown", self._instance_id)
         if self._fenced is not None:
             # The coordination task waits in the revoke listener (_check_fenced): end it
             # there, before it rejoins and takes the id back from the member that keeps it.
@@ -163,6 +177,14 @@ class KafkaSource:
                 f"denies it: {describe_denial(err)}"
             ) from None
         return [InRecord.from_consumer_record(r) for records in batches.values() for r in records]
+
+    def membership(self) -> Membership:
+        """This member's id and group generation now (``("", -1)`` outside the group). In
+        the revoke listener: the generation being left; in the assign listener: the new one."""
+        coordinator = self._consumer._coordinator
+        if coordinator is None:
+            return Membership("", -1)
+        return Membership(str(coordinator.member_id or ""), int(coordinator.generation))
 
     def assignment(self) -> frozenset[TopicPartition]:
         """The partitions this member owns now."""

@@ -1,6 +1,7 @@
 """The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
-``chaos_long`` marker): a partition leader's SIGKILL, a 120 s network cut, +200 ms on every
-packet, and the transaction coordinator's SIGKILL under ``--exactly-once``."""
+``chaos_long`` marker): a partition leader's SIGKILL and SIGSTOP, a 120 s network cut, +200 ms
+on every packet, a bandwidth limit, and the transaction coordinator's SIGKILL under
+``--exactly-once``."""
 
 from __future__ import annotations
 
@@ -13,13 +14,26 @@ import pytest
 
 from consumer.kafka.transactions import transactional_id
 from tests.chaos.cluster import ChaosCluster
-from tests.chaos.nodes import kill, partition_leader, restart, transaction_coordinator
+from tests.chaos.nodes import (
+    freeze,
+    kill,
+    partition_leader,
+    restart,
+    thaw,
+    transaction_coordinator,
+)
 from tests.chaos.scenario import Topics, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
 
 LONG_CUT_S = 120.0
+FREEZE_S = 20.0
+"""Longer than ``broker.session.timeout.ms`` (9 s): the controller fences the frozen node and
+moves its leaderships; it thaws with a stale view (a GC pause or a hung VM)."""
+BANDWIDTH_BYTES_PER_S = 2 * 1024
+"""Per direction and link: below what the ~30 requests/s load's fetches and replies need
+(16 KiB/s changed nothing): a saturated link, not a cut; the backlog drains after it."""
 
 
 def kill_and_restart(
@@ -49,6 +63,41 @@ async def test_sigkill_of_the_request_partitions_leader_loses_nothing(
     result = await run_scenario(
         "kill-request-leader", chaos_cluster, tmp_path, tiny_embed_dir, kill_leader
     )
+    assert result.lost == 0
+
+
+async def test_sigstop_of_the_request_partitions_leader_loses_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # A frozen node answers nothing but keeps its sockets open: clients wait for timeouts
+    # instead of seeing a refused connection (Jepsen's pause nemesis).
+    def freeze_leader(cc: ChaosCluster, topics: Topics) -> None:
+        leader = asyncio.run(partition_leader(cc.bootstrap, topics.requests, 0))
+        node = cc.cluster.node(leader)
+        freeze(node)
+        try:
+            time.sleep(FREEZE_S)  # the fault's length, not a synchronisation
+        finally:
+            thaw(node)
+        settle(cc, topics)
+
+    result = await run_scenario(
+        "sigstop-request-leader", chaos_cluster, tmp_path, tiny_embed_dir, freeze_leader
+    )
+    assert result.lost == 0
+
+
+async def test_a_bandwidth_limit_on_every_link_loses_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    def throttle(cc: ChaosCluster, topics: Topics) -> None:
+        cc.proxies.set_bandwidth(BANDWIDTH_BYTES_PER_S)
+        try:
+            time.sleep(30)  # the fault's length, not a synchronisation
+        finally:
+            cc.proxies.set_bandwidth(None)
+
+    result = await run_scenario("bandwidth-2KiB", chaos_cluster, tmp_path, tiny_embed_dir, throttle)
     assert result.lost == 0
 
 

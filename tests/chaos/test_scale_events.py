@@ -25,19 +25,23 @@ pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
 SETTLE_S = 8.0
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("mode", ["dynamic", "static", "static-leave"])
 async def test_scale_1_2_3_2_stalls_and_p99(
     tmp_path: Path,
     kafka_bootstrap: str,
     new_topic: TopicFactory,
     tiny_embed_dir: Path,
-    static: bool,
+    mode: str,
 ) -> None:
+    # static-leave: static members with --leave-group-on-shutdown (the scale-down leaves).
+    static = mode != "dynamic"
     req, rep, dlq = await new_topic("req", 6), await new_topic("rep", 3), await new_topic("dlq")
     group = unique_group("scale")
 
     def member(i: int) -> ServeProcess:
         extra = ["--group-instance-id", f"m-{i}"] if static else []
+        if mode == "static-leave":
+            extra.append("--leave-group-on-shutdown")
         return ServeProcess.start(
             tmp_path, bootstrap=kafka_bootstrap, request_topic=req, reply_topic=rep,
             dlq_topic=dlq, group_id=group, model=str(tiny_embed_dir), name=f"m{i}", extra=extra,
@@ -79,6 +83,6 @@ async def test_scale_1_2_3_2_stalls_and_p99(
             f"{step}: stall {longest_gap(seen, start, end):.1f} s, "
             f"p99 {quantile(latencies, 0.99):.2f} s"
         )
-    print(f"\nscale ({'static' if static else 'dynamic'}): " + "; ".join(figures))
+    print(f"\nscale ({mode}): " + "; ".join(figures))
     await close_history(h, kafka_bootstrap, rep, 3)
     assert not h.check().lost

@@ -4,6 +4,7 @@ reader sees each reply (serve) or output record (backfill) exactly once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -124,6 +125,57 @@ async def test_a_fenced_serve_stops_and_its_open_transaction_never_shows(
         server.stop()
     counts = Counter(r.key for r in await read_committed(kafka_bootstrap, rep, 1))
     assert set(counts) == all_keys(n)
+    assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c != 1][:5]
+
+
+async def test_a_member_joining_mid_stream_hands_over_and_each_key_is_committed_once(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    """Issue 25 #5: the revoke commits what is finished and keeps the rest until the new
+    assignment; a partition given back goes on in the same transaction, one that moved has
+    its transaction aborted before the new owner's producer reads its committed offset."""
+    req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("eos-join")
+    topics = (req, rep, dlq)
+    first = start(tmp_path, kafka_bootstrap, topics, group, str(tiny_embed_dir), extra=EOS)
+    second = None
+    produced = 0
+    joined = asyncio.Event()
+
+    async def feed() -> None:  # requests keep coming while the second member joins
+        nonlocal produced
+        while not joined.is_set():
+            chunk = [request(f"r-{produced + i}", f"text {i} " * (1 + i % 20)) for i in range(100)]
+            await produce(kafka_bootstrap, req, chunk)
+            produced += len(chunk)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(joined.wait(), 0.5)  # ~200 requests/s
+
+    try:
+        first.wait_ready()
+        feeding = asyncio.create_task(feed())
+        second = start(
+            tmp_path, kafka_bootstrap, topics, group, str(tiny_embed_dir), name="b", extra=EOS
+        )
+        await asyncio.to_thread(second.wait_ready)
+        await asyncio.sleep(2)  # the load runs on after the handover, not a synchronisation
+        joined.set()
+        await feeding
+        await wait_committed(kafka_bootstrap, group, req, produced, 240, partitions=4)
+        assert first.proc is not None and first.proc.poll() is None, first.log_tail()
+    finally:
+        joined.set()
+        first.stop()
+        if second is not None:
+            second.stop()
+    counts = Counter(r.key for r in await read_committed(kafka_bootstrap, rep, 1))
+    log = first.log_path.read_text(errors="replace")
+    handover = [line.split("pipeline: ")[-1] for line in log.splitlines() if "kept" in line]
+    print(
+        f"\nexactly-once join: {produced} requests, {sum(counts.values())} committed replies; "
+        f"first member: {handover}"
+    )
+    assert set(counts) == {f"r-{i}".encode() for i in range(produced)}
     assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c != 1][:5]
 
 

@@ -348,12 +348,14 @@ async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_no
     revokes_s = [float(s) for s in re.findall(r"revoked \[.*\] in ([0-9.]+) s", log)]
     print(
         f"\nrebalance: {in_flight:.0f} in flight at the join, revoke took {revokes_s} s "
-        f"(share of --rebalance-timeout-ms 10000: 8 s), second member assigned after "
+        f"(it commits at once and keeps its work), second member assigned after "
         f"{handover_s:.1f} s (its start-up included), first keeps {first_assigned:.0f} "
         f"partitions, {dups} keys answered twice"
     )
     assert {r.key for r in replies} == all_keys(n)
-    assert revokes_s and max(revokes_s) <= 8.0 + 0.5
+    # Issue 25 #5: the revoke waits for no model work (it was up to 8 s, 80 % of the rebalance
+    # timeout): at most 1 s for replies already sent, then the commit.
+    assert revokes_s and max(revokes_s) <= 2.0
     assert first_assigned >= 1  # still in the group: the revoke ended within the timeout
     assert dups == 0
 

@@ -17,7 +17,7 @@ SESSION_TIMEOUT_MS = 45_000  # longer than a restart of serve with the tiny mode
 
 def start(
     tmp_path: Path, bootstrap: str, topics: tuple[str, str, str], group: str, model: Path,
-    name: str, instance: str,
+    name: str, instance: str, extra: tuple[str, ...] = (),
 ) -> ServeProcess:  # fmt: skip
     req, rep, dlq = topics
     return ServeProcess.start(
@@ -33,6 +33,7 @@ def start(
             "--group-instance-id", instance,
             "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
             "--heartbeat-interval-ms", "1000",
+            *extra,
         ],
     )  # fmt: skip
 
@@ -78,6 +79,52 @@ async def test_a_static_member_restarted_within_the_session_timeout_rebalances_n
     assert a_after == a_revoked  # the other member never noticed
     assert b_assigned == 2  # the restarted member got its own partitions back
     assert a_answered > 0 and {r.key for r in replies} >= keys
+
+
+async def test_a_static_member_stopped_for_good_leaves_and_its_partitions_move_at_once(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    # Issue 25: a static member's scale-down left its partitions without an owner for the
+    # whole session timeout (aiokafka sends no LeaveGroup for a static member).
+    topics = (await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq"))
+    group = unique_group("static-leave")
+    a = start(tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "a", "pod-a")
+    b = start(
+        tmp_path, kafka_bootstrap, topics, group, tiny_embed_dir, "b", "pod-b",
+        extra=("--leave-group-on-shutdown",),
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(a.wait_ready)
+        await asyncio.to_thread(b.wait_ready)
+        poll_until(
+            lambda: (
+                a.metrics().get("kbatch_assigned_partitions", 0) == 2
+                and b.metrics().get("kbatch_assigned_partitions", 0) == 2
+            ),
+            60,
+            "two partitions each",
+        )
+        loop = asyncio.get_running_loop()
+        stopped = loop.time()
+        b.stop()  # SIGTERM: drains, then leaves
+        poll_until(
+            lambda: a.metrics().get("kbatch_assigned_partitions", 0) == 4,
+            SESSION_TIMEOUT_MS / 1000 / 3,
+            "the leaving member's partitions at the other",
+        )
+        moved_s = loop.time() - stopped
+        n = 40
+        await produce(kafka_bootstrap, topics[0], [request(f"l-{i}", f"t {i}") for i in range(n)])
+        keys = {f"l-{i}".encode() for i in range(n)}
+        replies = await read_topic(
+            kafka_bootstrap, topics[1], lambda rs: keys <= {r.key for r in rs}, 60
+        )
+    finally:
+        a.stop()
+        b.stop()
+    print(f"\nstatic leave: partitions at the other member {moved_s:.1f} s after SIGTERM")
+    assert "leaves the group on shutdown" in b.log_path.read_text(errors="replace")
+    assert {r.key for r in replies} >= keys
 
 
 async def test_a_duplicate_static_id_fences_one_member_with_one_clear_error(

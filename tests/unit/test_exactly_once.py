@@ -225,6 +225,13 @@ async def test_exactly_once_opens_each_partitions_producer_before_reading_its_of
     assert txn.events == [("open", A), ("read", A)]
     assert source.positions[A] == 40
     await pipeline.on_revoked(frozenset({A}))
+    assert txn.events[-1] == ("read", A)  # kept open until the assignment is known
+    source.generation += 1
+    await pipeline.on_assigned(frozenset({A}))  # given back: the same producer goes on
+    assert txn.events[-1] == ("read", A)
+    await pipeline.on_revoked(frozenset({A}))
+    source.generation += 1
+    await pipeline.on_assigned(frozenset())  # moved: what is open is aborted
     assert txn.events[-1] == ("close", A)
 
 
@@ -246,3 +253,20 @@ async def test_exactly_once_commits_offsets_and_kb1_metadata_in_the_transaction(
     pipeline.tracker.complete(A, 0, pipeline.tracker.generation(A) or 0)
     with pytest.raises(TransactionError):
         await pipeline.commit()
+
+
+async def test_a_revoke_whose_commit_fails_still_suspends_its_partitions() -> None:
+    txn = FakeTransactions()
+    pipeline = eos_pipeline(txn)
+    source = RecordingSource(txn)
+    pipeline.bind(source, FakeEngine())
+    await pipeline.on_assigned(frozenset({A}))
+    pipeline.tracker.track(A, 0)
+    pipeline.tracker.complete(A, 0, pipeline.tracker.generation(A) or 0)
+    txn.fail = {A}
+    with pytest.raises(TransactionError):
+        await pipeline.on_revoked(frozenset({A}))
+    assert pipeline.tracker.suspended == {A}  # the assignment decides, not a stale state
+    source.generation += 2  # not kept: set up anew from the committed offset
+    await pipeline.on_assigned(frozenset({A}))
+    assert pipeline.tracker.assigned == {A} and pipeline.tracker.last_tracked(A) is None

@@ -230,19 +230,92 @@ async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
     assert source.paused == set()
 
 
-async def test_revoke_drops_queued_work_and_ignores_late_completions(
+async def test_a_revoke_commits_what_is_finished_at_once_and_waits_for_no_model_work(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Issue 25 #5: the revoke finished every running batch first (up to 80 % of the rebalance
+    # timeout), and the whole group waited for it.
+    pipeline, source, sink, engine = parts
+    await pipeline.take([record(0, b"a"), record(1, b"b"), record(2, b"c")])
+    pipeline.on_outcomes([ok(engine.items[1])])  # offset 1 answered; 0 and 2 still computing
+    await settle()
+    sink.acks[0].set_result(None)
+    await settle()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(pipeline.on_revoked(frozenset({TP})), 5)
+    assert loop.time() - started < 0.5  # nothing waited for the engine
+    assert source.commits == [{TP: 0}]  # 1 travels in the metadata: the next owner skips it
+    assert decode_completed(source.metadata[-1][TP]) == (0, frozenset({1}))
+    assert engine.cancelled == []  # the new assignment decides (below)
+    assert pipeline.tracker.assigned == frozenset()
+
+
+async def test_a_partition_given_back_keeps_its_work_and_recomputes_nothing(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
     pipeline, source, sink, engine = parts
-    pipeline.settings = pipeline.settings.model_copy(update={"rebalance_timeout_ms": 1_000})
+    await pipeline.take([record(0, b"a"), record(1, b"b")])
+    await pipeline.on_revoked(frozenset({TP}))
+    pipeline.on_outcomes([ok(engine.items[0])])  # answered between the revoke and the join
+    await settle()
+    assert sink.sent == []  # held: the partition may have moved
+    source.generation += 1  # the same member, the next generation: no break
+    await pipeline.on_assigned(frozenset({TP}))
+    await settle()
+    assert engine.cancelled == []
+    assert len(engine.items) == 2  # nothing submitted again
+    assert source.positions[TP] == 2  # reads on after what it took, not from the commit
+    assert len(sink.sent) == 1  # the held reply went out
+    pipeline.on_outcomes([ok(engine.items[1])])
+    await settle()
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 2}
+    await pipeline.take([record(0, b"a"), record(1, b"b")])  # a re-delivery is not taken
+    assert len(engine.items) == 2
+
+
+async def test_a_partition_that_moved_has_its_work_cancelled_and_its_replies_dropped(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    other: TopicPartition = ("req", 1)
+    await pipeline.take([record(0, b"x"), record(1, b"y")])
+    await pipeline.on_revoked(frozenset({TP}))
+    pipeline.on_outcomes([ok(engine.items[0])])  # answered while the assignment is unknown
+    await settle()
+    source.generation += 1
+    await pipeline.on_assigned(frozenset({other}))  # TP went to another member
+    assert engine.cancelled == [TP]  # its queued work is dropped
+    pipeline.on_outcomes([ok(engine.items[1])])  # a late result of the moved partition
+    await settle()
+    assert sink.sent == []  # neither the held reply nor the late one: the next owner answers
+    assert source.commits == []
+    assert pipeline.tracker.assigned == frozenset({other})
+    assert pipeline.flow.total_records == 0
+
+
+async def test_a_member_dropped_from_the_group_meanwhile_starts_over_from_the_commit(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Another member may have owned TP in between (a join round completed without this one):
+    # its work is dropped and TP read again from the group's committed offset.
+    pipeline, source, sink, engine = parts
     await pipeline.take([record(0, b"x")])
-    revoke = asyncio.create_task(pipeline.on_revoked(frozenset({TP})))
-    await asyncio.wait_for(revoke, 5)  # the fake clock never advances: one wait, then drop
+    await pipeline.on_revoked(frozenset({TP}))
+    source.generation += 2
+    source.stored[TP] = (1, "")  # the other member answered offset 0 and committed
+    await pipeline.on_assigned(frozenset({TP}))
     assert engine.cancelled == [TP]
-    pipeline.on_outcomes([ok(engine.items[0])])  # a late result of the revoked partition
+    pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     assert sink.sent == []
-    assert source.commits == []
+    await pipeline.take([record(1, b"z")])  # the client reads from the commit, 1, anew
+    assert [i.text for i in engine.items] == ["text 0", "text 1"]
+    assert pipeline.tracker.generation(TP) is not None
 
 
 async def test_a_batchs_outcomes_go_out_in_one_send(
@@ -389,7 +462,9 @@ async def test_lag_counts_every_assigned_partition_from_the_log_end(
     source.ends = {TP: 90, other: 30}  # the log grows while the partition is paused
     await pipeline.refresh_lag()
     assert lag.labels("req", "0")._value.get() == 90 - 5
-    await pipeline.on_revoked(frozenset({other}))
+    await pipeline.on_revoked(frozenset({TP, other}))
+    source.generation += 1
+    await pipeline.on_assigned(frozenset({TP}))  # TP given back, ``other`` moved
     samples = {s.labels["partition"] for m in lag.collect() for s in m.samples}
     assert samples == {"0"}  # the revoked partition's series is gone
 
