@@ -183,6 +183,15 @@ async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
     assert len(later) == len(written)
 
 
+async def test_a_job_writing_into_serves_request_topic_fails_at_once(members: Members) -> None:
+    source, _ = await _source(members, 1, 10)
+    request_topic = members.topics[0]
+    job = _submit(members, source, request_topic)
+    status = await _wait_status(members, job, lambda s: s.state == "failed", 30)
+    assert f"output topic {request_topic!r} is this server's request topic" in (status.reason or "")
+    assert await read_all(members.bootstrap, request_topic, 2) == []  # nothing was written
+
+
 async def _kill_one_member_mid_job(m: Members, *extra: str) -> tuple[int, JobStatus, list[Any]]:
     """Run a 4-partition job on both members, kill -9 the first mid-job, wait for completion;
     (records, final status, output records read ``read_committed``)."""
