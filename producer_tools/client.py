@@ -62,6 +62,7 @@ from schemas.models import (
     Aggregation,
     EmbedResult,
     EncodingFormat,
+    Priority,
     Reply,
     Request,
     SparseResult,
@@ -485,6 +486,7 @@ class RequestReplyClient:
         top_k: int | None = None,
         aggregation: Aggregation | None = None,
         redact: bool | None = None,
+        priority: Priority | None = None,
     ) -> ReplyEnvelope:
         """Send ``text`` and return its reply (any status: ok, error or expired).
 
@@ -508,6 +510,8 @@ class RequestReplyClient:
             top_k: sparse (1.2): keep the ``top_k`` largest weights.
             aggregation, redact: token-classify (1.2): how tokens become entities; also the
                 redacted text.
+            priority: any task (1.2): ``"live"`` (the server's default) or ``"bulk"``
+                (computed in the capacity live requests leave idle; docs/CONTRACT.md §Priority).
 
         Raises:
             RequestTimeoutError: no reply within ``timeout_s``.
@@ -544,6 +548,7 @@ class RequestReplyClient:
                 top_k=top_k,
                 aggregation=aggregation,
                 redact=redact,
+                priority=priority,
             ),
             enc,
         )

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
-from consumer.cli.options import settings_options
+from consumer.cli.options import describe_validation_error, settings_options
 from consumer.config import load_settings
 
 _EXPLICIT = frozenset({"source_topic", "output_topic", "range_from", "range_to"})
@@ -33,8 +33,10 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         return
     try:
         settings = load_settings(BackfillSettings, config, **flags)
-    except (ValidationError, FileNotFoundError) as err:
-        raise click.UsageError(str(err)) from err
+    except ValidationError as err:
+        raise click.UsageError(describe_validation_error(err)) from None
+    except FileNotFoundError as err:
+        raise click.UsageError(str(err)) from None
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import (
         KafkaUnavailableError,

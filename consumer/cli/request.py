@@ -72,7 +72,9 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
         click.UsageError: both or neither of TEXT and ``--text-file``.
         click.BadParameter: the file is not UTF-8.
     """
-    if (text is None) == (text_file is None):
+    if text is not None and text_file is not None:
+        raise click.UsageError("give the text once: TEXT, or - for stdin, or --text-file PATH")
+    if text is None and text_file is None:
         raise click.UsageError("give the text as TEXT, or - for stdin, or --text-file PATH")
     if text is not None and text != "-":
         return text
@@ -153,6 +155,13 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 @click.option(
     "--redact/--no-redact", default=None, help="token-classify: also the text with [LABEL]s."
 )
+@click.option(
+    "--priority",
+    type=click.Choice(["live", "bulk"]),
+    default=None,
+    help="live (the server's default) or bulk: computed in the capacity live requests leave "
+    "idle (contract 1.2).",
+)
 @click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
@@ -184,6 +193,7 @@ def request_command(
     top_k: int | None,
     aggregation: str | None,
     redact: bool | None,
+    priority: str | None,
     full: bool,
     encoding: str,
     bootstrap: str,
@@ -255,6 +265,7 @@ def request_command(
                 top_k=top_k,
                 aggregation=aggregation,  # type: ignore[arg-type]  # click.Choice
                 redact=redact,
+                priority=priority,  # type: ignore[arg-type]  # click.Choice
             )
         out = envelope.to_json()
         return out if full else out["reply"]

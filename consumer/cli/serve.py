@@ -10,18 +10,8 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from consumer.cli.options import settings_options
+from consumer.cli.options import describe_validation_error, settings_options
 from consumer.config import ServeSettings, load_settings
-
-
-def describe_validation_error(err: ValidationError) -> str:
-    """One line per problem, named by its flag: ``--max-wait-ms: Input should be … (got -1.0)``."""
-    lines = []
-    for problem in err.errors():
-        field = ".".join(str(p) for p in problem["loc"])
-        name = f"--{field.replace('_', '-')}" if field else "settings"
-        lines.append(f"{name}: {problem['msg']} (got {problem.get('input')!r})")
-    return "\n".join(lines)
 
 
 def _serve(config: Path | None, **flags: Any) -> None:

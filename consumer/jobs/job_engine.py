@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome
@@ -32,6 +32,7 @@ class RoutingEngine(Protocol):
         self, items: Sequence[InferenceItem], on_outcomes: OutcomeCallback | None = None
     ) -> list[int]: ...
     async def flush(self) -> None: ...
+    def cancel_group(self, group: Hashable) -> list[int]: ...
 
 
 class BulkFlow(Protocol):
@@ -63,6 +64,8 @@ class JobEngine:
         self._on_outcomes: OutcomeCallback | None = None
         self._own_ids: dict[int, int] = {}  # engine id -> the job's id
         self._tokens: dict[int, int] = {}  # engine id -> tokens counted into the flow
+        self._groups: set[Hashable] = set()  # the engine groups this job's items were given
+        self._dropping = False  # stop_computing() until the next bind()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -72,8 +75,31 @@ class JobEngine:
         return len(self._own_ids)
 
     def bind(self, on_outcomes: OutcomeCallback) -> None:
-        """Where this job's outcomes go (its ``BackfillJob.on_outcomes``)."""
+        """Where this job's outcomes go (its ``BackfillJob.on_outcomes``, one per assignment);
+        also ends a :meth:`stop_computing`."""
         self._on_outcomes = on_outcomes
+        self._dropping = False
+
+    def stop_computing(self) -> int:
+        """Drop this job's items still queued in the engine (a batch already running
+        finishes), and every item submitted from now until the next :meth:`bind`.
+
+        A dropped item gets no outcome: its record stays unfinished, so it is not committed
+        and whoever reads the partition next computes it (the finished records above it are
+        skipped through the commit metadata). Called when a job is cancelled, its partitions
+        revoked or serve stops: the member then finishes at most one batch instead of
+        everything it read (up to ``max_in_flight_records``, minutes of bulk work on a CPU,
+        longer than the group's rebalance allows). Returns how many items were dropped.
+        """
+        self._dropping = True
+        dropped: list[int] = []
+        for group in list(self._groups):
+            dropped += [i for i in self._engine.cancel_group(group) if i in self._own_ids]
+        for i in dropped:
+            del self._own_ids[i]
+        self._uncount(dropped)
+        self._set_idle_if_empty()
+        return len(dropped)
 
     async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
         """Submit ``items`` to the engine's bulk lane under fresh engine ids.
@@ -87,6 +113,7 @@ class JobEngine:
             rid = self._engine.new_routed_id()
             self._own_ids[rid] = item.item_id
             group = ("kbatch.job", self.job_id, item.group)
+            self._groups.add(group)
             routed.append(dataclasses.replace(item, item_id=rid, lane="bulk", group=group))
         if routed:
             self._idle.clear()
@@ -103,6 +130,8 @@ class JobEngine:
                      if r.item_id in self._own_ids]  # fmt: skip
             self._tokens.update(open_)
             self._flow.add_bulk(len(open_), sum(n for _, n in open_))
+        if self._dropping:  # stopped while the chunk was being tokenized
+            self.stop_computing()
         return n_tokens
 
     def should_pause_reading(self) -> bool:

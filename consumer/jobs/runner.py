@@ -30,7 +30,7 @@ from consumer.jobs.records import (
     record_key,
     sum_counts,
 )
-from consumer.jobs.spec import incompatibility, member_settings
+from consumer.jobs.spec import conflict, incompatibility, member_settings
 from consumer.jobs.worker import JobWorker
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.jobs_topic import JobsTopicReader, JobsTopicWriter, ensure_jobs_topic
@@ -84,6 +84,7 @@ class JobRunner:
         self._workers: dict[str, tuple[JobWorker, asyncio.Task[None]]] = {}
         self._ended: set[str] = set()  # jobs this member ran to their end: never again
         self._skipped: set[str] = set()  # incompatible jobs (logged once)
+        self._pending_writes: set[asyncio.Future[None]] = set()  # conflicting jobs' "failed"
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, stop: asyncio.Event) -> None:
@@ -108,6 +109,8 @@ class JobRunner:
                 await self._task
             self._task = None
         await self._stop_workers()
+        if self._pending_writes:
+            await asyncio.wait(self._pending_writes, timeout=self.settings.drain_timeout_s)
         await self._reader.stop()
         await self._writer.stop()
 
@@ -162,6 +165,14 @@ class JobRunner:
                 worker.stop()
         for job_id, job in self.table.jobs.items():
             if is_terminal(job.state) or job_id in self._workers or job_id in self._ended:
+                continue
+            clash = conflict(self.settings, job)
+            if clash is not None:
+                log.error("job %s failed: %s", job_id, clash)
+                self._ended.add(job_id)
+                write = asyncio.ensure_future(self.end_job(job_id, "failed", clash))
+                self._pending_writes.add(write)
+                write.add_done_callback(self._pending_writes.discard)
                 continue
             why = incompatibility(self.settings, job)
             if why is not None:

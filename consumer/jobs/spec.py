@@ -93,6 +93,25 @@ def job_record(
     )
 
 
+def conflict(serve: ServeSettings, job: JobRecord) -> str | None:
+    """Why ``job`` may not run beside this server's live traffic at all (the job then ends
+    ``failed`` with this reason instead of waiting ``pending``), or None: its consumer group is
+    serve's own (joining it would rebalance live partitions into the job), or its output topic
+    is serve's request, dead-letter or jobs topic (serve would read the outputs as requests,
+    or they would mix with dead letters or job records)."""
+    if job.group_id == serve.effective_group_id:
+        return f"the job's group {job.group_id!r} is this server's live consumer group"
+    roles = {
+        serve.request_topic: "request",
+        serve.dead_letter_topic: "dead-letter",
+        serve.jobs_topic: "jobs",
+    }
+    role = roles.get(job.output_topic)
+    if role is not None:
+        return f"the job's output topic {job.output_topic!r} is this server's {role} topic"
+    return None
+
+
 def incompatibility(serve: ServeSettings, job: JobRecord) -> str | None:
     """Why this serve member does not run ``job`` (another task or model), or None."""
     task = job.settings.get("task", "embed")

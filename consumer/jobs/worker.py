@@ -124,10 +124,12 @@ class JobWorker:
     # -- control -------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop (cancel, end of job, serve stopping): reading stops at once; what was read is
-        finished and committed, then the member leaves the job's group."""
+        """Stop (cancel, end of job, serve stopping): reading stops at once, queued items are
+        dropped (:meth:`JobEngine.stop_computing`), the running batch and the sends finish,
+        what is finished is committed, then the member leaves the job's group."""
         self._stop.set()
         self._run_stop.set()
+        self._engine.stop_computing()
 
     async def run(self) -> None:
         """Run until :meth:`stop` or the job's end; never raises (a failure ends the job
@@ -204,6 +206,7 @@ class JobWorker:
         if running is None or job is None:
             return
         self._run_stop.set()
+        self._engine.stop_computing()  # at most the running batch is finished, not all read
         summary = await asyncio.shield(running)
         if self._running is not running:  # the revoke callback and the loop both waited
             return
@@ -233,7 +236,8 @@ class JobWorker:
             log.warning("job %s: progress not written: %s", self.job.job_id, err)
 
     async def _on_revoke(self) -> None:
-        """The job's group is rebalancing: finish and commit before the partitions move."""
+        """The job's group is rebalancing: drop what is queued, finish the running batch and
+        the sends, commit before the partitions move (well inside the rebalance timeout)."""
         if self._running is not None:
             log.info("job %s: partitions revoked, finishing what was read", self.job.job_id)
             await self._finish_run()

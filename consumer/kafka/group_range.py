@@ -31,7 +31,7 @@ from consumer.kafka.errors import (
     map_kafka_errors,
 )
 from consumer.kafka.offset_metadata import read_completed
-from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.kafka.range_source import PartitionRange, fetch_in_range, plan_partition
 from consumer.kafka.records import InRecord, TopicPartition
 
 __all__ = ["AssignedRange", "GroupRangeSource"]
@@ -268,22 +268,12 @@ class AssignedRange:
                 await self._consumer.getmany(timeout_ms=timeout_ms)  # nothing: all paused
                 return []
             self._consumer.resume(*tps)
-            with map_kafka_errors(RangeSourceError, f"fetching {self.topic}"):
-                batches = await self._consumer.getmany(
-                    *tps, timeout_ms=timeout_ms, max_records=max_records
-                )
-            out: list[InRecord] = []
-            for tp, records in batches.items():
-                end = self._plan[tp.partition].end
-                out.extend(InRecord.from_consumer_record(r) for r in records if r.offset < end)
-            for tp in tps:
-                if await self._consumer.position(tp) >= self._plan[tp.partition].end:
-                    self._active.discard(tp.partition)
-                    self._consumer.pause(tp)
+            return await fetch_in_range(
+                self._consumer, self.topic, self._plan, self._active, max_records, timeout_ms
+            )
         except IllegalStateError:  # the assignment went away meanwhile
             self._active.clear()
             return []
-        return out
 
     async def commit(
         self,

@@ -73,6 +73,7 @@ __all__ = [
     "RangeSource",
     "RangeSourceError",
     "RangeSpecError",
+    "fetch_in_range",
     "parse_bound",
     "plan_partition",
 ]
@@ -388,21 +389,9 @@ class RangeSource:
         """
         if not self._active:
             return []
-        tps = [KafkaTP(self.topic, p) for p in sorted(self._active)]
-        with map_kafka_errors(RangeSourceError, f"fetching {self.topic}"):
-            batches = await self._consumer.getmany(
-                *tps, timeout_ms=timeout_ms, max_records=max_records
-            )
-        out: list[InRecord] = []
-        for tp, records in batches.items():
-            end = self._plan[tp.partition].end
-            out.extend(InRecord.from_consumer_record(r) for r in records if r.offset < end)
-        for tp in tps:
-            # Known after the seek, so this does no I/O; it moves past transaction markers too.
-            if await self._consumer.position(tp) >= self._plan[tp.partition].end:
-                self._active.discard(tp.partition)
-                self._consumer.pause(tp)
-        return out
+        return await fetch_in_range(
+            self._consumer, self.topic, self._plan, self._active, max_records, timeout_ms
+        )
 
     async def commit(
         self,
@@ -473,3 +462,33 @@ class RangeSource:
             hit = found.get(tp)
             out[p] = log_end[tp] if hit is None else int(hit.offset)
         return out
+
+
+async def fetch_in_range(
+    consumer: AIOKafkaConsumer,
+    topic: str,
+    plan: Mapping[int, PartitionRange],
+    active: set[int],
+    max_records: int,
+    timeout_ms: int,
+) -> list[InRecord]:
+    """One fetch of at most ``max_records`` records of ``active``'s partitions of ``topic``,
+    records at or past a partition's ``plan`` end dropped; a partition whose position reached
+    its end leaves ``active`` (changed in place) and is paused.
+
+    Raises:
+        RangeSourceError: a non-retriable fetch error (aiokafka retries the others).
+    """
+    tps = [KafkaTP(topic, p) for p in sorted(active)]
+    with map_kafka_errors(RangeSourceError, f"fetching {topic}"):
+        batches = await consumer.getmany(*tps, timeout_ms=timeout_ms, max_records=max_records)
+    out: list[InRecord] = []
+    for tp, records in batches.items():
+        end = plan[tp.partition].end
+        out.extend(InRecord.from_consumer_record(r) for r in records if r.offset < end)
+    for tp in tps:
+        # Known after the seek, so this does no I/O; it moves past transaction markers too.
+        if await consumer.position(tp) >= plan[tp.partition].end:
+            active.discard(tp.partition)
+            consumer.pause(tp)
+    return out

@@ -183,6 +183,15 @@ async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
     assert len(later) == len(written)
 
 
+async def test_a_job_writing_into_serves_request_topic_fails_at_once(members: Members) -> None:
+    source, _ = await _source(members, 1, 10)
+    request_topic = members.topics[0]
+    job = _submit(members, source, request_topic)
+    status = await _wait_status(members, job, lambda s: s.state == "failed", 30)
+    assert f"output topic {request_topic!r} is this server's request topic" in (status.reason or "")
+    assert await read_all(members.bootstrap, request_topic, 2) == []  # nothing was written
+
+
 async def _kill_one_member_mid_job(m: Members, *extra: str) -> tuple[int, JobStatus, list[Any]]:
     """Run a 4-partition job on both members, kill -9 the first mid-job, wait for completion;
     (records, final status, output records read ``read_committed``)."""
@@ -229,3 +238,66 @@ async def test_kill_9_under_exactly_once_scores_every_record_once(members: Membe
     n, status, written = await _kill_one_member_mid_job(members, "--exactly-once")
     assert _scored(written) == sorted((i % 4, i // 4) for i in range(n))  # each exactly once
     assert status.counts.done >= n  # aborted writes of the killed member were counted too
+
+
+SLOW_DEVICE = "sim:25,0"
+"""A simulated device: 25 ms per batch, however small (consumer/model/sim_backend.py)."""
+
+
+async def test_a_slow_device_shared_job_stops_within_5_s_of_a_cancel(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Two members on a slow device share a job with the default in-flight bound (4096 read
+    ahead: ~13 s of work at 8 per 25 ms batch). The second member's join revokes the first's
+    partitions, and the cancel stops both: each drops its queued items and finishes one batch.
+    Found by a new-user trial: finishing everything read took longer than the rebalance allowed
+    (two MiniLM members livelocked, a cancel took 30 s)."""
+    suffix = unique_group("slow").rsplit(".", 1)[-1]
+    req, rep, dlq, jobs = (f"test.jobs-slow-{n}.{suffix}" for n in ("req", "rep", "dlq", "jobs"))
+    await create_topics(kafka_bootstrap, [req, rep, dlq], partitions=2)  # one per member
+    servers = [
+        ServeProcess.start(
+            tmp_path,
+            bootstrap=kafka_bootstrap,
+            request_topic=req,
+            reply_topic=rep,
+            dlq_topic=dlq,
+            group_id=f"test.jobs-slow.{suffix}",
+            model=SLOW_DEVICE,
+            name=f"slow{i}",
+            extra=["--jobs-topic", jobs, "--max-batch-size", "8", "--session-timeout-ms", "6000"],
+        )
+        for i in range(2)
+    ]
+    m = Members(kafka_bootstrap, Path(SLOW_DEVICE), jobs, servers, [req, rep, dlq, jobs])
+    try:
+        for server in servers:
+            server.wait_ready()
+        source, output = await _source(m, 2, 10_000)
+        job = _submit(m, source, output)
+        await _wait_status(
+            m,
+            job,
+            lambda s: (
+                len(s.members) == 2
+                and all(state == "running" for state in s.members.values())
+                and s.counts.done > 0
+            ),
+            60,
+        )
+        t0 = time.monotonic()
+        await cancel_job(KafkaClientSettings(bootstrap=kafka_bootstrap), jobs, job)
+        status = await _wait_status(
+            m,
+            job,
+            lambda s: s.members and all(state == "stopped" for state in s.members.values()),
+            30,
+        )
+        took_s = time.monotonic() - t0
+        assert took_s < 5, took_s
+        assert status.state == "cancelled"
+        assert all("drain deadline" not in s.log_path.read_text(errors="replace") for s in servers)
+    finally:
+        for server in servers:
+            server.stop()
+        await delete_topics(kafka_bootstrap, m.topics)

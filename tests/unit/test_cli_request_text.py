@@ -34,8 +34,8 @@ def test_the_text_comes_from_the_argument_or_the_file(
 
 
 def test_both_or_neither_is_a_usage_error_and_the_file_must_be_utf8() -> None:
-    for text, file in [(None, None), ("t", io.BytesIO(b"f"))]:
-        with pytest.raises(click.UsageError, match="TEXT, or - for stdin, or --text-file"):
+    for text, file, first in [(None, None, "give the text as"), ("t", io.BytesIO(b"f"), "once")]:
+        with pytest.raises(click.UsageError, match=f"{first}.*TEXT, or - for stdin, or --text-f"):
             read_text(text, file)
     with pytest.raises(click.BadParameter, match="not UTF-8"):
         read_text(None, io.BytesIO(b"\xff\xfe"))
@@ -80,3 +80,20 @@ def test_dash_and_text_file_read_stdin_and_files(
     missing = runner.invoke(request_command, ["--text-file", str(tmp_path / "no")])
     assert missing.exit_code == 2 and "--text-file" in missing.output
     assert len(_RecordingClient.texts) == 3  # neither was sent
+
+
+def test_priority_is_passed_to_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[dict[str, Any]] = []
+
+    class _Client(_RecordingClient):
+        async def request(self, text: str, key: object, **kwargs: Any) -> None:
+            sent.append(kwargs)
+            raise ClientError("recorded")
+
+    monkeypatch.setattr(client, "RequestReplyClient", _Client)
+    runner = CliRunner()
+    assert runner.invoke(request_command, ["t", "--priority", "bulk"]).exit_code == 1
+    assert runner.invoke(request_command, ["t"]).exit_code == 1
+    assert [k["priority"] for k in sent] == ["bulk", None]
+    wrong = runner.invoke(request_command, ["t", "--priority", "urgent"])
+    assert wrong.exit_code == 2 and len(sent) == 2

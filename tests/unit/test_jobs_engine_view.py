@@ -39,6 +39,13 @@ class _Engine:
     async def flush(self) -> None:
         self.flushes += 1
 
+    def cancel_group(self, group: object) -> list[int]:
+        """Every unanswered item counts as queued here."""
+        gone = [i.item_id for i in self.items if i.group == group and i.item_id in self.routes]
+        for i in gone:
+            del self.routes[i]
+        return gone
+
 
 def _outcome(item_id: int, **kw: Any) -> ItemOutcome:
     base: dict[str, Any] = dict(
@@ -112,3 +119,21 @@ async def test_job_items_count_toward_the_flow_totals_until_answered() -> None:
     await job.submit([InferenceItem(9, "y", 0.0)])
     job.close()  # what a closed job had in flight leaves the totals too
     assert job.should_pause_reading() is False
+
+
+async def test_stop_computing_drops_queued_items_and_later_submits_until_the_next_bind() -> None:
+    engine = _Engine()
+    job = JobEngine(engine, "a")
+    got: list[ItemOutcome] = []
+    job.bind(got.extend)
+    await job.submit([InferenceItem(i, "x", 0.0, group=("src", 0)) for i in range(3)])
+    engine.answer(-1)  # one answered before the stop
+    assert job.stop_computing() == 2  # the other two were still queued
+    assert await job.drain(0) is True  # nothing left to wait for
+    # a chunk whose tokenizing was under way when the stop came is dropped too
+    await job.submit([InferenceItem(7, "y", 0.0, group=("src", 1))])
+    assert job.in_flight == 0 and -4 not in engine.routes
+    job.bind(got.extend)  # the next assignment computes again
+    await job.submit([InferenceItem(8, "z", 0.0, group=("src", 1))])
+    engine.answer(-5)
+    assert [o.item_id for o in got] == [0, 8]

