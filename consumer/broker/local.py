@@ -397,8 +397,13 @@ class LocalBroker:
 
 
 def new_cluster_id() -> str:
-    """A random KRaft cluster id (22 URL-safe base64 characters of a UUID)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random KRaft cluster id (22 URL-safe base64 characters of a UUID), never starting with
+    ``-``: ``kafka-storage format -t -x…`` reads such an id as a flag (a 1-in-64 failure to
+    format; Kafka's own ``Uuid.randomUuid`` skips these ids the same way)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def broker_answers_safe(bootstrap: str) -> bool:

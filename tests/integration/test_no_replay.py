@@ -223,7 +223,10 @@ async def test_replicas_a_killed_replica_restarts_without_repeating_what_it_answ
             return [o + (len(decode_completed(m)[1]) if m else 0) for o, m in points.values()]
 
         await asyncio.to_thread(
-            poll_until, lambda: min(covered() or [0]) >= per, 30, "commits covering the replies"
+            poll_until,
+            lambda: len(c := covered()) == 2 and min(c) >= per,  # both partitions committed
+            30,
+            "commits covering the replies",
         )
         # Both heads held (the usual case) unless a late rebalance's revoke answered them.
         held = [o for o, _ in (await committed_points(kafka_bootstrap, group)).values()] == [0, 0]
@@ -238,6 +241,12 @@ async def test_replicas_a_killed_replica_restarts_without_repeating_what_it_answ
         if held:
             poll_until(lambda: server.metrics().get(SKIPPED, 0) >= per, 60, "the restart's skips")
         skipped = server.metrics().get(SKIPPED, 0)
+        # The restarted replica has read its head again (held by the 60 s wait), as the other
+        # holds its own: only then can the drain answer both (a SIGTERM before its first fetch
+        # leaves the head unread and uncommitted for the next start).
+        poll_until(
+            lambda: server.metrics().get("kbatch_in_flight_records", 0) >= 2, 60, "both heads read"
+        )
         server.signal(signal.SIGTERM)  # the drain answers both heads
         assert server.wait(90) == 0, server.log_tail()
     finally:

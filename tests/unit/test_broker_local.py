@@ -59,3 +59,16 @@ def test_kafka_3_refuses_data_written_by_kafka_4(tmp_path: Path) -> None:
     # the other direction (3.9 data, 4.x broker) is an upgrade Kafka performs itself
     (data / "kbatch-kafka-version").write_text(KAFKA3_VERSION)
     LocalBroker(port=9504)._format(old.home / "server.properties")
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kafka-storage format -t -x…`` takes such an id for a flag (a CI run failed on one)."""
+    import uuid
+
+    from consumer.broker import local
+
+    dash_first = uuid.UUID(bytes=b"\xf8" + bytes(15))  # base64url "-" is 0b111110...
+    ids = iter([dash_first, uuid.UUID(int=1)])
+    monkeypatch.setattr(local.uuid, "uuid4", lambda: next(ids))
+    cluster_id = local.new_cluster_id()
+    assert not cluster_id.startswith("-") and len(cluster_id) == 22
