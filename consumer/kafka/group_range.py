@@ -21,17 +21,20 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import IllegalStateError
 
-from consumer.kafka.client_config import client_kwargs, start_client
+from consumer.kafka.client_config import client_kwargs
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.errors import (
-    KafkaSecurityError,
-    KafkaUnavailableError,
     RangeSourceError,
     map_kafka_errors,
 )
 from consumer.kafka.offset_metadata import read_completed
-from consumer.kafka.range_source import PartitionRange, fetch_in_range, plan_partition
+from consumer.kafka.range_source import (
+    PartitionRange,
+    fetch_in_range,
+    plan_partition,
+    start_range_consumer,
+)
 from consumer.kafka.records import InRecord, TopicPartition
 
 __all__ = ["AssignedRange", "GroupRangeSource"]
@@ -106,12 +109,7 @@ class GroupRangeSource:
             RangeSourceError: the broker cannot be reached.
             KafkaSecurityError: the broker refused the client.
         """
-        try:
-            await start_client(self._consumer.start, self._consumer.stop, "cannot connect to Kafka")
-        except KafkaSecurityError:
-            raise
-        except KafkaUnavailableError as err:
-            raise RangeSourceError(str(err)) from err
+        await start_range_consumer(self._consumer)
         self._started = True
         self._consumer.subscribe([self.topic], listener=_Listener(self))
 

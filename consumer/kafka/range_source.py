@@ -76,6 +76,7 @@ __all__ = [
     "fetch_in_range",
     "parse_bound",
     "plan_partition",
+    "start_range_consumer",
 ]
 
 log = logging.getLogger(__name__)
@@ -304,12 +305,7 @@ class RangeSource:
             RangeSourceError: the broker cannot be reached.
             KafkaSecurityError: the broker refused the client (TLS check, SASL login).
         """
-        try:
-            await start_client(self._consumer.start, self._consumer.stop, "cannot connect to Kafka")
-        except KafkaSecurityError:
-            raise
-        except KafkaUnavailableError as err:
-            raise RangeSourceError(str(err)) from err
+        await start_range_consumer(self._consumer)
         self._started = True
 
     async def stop(self) -> None:
@@ -492,3 +488,18 @@ async def fetch_in_range(
             active.discard(tp.partition)
             consumer.pause(tp)
     return out
+
+
+async def start_range_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Start ``consumer`` (standalone backfill's or a job's).
+
+    Raises:
+        RangeSourceError: the broker cannot be reached.
+        KafkaSecurityError: the broker refused the client (TLS check, SASL login).
+    """
+    try:
+        await start_client(consumer.start, consumer.stop, "cannot connect to Kafka")
+    except KafkaSecurityError:
+        raise
+    except KafkaUnavailableError as err:
+        raise RangeSourceError(str(err)) from err
