@@ -99,8 +99,9 @@ class BatchPolicyConfig(BaseModel):
         description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
         "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
         "most a ready live batch waits behind bulk work; never below one item of the model's "
-        "maximum length. None = the live lane's budget (a bulk batch takes no longer than "
-        "the largest live batch).",
+        "maximum length. None = automatic, once the device is measured: while live work "
+        "runs, the larger of the live lane's mean batch time and 4x the fixed cost per batch; "
+        "with no live work, full batches (consumer/batching/lanes.py rule 2).",
     )
     bulk_min_share: float = Field(
         default=0.1,

@@ -464,6 +464,9 @@ class Engine:
             if runs and runs[0].batch_size == len(batch.items):  # not split: one timing
                 for batcher in (self._batcher, self._bulk):  # one device: one cost model
                     batcher.observe_batch(batch.padded_tokens, runs[0].infer_ms)
+            if self.policy_config.bulk_max_batch_ms is None and self._bulk.measured:
+                cap_ms = self._lanes.bulk_cap_ms(self._bulk.cost.fixed_ms, self._clock())
+                self._bulk.set_max_batch_ms(cap_ms)
         except Exception as exc:  # never lose an item, never stop the engine
             log.exception("batch of %d failed outside the runner", len(batch.items))
             msg = f"batch failed: {type(exc).__name__}"

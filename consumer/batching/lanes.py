@@ -12,9 +12,13 @@ Rules (issue 26):
 2. A due bulk batch starts only while the device is idle (nothing formed or running), so a live
    batch that becomes due meanwhile waits for at most that one bulk batch. The engine sizes bulk
    batches so one takes at most ``bulk_max_batch_ms`` (the fitted cost model,
-   :class:`~consumer.batching.cost.BatchCostModel`) — or, unset, no longer than the largest live
-   batch. On a prefetching device (CUDA) bulk thus gives up the one-ahead collation overlap: the
-   bound on live latency matters more.
+   :class:`~consumer.batching.cost.BatchCostModel`). Unset, :meth:`LaneScheduler.bulk_cap_ms`
+   chooses it from what was measured: while live work runs, the larger of the live lane's mean
+   batch time (a live request then waits behind a bulk batch no longer than behind one of its
+   own) and :data:`BULK_FIXED_COST_MULTIPLE` × the fixed cost per batch (so at most a quarter of
+   a bulk batch is fixed cost); with no live work in the last ``lane_share_window_ms``, no cap
+   (full batches, as a backlog runs). On a prefetching device (CUDA) bulk gives up the one-ahead
+   collation overlap: the bound on live latency matters more.
 3. Minimum share: while the bulk lane's share of recent device time (each lane's time decayed
    with time constant ``lane_share_window_ms``) is below ``bulk_min_share``, a due bulk batch
    takes the next free slot even before a due live batch, so a saturating live stream cannot
@@ -31,10 +35,18 @@ import math
 
 from consumer.batching.types import Lane
 
-__all__ = ["LANES", "LaneScheduler"]
+__all__ = ["BULK_FIXED_COST_MULTIPLE", "LANES", "LIVE_BATCH_EWMA_WEIGHT", "LaneScheduler"]
 
 LANES: tuple[Lane, ...] = ("live", "bulk")
 """Every lane, highest priority first."""
+
+BULK_FIXED_COST_MULTIPLE = 4.0
+"""Rule 2's floor of an automatic bulk cap, in multiples of the fitted fixed cost per batch: a
+bulk batch at least this long spends at most 1/4 of its time on the fixed cost (a CPU's
+~17-20 ms for MiniLM here: ≥ ~70 ms batches; a GPU's ~1 ms: a few ms)."""
+
+LIVE_BATCH_EWMA_WEIGHT = 1.0 / 16.0
+"""Weight of the newest live batch in the live lane's mean batch time (about the last 16)."""
 
 
 class LaneScheduler:
@@ -58,6 +70,8 @@ class LaneScheduler:
         self.share_window_s = share_window_s
         self._busy_ms: dict[Lane, float] = dict.fromkeys(LANES, 0.0)
         self._t = -math.inf  # when the ledger was last decayed
+        self._live_batch_ms: float | None = None  # EWMA of live batches' device time
+        self._live_t = -math.inf  # when the last live batch ended
 
     def note_batch(self, lane: Lane, device_ms: float, now: float) -> None:
         """A batch of ``lane`` held the device for ``device_ms`` milliseconds, ending at
@@ -70,6 +84,33 @@ class LaneScheduler:
                 self._busy_ms[k] *= decay
         self._t = max(now, self._t)
         self._busy_ms[lane] += device_ms
+        if lane == "live":
+            self._live_t = max(now, self._live_t)
+            prev = self._live_batch_ms
+            w = LIVE_BATCH_EWMA_WEIGHT
+            self._live_batch_ms = device_ms if prev is None else prev + w * (device_ms - prev)
+
+    @property
+    def live_batch_ms(self) -> float | None:
+        """The live lane's mean batch device time (an EWMA over about the last 16), ms; None
+        before the first live batch."""
+        return self._live_batch_ms
+
+    def bulk_cap_ms(self, fixed_ms: float, now: float) -> float | None:
+        """Rule 2's automatic bulk cap (``bulk_max_batch_ms`` unset), ms; None = no cap.
+
+        Args:
+            fixed_ms: the cost model's fitted fixed cost of one batch, ms ≥ 0.
+            now: monotonic seconds.
+
+        Returns:
+            While a live batch ended within the last ``share_window_s``:
+            ``max(BULK_FIXED_COST_MULTIPLE × fixed_ms, live_batch_ms)``. Otherwise None:
+            nothing live to protect, bulk runs full batches.
+        """
+        if self._live_batch_ms is None or now - self._live_t > self.share_window_s:
+            return None
+        return max(BULK_FIXED_COST_MULTIPLE * max(fixed_ms, 0.0), self._live_batch_ms)
 
     def bulk_share(self) -> float:
         """The bulk lane's share of the decayed device time, in ``[0, 1]`` (1.0 before any

@@ -281,6 +281,13 @@ class BucketBatcher:
         self.cost.observe(padded_tokens, batch_ms)
         self._budget_tokens = self._fit_budget()
 
+    def set_max_batch_ms(self, max_batch_ms: float | None) -> None:
+        """Change the ``max_batch_ms`` cap (None: none) and refit the token budget; the
+        engine's automatic bulk cap (consumer/batching/lanes.py rule 2) moves it per batch."""
+        if max_batch_ms != self.max_batch_ms:
+            self.max_batch_ms = max_batch_ms
+            self._budget_tokens = self._fit_budget()
+
     def _fit_budget(self) -> int:
         """Rule 8's budget: ``target_p99_ms`` applies once measured; ``max_batch_ms`` from the
         start, on the prior cost model until then (a prior for a CPU overestimates a GPU's
@@ -291,7 +298,7 @@ class BucketBatcher:
         if self.max_batch_ms is not None:
             caps_ms.append(self.max_batch_ms)
         if not caps_ms:
-            return self._budget_tokens
+            return self.config.max_batch_tokens
         fit = self.cost.tokens_within(min(caps_ms))
         return min(self.config.max_batch_tokens, max(self.max_length, fit))
 

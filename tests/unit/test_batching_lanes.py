@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from consumer.batching.config import BatchPolicyConfig
-from consumer.batching.lanes import LaneScheduler
+from consumer.batching.lanes import BULK_FIXED_COST_MULTIPLE, LaneScheduler
 from consumer.batching.policy import MIN_FIT_BATCHES, BucketBatcher
 from consumer.batching.types import InferenceItem, ItemOutcome, Lane, TokenizedItem
 from consumer.model.protocol import FakeBackend
@@ -76,6 +76,44 @@ def test_min_share_zero_never_owes_and_bad_settings_raise() -> None:
         LaneScheduler(bulk_min_share=1.0, share_window_s=1.0)
 
 
+@pytest.mark.parametrize(
+    ("live_batches", "fixed_ms", "now", "cap_ms"),
+    [
+        ([], 20.0, 0.0, None),  # no live batch yet: nothing to protect, full bulk batches
+        ([(30.0, 0.0)], 20.0, 0.1, 80.0),  # 4 × the fixed cost beats a short live batch
+        ([(120.0, 0.0)], 20.0, 0.1, 120.0),  # a live batch's own time, when longer
+        ([(30.0, 0.0)], 1.0, 0.1, 30.0),  # a launch-bound device: the live batch time
+        ([(30.0, 0.0)], 20.0, 5.01, None),  # no live batch within the window: no cap
+        # the live mean is an EWMA: 30, then 16 batches of 130 → 130 - 100 × (15/16)^16
+        (
+            [(30.0, 0.0)] + [(130.0, 0.01 * i) for i in range(1, 17)],
+            1.0,
+            0.2,
+            130.0 - 100.0 * (15 / 16) ** 16,
+        ),
+    ],
+)
+def test_the_automatic_bulk_cap(
+    live_batches: list[tuple[float, float]], fixed_ms: float, now: float, cap_ms: float | None
+) -> None:
+    s = LaneScheduler(bulk_min_share=0.1, share_window_s=5.0)
+    for ms, t in live_batches:
+        s.note_batch("live", ms, t)
+    s.note_batch("bulk", 500.0, now)  # bulk batches never count as live work
+    got = s.bulk_cap_ms(fixed_ms, now)
+    assert got == (None if cap_ms is None else pytest.approx(cap_ms, rel=1e-9))
+    assert BULK_FIXED_COST_MULTIPLE == 4.0
+
+
+def test_an_unset_cap_falls_back_to_the_full_budget() -> None:
+    cfg = BatchPolicyConfig(max_batch_tokens=4096, bucket_edges=(32,))
+    b = BucketBatcher(cfg, 32)
+    b.set_max_batch_ms(20.0)
+    assert b.budget_tokens == (20_000 - 3840) // 120  # the prior's fit of 20 ms
+    b.set_max_batch_ms(None)
+    assert b.budget_tokens == 4096
+
+
 # -- a fake-clock device: both lanes through the scheduler -----------------------------------
 
 FIXED_MS, PER_TOKEN_US = 5.0, 100.0
@@ -87,24 +125,38 @@ def _tok(item_id: int, n: int, arrival_s: float, lane: Lane) -> TokenizedItem:
 
 
 def _simulate(
-    *, live_every_s: float | None, bulk_backlog: int, min_share: float, until_s: float
+    *,
+    live_every_s: float | None,
+    bulk_backlog: int,
+    min_share: float,
+    until_s: float,
+    fixed_ms: float = 5.0,
+    auto_cap: bool = False,
 ) -> dict[str, Any]:
-    """One device (batch time = 5 ms + 100 µs per padded token, depth 1), a live item of 20
-    tokens every ``live_every_s`` and a bulk backlog of 30-token items. Returns per-lane batch
-    counts and device ms, the batches' lanes, and each live item's wait beyond its bucket's due
-    time."""
+    """One device (batch time = ``fixed_ms`` + 100 µs per padded token, depth 1), a live item
+    of 20 tokens every ``live_every_s`` and a bulk backlog of 30-token items; bulk batches
+    capped at 20 ms, or, ``auto_cap``, as the engine does when ``bulk_max_batch_ms`` is unset.
+    Returns per-lane batch counts and device ms, the batches' lanes, each live item's wait
+    beyond its bucket's due time, and the bulk caps used."""
     clock = FakeClock()
+    cap = None if auto_cap else 20.0
     cfg = BatchPolicyConfig(
-        max_wait_ms=2.0, bucket_edges=(32,), bulk_min_share=min_share, bulk_max_batch_ms=20.0
+        max_wait_ms=2.0, bucket_edges=(32,), bulk_min_share=min_share, bulk_max_batch_ms=cap
     )
-    live, bulk = BucketBatcher(cfg, 32), BucketBatcher(cfg, 32, max_batch_ms=20.0)
+    live, bulk = BucketBatcher(cfg, 32), BucketBatcher(cfg, 32, max_batch_ms=cap)
     sched = LaneScheduler(cfg.bulk_min_share, cfg.lane_share_window_s)
     t0 = clock.now_s
     for i in range(bulk_backlog):
         bulk.add(_tok(-1 - i, 30, t0, "bulk"), t0)
     next_live = t0 if live_every_s is not None else float("inf")
     n_live = 0
-    out: dict[str, Any] = {"lanes": [], "device_ms": {"live": 0.0, "bulk": 0.0}, "late_ms": []}
+    out: dict[str, Any] = {
+        "lanes": [],
+        "device_ms": {"live": 0.0, "bulk": 0.0},
+        "late_ms": [],
+        "bulk_ms": [],
+        "caps_ms": [],
+    }
     running: tuple[Lane, float] | None = None  # (lane, ends at)
     step = 0.0005
     while clock.now_s < t0 + until_s:
@@ -127,10 +179,15 @@ def _simulate(
                 batcher = live if lane == "live" else bulk
                 (batch,) = batcher.pop_ready(now, max_batches=1).batches
                 assert {t.item.lane for t in batch.items} == {lane}  # lanes never mix
-                ms = FIXED_MS + PER_TOKEN_US * batch.padded_tokens / 1000.0
+                ms = fixed_ms + PER_TOKEN_US * batch.padded_tokens / 1000.0
                 for b in (live, bulk):
                     b.observe_batch(batch.padded_tokens, ms)
                 sched.note_batch(lane, ms, now + ms / 1000.0)
+                if lane == "bulk":
+                    out["bulk_ms"].append(ms)
+                if auto_cap and bulk.measured:  # the engine's rule (lanes.py rule 2)
+                    bulk.set_max_batch_ms(sched.bulk_cap_ms(bulk.cost.fixed_ms, now + ms / 1e3))
+                    out["caps_ms"].append(bulk.max_batch_ms)
                 out["lanes"].append(lane)
                 out["device_ms"][lane] += ms
                 if lane == "live":  # waited past the due time by at most the batch before
@@ -148,6 +205,34 @@ def test_bulk_fills_idle_capacity_and_delays_live_by_at_most_one_bulk_batch() ->
     # a live batch waits past its due time for at most one bulk batch (≤ 20 ms: the prior
     # cost model caps it until the fit takes over), + the adaptive wait's 2 ms and a clock step
     assert max(out["late_ms"]) <= 20.0 + 2.0 + 0.5
+
+
+def test_the_automatic_cap_bounds_bulk_batches_by_the_fixed_cost_and_live_batches() -> None:
+    # a CPU-like device (20 ms fixed): live at ~25 % load, bulk backlog, no minimum share
+    out = _simulate(
+        live_every_s=0.1, bulk_backlog=5_000, min_share=0.0, until_s=4.0, fixed_ms=20.0,
+        auto_cap=True,
+    )  # fmt: skip
+    # the first second: the fit's first batches (full bulk ones: no live batch seen yet)
+    late = out["late_ms"][10:]
+    caps = [c for c in out["caps_ms"][20:] if c is not None]
+    # the cap settles at 4 × the fitted fixed cost (live batches of one 20-token item: 22 ms)
+    assert caps and all(78.0 <= c <= 82.0 for c in caps)
+    # so a live batch waits behind at most one bulk batch of ≤ ~80 ms (+ wait, clock step)
+    assert max(late) <= 82.0 + 2.0 + 0.5
+    # and bulk batches spend ≤ ~1/4 of their time on the fixed cost once capped
+    assert min(out["bulk_ms"][20:]) >= 4 * 20.0 - 4.0
+
+
+def test_with_no_live_work_bulk_runs_full_batches() -> None:
+    out = _simulate(
+        live_every_s=None, bulk_backlog=3_000, min_share=0.0, until_s=2.0, fixed_ms=20.0,
+        auto_cap=True,
+    )  # fmt: skip
+    assert out["lanes"] and set(out["lanes"]) == {"bulk"}
+    assert set(out["caps_ms"]) == {None}
+    # full batches: max_batch_size 64 items of 30 tokens (1920 padded tokens ≤ 2048)
+    assert max(out["bulk_ms"]) == pytest.approx(20.0 + PER_TOKEN_US * 64 * 30 / 1000.0)
 
 
 def test_min_share_keeps_bulk_from_starving_under_saturating_live() -> None:
