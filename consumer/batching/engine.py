@@ -174,6 +174,12 @@ class Engine:
         return self._lanes.bulk_share()
 
     @property
+    def bulk_batch_cap_ms(self) -> float | None:
+        """The bulk lane's batch-time cap in effect, ms (None: none, full batches):
+        ``bulk_max_batch_ms``, or the automatic one (consumer/batching/lanes.py rule 2)."""
+        return self._bulk.max_batch_ms
+
+    @property
     def in_flight_items(self) -> int:
         """Items submitted and not yet answered: tokenizing, queued, or in a batch."""
         return self._tokenizing + self._batcher.queued_items + self._running_items

@@ -297,6 +297,29 @@ async def test_engine_runs_a_ready_live_batch_before_queued_bulk_and_never_mixes
     assert h.engine.bulk_share > 0.5  # the gated bulk batch held the device longest
 
 
+async def test_the_engine_sets_the_automatic_bulk_cap_once_measured_and_live_runs() -> None:
+    h = Harness(FakeBackend(max_length=64))
+    await h.engine.start()
+    await h.engine.submit(items(["a b c"] * 2, start=0, lane="bulk"))
+    assert await h.engine.drain(timeout_s=10)
+    assert h.engine.bulk_batch_cap_ms is None  # not measured, no live batch: full batches
+    for k in range(MIN_FIT_BATCHES):  # live batches, one at a time: the fit and a live mean
+        await h.engine.submit(items(["a b"], start=100 + k))
+        assert await h.engine.drain(timeout_s=10)
+    cap = h.engine.bulk_batch_cap_ms
+    await h.engine.stop()
+    assert cap is not None and cap > 0.0
+    assert cap < 1_000.0  # the fake's batches take microseconds: the cap is on their scale
+
+    pinned = Harness(FakeBackend(max_length=64), bulk_max_batch_ms=40.0)
+    await pinned.engine.start()
+    for k in range(MIN_FIT_BATCHES):
+        await pinned.engine.submit(items(["a b"], start=k))
+        assert await pinned.engine.drain(timeout_s=10)
+    await pinned.engine.stop()
+    assert pinned.engine.bulk_batch_cap_ms == 40.0  # a configured cap is never moved
+
+
 async def test_a_routed_submit_gets_its_own_outcomes() -> None:
     gate = threading.Event()
     backend = FakeBackend(max_length=64, gate=gate)
