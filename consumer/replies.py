@@ -63,6 +63,12 @@ class ReplyBuilder:
         # Contract 1.2's results are shaped per request from the runner's (task_options).
         self._shapes_task = self.profile.task in NEW_TASKS
 
+    def with_dlq_topic(self, dlq_topic: str) -> ReplyBuilder:
+        """The same model's builder, dead-lettering to ``dlq_topic`` (a backfill job's own)."""
+        if dlq_topic == self._dlq_topic:
+            return self
+        return ReplyBuilder(self.model, dlq_topic, self.profile)
+
     def _record(self, parsed: ParsedRequest, wire: dict[str, Any]) -> OutRecord:
         return reply_record(wire, key=parsed.key, address=parsed.address, encoding=parsed.encoding)
 

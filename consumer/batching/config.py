@@ -99,9 +99,10 @@ class BatchPolicyConfig(BaseModel):
         description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
         "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
         "most a ready live batch waits behind bulk work; never below one item of the model's "
-        "maximum length. None = automatic, once the device is measured: while live work "
-        "runs, the larger of the live lane's mean batch time and 4x the fixed cost per batch; "
-        "with no live work, full batches (consumer/batching/lanes.py rule 2).",
+        "maximum length. Unset (the default): automatic. Until the device is measured (its "
+        "first 8 batches) and whenever no live batch ran in the last 60 s, full batches; "
+        "otherwise the longer of the live lane's mean batch time and 4x the fitted fixed cost "
+        "per batch.",
     )
     bulk_min_share: float = Field(
         default=0.1,

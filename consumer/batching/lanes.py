@@ -16,9 +16,11 @@ Rules (issue 26):
    chooses it from what was measured: while live work runs, the larger of the live lane's mean
    batch time (a live request then waits behind a bulk batch no longer than behind one of its
    own) and :data:`BULK_FIXED_COST_MULTIPLE` × the fixed cost per batch (so at most a quarter of
-   a bulk batch is fixed cost); with no live work in the last ``lane_share_window_ms``, no cap
-   (full batches, as a backlog runs). On a prefetching device (CUDA) bulk gives up the one-ahead
-   collation overlap: the bound on live latency matters more.
+   a bulk batch is fixed cost); with no live batch in the last :data:`LIVE_RECENT_S`, no cap
+   (full batches, as a backlog runs). Sparse live traffic (a request every few seconds) still
+   counts as live work: each of those requests would otherwise wait behind a full bulk batch.
+   On a prefetching device (CUDA) bulk gives up the one-ahead collation overlap: the bound on
+   live latency matters more.
 3. Minimum share: while the bulk lane's share of recent device time (each lane's time decayed
    with time constant ``lane_share_window_ms``) is below ``bulk_min_share``, a due bulk batch
    takes the next free slot even before a due live batch, so a saturating live stream cannot
@@ -35,7 +37,13 @@ import math
 
 from consumer.batching.types import Lane
 
-__all__ = ["BULK_FIXED_COST_MULTIPLE", "LANES", "LIVE_BATCH_EWMA_WEIGHT", "LaneScheduler"]
+__all__ = [
+    "BULK_FIXED_COST_MULTIPLE",
+    "LANES",
+    "LIVE_BATCH_EWMA_WEIGHT",
+    "LIVE_RECENT_S",
+    "LaneScheduler",
+]
 
 LANES: tuple[Lane, ...] = ("live", "bulk")
 """Every lane, highest priority first."""
@@ -44,6 +52,9 @@ BULK_FIXED_COST_MULTIPLE = 4.0
 """Rule 2's floor of an automatic bulk cap, in multiples of the fitted fixed cost per batch: a
 bulk batch at least this long spends at most 1/4 of its time on the fixed cost (a CPU's
 ~17-20 ms for MiniLM here: ≥ ~70 ms batches; a GPU's ~1 ms: a few ms)."""
+
+LIVE_RECENT_S = 60.0
+"""Rule 2: how long after the last live batch the automatic bulk cap still holds, seconds."""
 
 LIVE_BATCH_EWMA_WEIGHT = 1.0 / 16.0
 """Weight of the newest live batch in the live lane's mean batch time (about the last 16)."""
@@ -104,11 +115,11 @@ class LaneScheduler:
             now: monotonic seconds.
 
         Returns:
-            While a live batch ended within the last ``share_window_s``:
+            While a live batch ended within the last :data:`LIVE_RECENT_S`:
             ``max(BULK_FIXED_COST_MULTIPLE × fixed_ms, live_batch_ms)``. Otherwise None:
             nothing live to protect, bulk runs full batches.
         """
-        if self._live_batch_ms is None or now - self._live_t > self.share_window_s:
+        if self._live_batch_ms is None or now - self._live_t > LIVE_RECENT_S:
             return None
         return max(BULK_FIXED_COST_MULTIPLE * max(fixed_ms, 0.0), self._live_batch_ms)
 

@@ -94,7 +94,7 @@ def add_job_commands(
 
 def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
     from consumer.jobs.client import submit_job
-    from consumer.jobs.spec import unsupported
+    from consumer.jobs.spec import jobs_topic_clash, unsupported
 
     try:
         settings = load_settings(SubmitSettings, config, **flags)
@@ -102,7 +102,7 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
         raise click.UsageError(describe_validation_error(err)) from None
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from None
-    why = unsupported(settings)
+    why = unsupported(settings) or jobs_topic_clash(settings, settings.jobs_topic)
     if why is not None:
         raise click.UsageError(why)
     record = _run(submit_job(settings, settings.jobs_topic))

@@ -18,7 +18,15 @@ from consumer.backfill.config import BackfillSettings
 from consumer.config import ServeSettings
 from consumer.jobs.records import JobRecord, new_job_id
 
-__all__ = ["JOB_FIELDS", "incompatibility", "job_record", "member_settings", "unsupported"]
+__all__ = [
+    "JOB_FIELDS",
+    "conflict",
+    "incompatibility",
+    "job_record",
+    "jobs_topic_clash",
+    "member_settings",
+    "unsupported",
+]
 
 JOB_FIELDS: frozenset[str] = frozenset(
     {
@@ -64,6 +72,22 @@ def unsupported(settings: BackfillSettings) -> str | None:
     return None
 
 
+def jobs_topic_clash(settings: BackfillSettings, jobs_topic: str) -> str | None:
+    """Why ``jobs_topic`` cannot hold this job's record (a usage error at submit), or None: it
+    is the job's own source, output or dead-letter topic (job records would mix with the data;
+    an existing topic that is not compacted is refused too, by
+    :func:`consumer.kafka.jobs_topic.ensure_jobs_topic`)."""
+    roles = {
+        settings.source_topic: "source",
+        settings.output_topic: "output",
+        settings.dead_letter_topic: "dead-letter",
+    }
+    role = roles.get(jobs_topic)
+    if role is None:
+        return None
+    return f"--jobs-topic {jobs_topic!r} is the job's {role} topic: choose another jobs topic"
+
+
 def job_record(
     settings: BackfillSettings,
     ranges: Mapping[int, tuple[int, int]],
@@ -98,7 +122,8 @@ def conflict(serve: ServeSettings, job: JobRecord) -> str | None:
     ``failed`` with this reason instead of waiting ``pending``), or None: its consumer group is
     serve's own (joining it would rebalance live partitions into the job), or its output topic
     is serve's request, dead-letter or jobs topic (serve would read the outputs as requests,
-    or they would mix with dead letters or job records)."""
+    or they would mix with dead letters or job records), or its dead-letter topic is serve's
+    request or jobs topic."""
     if job.group_id == serve.effective_group_id:
         return f"the job's group {job.group_id!r} is this server's live consumer group"
     roles = {
@@ -109,6 +134,10 @@ def conflict(serve: ServeSettings, job: JobRecord) -> str | None:
     role = roles.get(job.output_topic)
     if role is not None:
         return f"the job's output topic {job.output_topic!r} is this server's {role} topic"
+    dlq = job.settings.get("dlq_topic")
+    role = roles.get(dlq) if isinstance(dlq, str) and dlq != serve.dead_letter_topic else None
+    if role is not None:
+        return f"the job's dead-letter topic {dlq!r} is this server's {role} topic"
     return None
 
 

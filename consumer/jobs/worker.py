@@ -55,7 +55,9 @@ class JobWorker:
         job: the job's record.
         settings: :func:`consumer.jobs.spec.member_settings` of it.
         engine: this job's view of serve's engine (:class:`consumer.jobs.job_engine.JobEngine`).
-        replies: serve's reply builder (the loaded model's info and profile).
+        replies: serve's reply builder (the loaded model's info and profile); the job's dead
+            letters go to the job's own ``dlq_topic`` (``settings.dead_letter_topic``), not
+            serve's.
         bus: where progress and the job's end go.
         member: this member's id.
         progress_interval_s: seconds between progress records while running.
@@ -79,7 +81,7 @@ class JobWorker:
         self.job = job
         self.settings = settings
         self._engine = engine
-        self._replies = replies
+        self._replies = replies.with_dlq_topic(settings.dead_letter_topic)
         self._bus = bus
         self.member = member
         self._interval_s = progress_interval_s

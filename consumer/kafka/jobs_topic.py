@@ -14,6 +14,7 @@ import contextlib
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from consumer.kafka.client_config import client_kwargs, start_client
@@ -28,14 +29,25 @@ COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
 async def ensure_jobs_topic(client: KafkaClientSettings, topic: str) -> bool:
     """Create ``topic`` (1 partition, compacted) when missing; True when it was created.
 
+    An existing topic must be compacted: a data topic named by mistake (``--jobs-topic`` set to
+    a job's source, say) is refused rather than written job records into. Where the broker
+    does not let this client read the topic's configuration (ACLs without DescribeConfigs),
+    the check is skipped.
+
     Raises:
         KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
-        JobsTopicError: the broker refused to create it.
+        JobsTopicError: the broker refused to create it, or it exists and is not compacted.
     """
     admin = AIOKafkaAdminClient(**client_kwargs(client))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
     try:
         if topic in set(await admin.list_topics()):
+            policy = await _cleanup_policy(admin, topic)
+            if policy is not None and "compact" not in policy.split(","):
+                raise JobsTopicError(
+                    f"{topic!r} is not a jobs topic: its cleanup.policy is {policy!r} and a jobs "
+                    "topic is compacted (choose another --jobs-topic)"
+                )
             return False
         try:
             with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
@@ -57,6 +69,22 @@ async def ensure_jobs_topic(client: KafkaClientSettings, topic: str) -> bool:
         return True
     finally:
         await admin.close()
+
+
+async def _cleanup_policy(admin: AIOKafkaAdminClient, topic: str) -> str | None:
+    """``topic``'s ``cleanup.policy``, or None when the broker does not say (denied, missing)."""
+    try:
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    except KafkaError:
+        return None
+    for response in responses:
+        for error_code, _message, _type, _name, entries, *_ in response.resources:
+            if error_code != 0:
+                return None
+            for name, value, *_ in entries:
+                if name == "cleanup.policy":
+                    return str(value)
+    return None
 
 
 async def write_jobs_record(

@@ -192,6 +192,41 @@ async def test_a_job_writing_into_serves_request_topic_fails_at_once(members: Me
     assert await read_all(members.bootstrap, request_topic, 2) == []  # nothing was written
 
 
+async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Members) -> None:
+    """Found by a new-user trial: the worker dead-lettered into serve's --dlq-topic."""
+    n = 12
+    source, output = await _source(members, 1, n)
+    job = _submit(members, source, output, "--text-field", "body.nope")
+    status = await _wait_status(members, job, lambda s: s.state == "completed", 60)
+    assert (status.counts.done, status.counts.failed) == (0, n)
+    own = await read_all(members.bootstrap, f"{source}.dlq", 1, decode=False)
+    assert len(own) == n
+    assert {r.headers["kbatch.source.topic"] for r in own} == {source.encode()}
+    serves = await read_all(members.bootstrap, members.topics[2], 2, decode=False)
+    assert [r for r in serves if r.headers.get("kbatch.source.topic") == source.encode()] == []
+
+
+async def test_submit_refuses_a_data_topic_as_the_jobs_topic(members: Members) -> None:
+    """Found by a new-user trial: the job record was written into the job's own source."""
+    source, output = await _source(members, 1, 3)
+    common = ["--bootstrap", members.bootstrap, "--source-topic", source, "--output-topic", output]
+    own = subprocess.run(
+        [KBATCH, "backfill", "submit", *common, "--jobs-topic", source],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert own.returncode == 2
+    assert f"--jobs-topic {source!r} is the job's source topic" in own.stderr
+    plain = members.topics[1]  # serve's reply topic: an existing topic, not compacted
+    other = subprocess.run(
+        [KBATCH, "backfill", "submit", *common, "--jobs-topic", plain],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert other.returncode == 1
+    assert f"{plain!r} is not a jobs topic: its cleanup.policy is 'delete'" in other.stderr
+    assert "Traceback" not in own.stderr + other.stderr
+    assert len(await read_all(members.bootstrap, source, 1, decode=False)) == 3  # untouched
+
+
 async def _kill_one_member_mid_job(m: Members, *extra: str) -> tuple[int, JobStatus, list[Any]]:
     """Run a 4-partition job on both members, kill -9 the first mid-job, wait for completion;
     (records, final status, output records read ``read_committed``)."""

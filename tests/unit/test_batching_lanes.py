@@ -83,7 +83,8 @@ def test_min_share_zero_never_owes_and_bad_settings_raise() -> None:
         ([(30.0, 0.0)], 20.0, 0.1, 80.0),  # 4 × the fixed cost beats a short live batch
         ([(120.0, 0.0)], 20.0, 0.1, 120.0),  # a live batch's own time, when longer
         ([(30.0, 0.0)], 1.0, 0.1, 30.0),  # a launch-bound device: the live batch time
-        ([(30.0, 0.0)], 20.0, 5.01, None),  # no live batch within the window: no cap
+        ([(30.0, 0.0)], 20.0, 59.0, 80.0),  # sparse live traffic still counts as live
+        ([(30.0, 0.0)], 20.0, 60.01, None),  # no live batch for a minute: no cap
         # the live mean is an EWMA: 30, then 16 batches of 130 → 130 - 100 × (15/16)^16
         (
             [(30.0, 0.0)] + [(130.0, 0.01 * i) for i in range(1, 17)],

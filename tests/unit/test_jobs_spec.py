@@ -13,6 +13,7 @@ from consumer.jobs.spec import (
     conflict,
     incompatibility,
     job_record,
+    jobs_topic_clash,
     member_settings,
     unsupported,
 )
@@ -100,6 +101,9 @@ def test_every_subcommand_takes_the_jobs_topic(sub: str) -> None:
         ({"output_topic": "live.req.dlq"}, "is this server's dead-letter topic"),
         ({"output_topic": "kbatch.jobs"}, "is this server's jobs topic"),
         ({"output_topic": "o", "group_id": "live"}, "is this server's live consumer group"),
+        ({"output_topic": "o", "dlq_topic": "live.req"}, "dead-letter topic 'live.req' is this"),
+        ({"output_topic": "o", "dlq_topic": "kbatch.jobs"}, "is this server's jobs topic"),
+        ({"output_topic": "o", "dlq_topic": "live.req.dlq"}, None),  # serve's own: allowed
         ({"output_topic": "o"}, None),
     ],
 )
@@ -128,3 +132,28 @@ def test_bad_submit_flags_are_one_line_each_not_a_pydantic_dump() -> None:
     assert same.exit_code == 2 and "Error: output_topic='s' is the source topic" in same.output
     for out in (bad_from.output, same.output):
         assert "validation error" not in out and "pydantic.dev" not in out
+
+
+@pytest.mark.parametrize(
+    ("jobs_topic", "why"),
+    [
+        ("src", "is the job's source topic"),
+        ("out", "is the job's output topic"),
+        ("src.dlq", "is the job's dead-letter topic"),
+        ("kbatch.jobs", None),
+    ],
+)
+def test_the_jobs_topic_is_none_of_the_jobs_own_topics(jobs_topic: str, why: str | None) -> None:
+    settings = BackfillSettings(source_topic="src", output_topic="out")
+    found = jobs_topic_clash(settings, jobs_topic)
+    assert (found is None) if why is None else (why in (found or ""))
+
+
+def test_submit_refuses_the_jobs_source_as_jobs_topic_before_any_broker_call() -> None:
+    got = CliRunner().invoke(
+        cli,
+        ["backfill", "submit", "--source-topic", "s", "--output-topic", "o",
+         "--jobs-topic", "s", "--bootstrap", "127.0.0.1:1"],
+    )  # fmt: skip
+    assert got.exit_code == 2
+    assert "--jobs-topic 's' is the job's source topic" in got.output
