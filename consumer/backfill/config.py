@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 from consumer.batching.config import BatchPolicyConfig
 from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, SettingsBase, project
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
-from consumer.kafka.range_source import RangeBound, parse_bound
+from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
 from consumer.task_options import TaskOptions
 from schemas.models import EMBED_OPTIONS, Aggregation, EncodingFormat
@@ -176,6 +176,26 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
                 f"output_topic={self.output_topic!r} is the source topic: the job would "
                 "never end reading its own output"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_range_order(self) -> BackfillSettings:
+        """An inverted range (``--from`` after ``--to``) is an error, not an empty job."""
+        start, end = self.from_bound, self.to_bound
+        inverted_times = (
+            isinstance(start, AtTime)
+            and isinstance(end, AtTime)
+            and start.timestamp_ms > end.timestamp_ms
+        )
+        if inverted_times:
+            raise ValueError(f"--from {self.range_from} is after --to {self.range_to}")
+        if isinstance(start, AtOffsets) and isinstance(end, AtOffsets):
+            for p in sorted(start.offsets.keys() & end.offsets.keys()):
+                if start.offsets[p] > end.offsets[p]:
+                    raise ValueError(
+                        f"--from {p}:{start.offsets[p]} is after --to {p}:{end.offsets[p]} "
+                        f"(partition {p})"
+                    )
         return self
 
     # ---- derived ---------------------------------------------------------------------------

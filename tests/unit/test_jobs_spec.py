@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -157,3 +159,26 @@ def test_submit_refuses_the_jobs_source_as_jobs_topic_before_any_broker_call() -
     )  # fmt: skip
     assert got.exit_code == 2
     assert "--jobs-topic 's' is the job's source topic" in got.output
+
+
+@pytest.mark.parametrize(
+    ("range_from", "range_to", "why"),
+    [
+        ("0:500", "0:100", "--from 0:500 is after --to 0:100 (partition 0)"),
+        ("0:5,1:9", "0:6,1:2", "--from 1:9 is after --to 1:2 (partition 1)"),
+        ("2026-12-01T21:00:00Z", "2026-12-01T20:00:00Z", "is after --to"),
+        ("0:5", "0:5", None),  # empty, not inverted
+        ("0:500", "1:100", None),  # different partitions
+        ("2026-12-01T20:00:00Z", "0:100", None),  # a time and offsets: resolved by the broker
+    ],
+)
+def test_an_inverted_range_is_refused_not_run_as_an_empty_job(
+    range_from: str, range_to: str, why: str | None
+) -> None:
+    """Found by a new-user trial: `--from 0:500 --to 0:100` ran (and completed) empty."""
+    args = {"source_topic": "s", "output_topic": "o", "range_from": range_from}
+    if why is None:
+        BackfillSettings(**args, range_to=range_to)
+        return
+    with pytest.raises(ValueError, match=re.escape(why)):
+        BackfillSettings(**args, range_to=range_to)
