@@ -209,18 +209,19 @@ async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Membe
 async def test_submit_refuses_a_data_topic_as_the_jobs_topic(members: Members) -> None:
     """Found by a new-user trial: the job record was written into the job's own source."""
     source, output = await _source(members, 1, 3)
-    common = ["--bootstrap", members.bootstrap, "--source-topic", source, "--output-topic", output]
-    own = subprocess.run(
-        [KBATCH, "backfill", "submit", *common, "--jobs-topic", source],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+
+    def submit(jobs_topic: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [KBATCH, "backfill", "submit", "--bootstrap", members.bootstrap, "--source-topic",
+             source, "--output-topic", output, "--jobs-topic", jobs_topic],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    own = submit(source)
     assert own.returncode == 2
     assert f"--jobs-topic {source!r} is the job's source topic" in own.stderr
     plain = members.topics[1]  # serve's reply topic: an existing topic, not compacted
-    other = subprocess.run(
-        [KBATCH, "backfill", "submit", *common, "--jobs-topic", plain],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    other = submit(plain)
     assert other.returncode == 1
     assert f"{plain!r} is not a jobs topic: its cleanup.policy is 'delete'" in other.stderr
     assert "Traceback" not in own.stderr + other.stderr
