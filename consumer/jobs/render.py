@@ -29,39 +29,37 @@ def status_json(status: JobStatus) -> dict[str, Any]:
 
 
 def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
-    """A table of jobs: state, a progress bar while running, counts, members."""
+    """One block per job: its id, state, a progress bar while running (and always the finished
+    offsets), then its counts, topics, members and creation time on lines of their own.
+
+    Blocks, not one wide table: a table of eight columns did not fit 80 columns (rich cut the
+    counts to ``3…``) and lost its headers when piped (a new-user trial). Every line here is
+    short, so nothing is cut at any width.
+    """
     if not statuses:
         console.print("no jobs")
         return
-    table = Table(title="backfill jobs")
-    for name in ("job", "state", "progress", "done", "failed", "skipped", "members", "topics"):
-        table.add_column(
-            name,
-            justify="right" if name in ("done", "failed", "skipped") else "left",
-            no_wrap=name in ("job", "state", "progress"),
-        )
-    for s in statuses:
-        progress: Any
-        if s.state == "running":
-            progress = ProgressBar(total=max(1, s.total_offsets), completed=s.finished_offsets,
-                                   width=20)  # fmt: skip
-        else:
-            progress = f"{s.finished_offsets}/{s.total_offsets}"
-        members = ", ".join(f"{m}:{state}" for m, state in s.members.items()) or "-"
+    for i, s in enumerate(statuses):
+        if i:
+            console.print()
+        head = Table.grid(padding=(0, 1))
         state = f"[{_STYLE[s.state]}]{s.state}[/]"
+        fraction = f"{s.finished_offsets}/{s.total_offsets} ({100.0 * s.fraction:.1f} %)"
+        if s.state == "running":
+            bar = ProgressBar(total=max(1, s.total_offsets), completed=s.finished_offsets,
+                              width=20)  # fmt: skip
+            head.add_row(f"[bold]{s.job_id}[/]", state, bar, fraction)
+        else:
+            head.add_row(f"[bold]{s.job_id}[/]", state, fraction)
+        console.print(head)
         if s.reason and s.state == "failed":
-            state += f"\n[red]{s.reason}[/]"
-        table.add_row(
-            f"{s.job_id}\n{_when(s.created_at_s)}",
-            state,
-            progress,
-            str(s.counts.done),
-            str(s.counts.failed),
-            str(s.counts.skipped),
-            members,
-            f"{s.source_topic} → {s.output_topic}",
-        )
-    console.print(table)
+            console.print(f"  [red]{s.reason}[/]", soft_wrap=True)
+        c = s.counts
+        console.print(f"  done {c.done} · failed {c.failed} · skipped {c.skipped}")
+        console.print(f"  {s.source_topic} → {s.output_topic}", soft_wrap=True)
+        members = ", ".join(f"{m} {state}" for m, state in s.members.items()) or "none yet"
+        console.print(f"  members: {members}", soft_wrap=True)
+        console.print(f"  created {_when(s.created_at_s)}")
 
 
 def _when(unix_s: float) -> str:

@@ -168,8 +168,16 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     console = Console(record=True, width=200, color_system=None)
     render_statuses([running, ended], console)
     text = console.export_text()
-    assert "━" in text and "75/150" not in text  # the bar, not a fraction, while running
-    assert "0/150" in text and "by hand" in text and "failed" in text
+    assert "━" in text and "75/150 (50.0 %)" in text  # the bar while running, and the offsets
+    assert "0/150 (0.0 %)" in text and "by hand" in text and "failed" in text
+    # 80 columns (and a pipe, which rich renders at 80): nothing cut (a new-user trial saw
+    # the counts as `3…` in the old eight-column table)
+    narrow = Console(record=True, width=80, color_system=None)
+    render_statuses([running, ended], narrow)
+    lines = narrow.export_text().splitlines()
+    assert "…" not in "".join(lines)
+    assert "  done 75 · failed 0 · skipped 0" in lines
+    assert any(line.startswith("  members: a running") for line in lines)
     assert status_json(running)["fraction"] == 0.5
     empty = Console(record=True)
     render_statuses([], empty)
