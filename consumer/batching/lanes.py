@@ -101,12 +101,6 @@ class LaneScheduler:
             w = LIVE_BATCH_EWMA_WEIGHT
             self._live_batch_ms = device_ms if prev is None else prev + w * (device_ms - prev)
 
-    @property
-    def live_batch_ms(self) -> float | None:
-        """The live lane's mean batch device time (an EWMA over about the last 16), ms; None
-        before the first live batch."""
-        return self._live_batch_ms
-
     def bulk_cap_ms(self, fixed_ms: float, now: float) -> float | None:
         """Rule 2's automatic bulk cap (``bulk_max_batch_ms`` unset), ms; None = no cap.
 
@@ -116,7 +110,8 @@ class LaneScheduler:
 
         Returns:
             While a live batch ended within the last :data:`LIVE_RECENT_S`:
-            ``max(BULK_FIXED_COST_MULTIPLE × fixed_ms, live_batch_ms)``. Otherwise None:
+            ``max(BULK_FIXED_COST_MULTIPLE × fixed_ms, the live lane's mean batch ms)`` (an
+            EWMA over about the last 16 live batches). Otherwise None:
             nothing live to protect, bulk runs full batches.
         """
         if self._live_batch_ms is None or now - self._live_t > LIVE_RECENT_S:

@@ -57,7 +57,7 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
         c = s.counts
         console.print(f"  done {c.done} · failed {c.failed} · skipped {c.skipped}")
         console.print(f"  {s.source_topic} → {s.output_topic}", soft_wrap=True)
-        members = ", ".join(f"{m} {state}" for m, state in s.members.items()) or "none yet"
+        members = ", ".join(f"{m} {m_state}" for m, m_state in s.members.items()) or "none yet"
         console.print(f"  members: {members}", soft_wrap=True)
         console.print(f"  created {_when(s.created_at_s)}")
 
