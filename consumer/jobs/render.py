@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +30,9 @@ def status_json(status: JobStatus) -> dict[str, Any]:
 
 
 def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
-    """One block per job: its id, state, a progress bar while running (and always the finished
-    offsets), then its counts, topics, members and creation time on lines of their own.
+    """One block per job: its id on a line of its own, its state and finished offsets (with a
+    progress bar while running, on a terminal), then its counts, topics, members and creation
+    time on lines of their own; no number highlighting.
 
     Blocks, not one wide table: a table of eight columns did not fit 80 columns (rich cut the
     counts to ``3…``) and lost its headers when piped (a new-user trial). Every line here is
@@ -42,24 +44,26 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
     for i, s in enumerate(statuses):
         if i:
             console.print()
-        head = Table.grid(padding=(0, 1))
-        state = f"[{_STYLE[s.state]}]{s.state}[/]"
+        say = functools.partial(console.print, highlight=False, soft_wrap=True)
+        say(f"[bold]{s.job_id}[/]")  # alone on its line: never cut, it is what cancel takes
+        state = f"  [{_STYLE[s.state]}]{s.state}[/]"
         fraction = f"{s.finished_offsets}/{s.total_offsets} ({100.0 * s.fraction:.1f} %)"
-        if s.state == "running":
+        if s.state == "running" and console.is_terminal:  # piped, a bar is blank spaces
+            head = Table.grid(padding=(0, 1))
             bar = ProgressBar(total=max(1, s.total_offsets), completed=s.finished_offsets,
                               width=20)  # fmt: skip
-            head.add_row(f"[bold]{s.job_id}[/]", state, bar, fraction)
+            head.add_row(state, bar, fraction)
+            console.print(head, highlight=False)
         else:
-            head.add_row(f"[bold]{s.job_id}[/]", state, fraction)
-        console.print(head)
+            say(f"{state} {fraction}")
         if s.reason and s.state == "failed":
-            console.print(f"  [red]{s.reason}[/]", soft_wrap=True)
+            say(f"  [red]{s.reason}[/]")
         c = s.counts
-        console.print(f"  done {c.done} · failed {c.failed} · skipped {c.skipped}")
-        console.print(f"  {s.source_topic} → {s.output_topic}", soft_wrap=True)
+        say(f"  done {c.done} · failed {c.failed} · skipped {c.skipped}")
+        say(f"  {s.source_topic} → {s.output_topic}")
         members = ", ".join(f"{m} {m_state}" for m, m_state in s.members.items()) or "none yet"
-        console.print(f"  members: {members}", soft_wrap=True)
-        console.print(f"  created {_when(s.created_at_s)}")
+        say(f"  members: {members}")
+        say(f"  created {_when(s.created_at_s)}")
 
 
 def _when(unix_s: float) -> str:

@@ -165,17 +165,22 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     ended = derive_status(
         _job(clock, job_id="job-2").with_state("failed", clock(), reason="by hand"), []
     )
-    console = Console(record=True, width=200, color_system=None)
+    console = Console(record=True, width=200, color_system=None, force_terminal=True)
     render_statuses([running, ended], console)
     text = console.export_text()
     assert "━" in text and "75/150 (50.0 %)" in text  # the bar while running, and the offsets
     assert "0/150 (0.0 %)" in text and "by hand" in text and "failed" in text
-    # 80 columns (and a pipe, which rich renders at 80): nothing cut (a new-user trial saw
-    # the counts as `3…` in the old eight-column table)
-    narrow = Console(record=True, width=80, color_system=None)
+    # 40 columns: nothing cut (new-user trials saw the counts as `3…` in the old
+    # eight-column table, then the id cut at 60 columns)
+    narrow = Console(record=True, width=40, color_system=None, force_terminal=True)
     render_statuses([running, ended], narrow)
     lines = narrow.export_text().splitlines()
     assert "…" not in "".join(lines)
+    assert "job-1" in lines  # the id whole, on its own line (cancel takes it)
+    piped = Console(record=True, width=80, color_system=None, force_terminal=False)
+    render_statuses([running], piped)
+    plain = piped.export_text()
+    assert "  running 75/150 (50.0 %)" in plain.splitlines()  # no bar: blank spaces in a pipe
     assert "  done 75 · failed 0 · skipped 0" in lines
     assert any(line.startswith("  members: a running") for line in lines)
     assert status_json(running)["fraction"] == 0.5
