@@ -111,6 +111,7 @@ async def serve(settings: ServeSettings) -> int:
     metrics = Metrics()
     stats = PrometheusStats(metrics)
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
+    metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
     sink_settings = project(SinkSettings, settings)

@@ -222,7 +222,8 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
         le=256,
         description="Consumer processes on this host, one group: a supervisor starts them, "
         "forwards SIGTERM/SIGINT, restarts one that dies and serves one /metrics and /readyz "
-        "for the host (--torch-threads is then per replica, default cores // replicas).",
+        "for the host (each replica gets an even share of the CPU budget: --cpu-budget is "
+        "split, --torch-threads is per replica).",
     )
 
     @model_validator(mode="after")

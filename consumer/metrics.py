@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -233,7 +233,31 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.cpu_budget = Gauge(
+            "kbatch_cpu_budget_cores",
+            "Cores this process may use: the smallest of its affinity set, the cgroup CPU "
+            "quota (rounded up) and --cpu-budget (docs/CPU.md; with replicas: the sum of "
+            "their shares, the host's budget).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.threads = Gauge(
+            "kbatch_threads",
+            "Threads of each pool sized from the CPU budget: torch (intra-op, also ONNX "
+            "Runtime's), torch_interop, tokenizer (the Rust tokenizer's Rayon pool), event_loop "
+            "(with replicas: summed over them).",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self._refreshed_s = 0.0
+
+    def show_cpu_plan(self, budget_cores: float, pools: Mapping[str, int]) -> None:
+        """Publish this process's CPU budget (cores) and its pools' thread counts
+        (:meth:`consumer.cpu.plan.ThreadPlan.pools`)."""
+        self.cpu_budget.set(budget_cores)
+        for pool, n in pools.items():
+            self.threads.labels(pool=pool).set(n)
 
     def refresh(self, now_s: float) -> None:
         """Write the computed gauges' current values (``kbatch_model_busy_ratio``) to their

@@ -9,7 +9,9 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
 - **Settings**: the effective settings go to each child as a ``--config`` file (mode 0600, in a
   private runtime directory; ``KBATCH_*`` variables are not passed on, so the file is the whole
   truth; only ``KBATCH_SUPERVISOR_PID``, which is no setting, is set), plus per-replica flags:
-  ``--torch-threads`` (default ``cores // N``, at least 1: :func:`threads_per_replica`),
+  ``--cpu-budget`` (the host's CPU budget split evenly: :func:`cpu_share_per_replica`; each
+  replica sizes its thread pools from its share; ``--torch-threads``, when given, travels in
+  the settings file and applies per replica),
   ``--group-instance-id <id>-<i>`` when one is given (:func:`replica_instance_id`) and an
   internal ``--metrics-port`` on 127.0.0.1.
 - **Topics**: created once here (when ``--create-topics``); a warning when N exceeds the request
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from consumer.config import ServeSettings
+from consumer.cpu.budget import read_cpu_budget
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
@@ -61,11 +64,11 @@ __all__ = [
     "RestartState",
     "Supervisor",
     "combined_exit_code",
+    "cpu_share_per_replica",
     "drained_code",
     "exit_action",
     "replica_instance_id",
     "supervise",
-    "threads_per_replica",
 ]
 
 log = logging.getLogger("kbatch.replicas")
@@ -83,7 +86,7 @@ POLL_S = 0.5
 """How often the supervisor asks each replica's ``/readyz``."""
 
 PER_REPLICA_FLAGS = frozenset(
-    {"replicas", "torch_threads", "group_instance_id", "metrics_port", "metrics_host"}
+    {"replicas", "cpu_budget", "group_instance_id", "metrics_port", "metrics_host"}
 )
 """Settings a replica gets as flags (its own value), not from the shared settings file."""
 
@@ -91,13 +94,18 @@ PER_REPLICA_FLAGS = frozenset(
 # ---- policy (pure) --------------------------------------------------------------------------
 
 
-def threads_per_replica(cores: int, replicas: int, given: int | None) -> int:
-    """Torch intra-op threads of one replica: ``given`` (``--torch-threads``) when set, else the
-    host's ``cores`` split evenly, ``max(1, cores // replicas)``, so N replicas do not
-    oversubscribe the cores (each thread pool spins on its own core)."""
-    if given is not None:
-        return given
-    return max(1, cores // max(1, replicas))
+def cpu_share_per_replica(budget_cores: float, replicas: int) -> float:
+    """The CPU budget of one replica (its ``--cpu-budget``): the host's budget split evenly,
+    ``budget_cores / replicas`` (cores, fractional allowed), so N replicas size their pools
+    from their share and never oversubscribe the host or its cgroup quota (docs/CPU.md).
+    Each replica then keeps its own cores for its host path (:mod:`consumer.cpu.plan`).
+
+    Raises:
+        ValueError: ``replicas`` < 1 or ``budget_cores`` ≤ 0.
+    """
+    if replicas < 1 or not budget_cores > 0:
+        raise ValueError(f"need replicas >= 1 and budget > 0, got {replicas}, {budget_cores}")
+    return round(budget_cores / replicas, 3)
 
 
 def replica_instance_id(base: str | None, index: int) -> str | None:
@@ -207,13 +215,6 @@ def _get_ready(port: int) -> dict[str, Any] | None:
         return None
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 SECRET_FIELDS: tuple[str, ...] = ("sasl_password",)
 """Settings never written to the replicas' settings file: a supervisor killed with SIGKILL leaves
 the file behind, so secrets reach the replicas by environment (:func:`secret_env`) instead."""
@@ -294,7 +295,8 @@ class Supervisor:
     Args:
         settings: the effective settings (``replicas`` ≥ 1).
         policy: the restart backoff.
-        cores: CPU cores to split the torch threads over (default: this process's affinity).
+        cores: the host's CPU budget in cores (default: :func:`consumer.cpu.budget.read_cpu_budget`
+            of this process with ``--cpu-budget``), split evenly over the replicas.
         argv0: how to start ``kbatch`` (default: this interpreter running ``consumer.cli``).
     """
 
@@ -303,14 +305,13 @@ class Supervisor:
         settings: ServeSettings,
         *,
         policy: RestartPolicy | None = None,
-        cores: int | None = None,
+        cores: float | None = None,
         argv0: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy or RestartPolicy()
-        self.threads = threads_per_replica(
-            cores or _cores(), settings.replicas, settings.torch_threads
-        )
+        budget = cores or read_cpu_budget(settings.cpu_budget).cores
+        self.cpu_share = cpu_share_per_replica(budget, settings.replicas)
         self.argv0 = argv0 or [sys.executable, "-c", "from consumer.cli import main; main()"]
         self.replicas = [_Replica(i, RestartState(self.policy)) for i in range(settings.replicas)]
         self._stop = asyncio.Event()
@@ -330,7 +331,7 @@ class Supervisor:
             *self.argv0, "serve",
             "--config", str(self._settings_file),
             "--replicas", "1",
-            "--torch-threads", str(self.threads),
+            "--cpu-budget", f"{self.cpu_share:g}",
             "--metrics-host", "127.0.0.1",
             "--metrics-port", str(r.port),
         ]  # fmt: skip
@@ -508,8 +509,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         log.info(
-            "supervising %d replicas of group %s (%d torch threads each)",
-            s.replicas, s.effective_group_id, self.threads,
+            "supervising %d replicas of group %s (a CPU budget of %g cores each)",
+            s.replicas, s.effective_group_id, self.cpu_share,
         )  # fmt: skip
         watcher = asyncio.create_task(self._watch(), name="replicas-watch")
         keepers = [

@@ -147,7 +147,12 @@ class E2EBenchOptions:
     """The frontier at absolute rates (requests/s) every variant is offered alike (e.g. up to
     naive's drain rate, to compare at the same load)."""
     max_latency_rate_per_s: float | None = 600.0
-    threads: int = 2
+    threads: int | None = 2
+    """Torch intra-op threads of every process (None: each one's own default: ``kbatch
+    serve``'s CPU budget plan, torch's default for ``naive``)."""
+    serve_prefix: tuple[str, ...] = ()
+    """A command that runs ``kbatch serve`` (e.g. ``scripts/cgroup_run.sh kbatch-1cpu``,
+    ``taskset -c 1``): the serve process and only it runs under it."""
     max_wait_ms: float = 10.0
     target_p99_ms: float | None = None
     """``--target-p99-ms`` of the kbatch variants and the engine (None: not set)."""
@@ -271,6 +276,7 @@ def _serve_process(
 ) -> tuple[_Process, str]:
     port = _free_port()
     args = [
+        *opts.serve_prefix,
         sys.executable, "-c", "from consumer.cli import main; main()", "serve",
         "--bootstrap", opts.bootstrap,
         "--request-topic", topics.request,
@@ -279,10 +285,10 @@ def _serve_process(
         "--group-id", topics.group,
         "--model", model,
         "--task", "embed",
-        "--torch-threads", str(max(1, opts.threads // replicas)),
         "--max-wait-ms", str(opts.max_wait_ms),
         "--metrics-port", str(port),
         "--replicas", str(replicas),
+        *(("--torch-threads", str(max(1, opts.threads // replicas))) if opts.threads else ()),
         *(SIM_BATCH_ARGS if model.startswith("sim:") else ()),
         *(("--target-p99-ms", str(opts.target_p99_ms)) if opts.target_p99_ms else ()),
         *extra,
@@ -304,7 +310,7 @@ def _worker_process(name: str, topics: _Topics, opts: E2EBenchOptions, log_dir: 
         "--group-id", topics.group,
         "--ready-file", str(ready_file),
         "--model", str(opts.model_dir),
-        "--threads", str(opts.threads),
+        *(("--threads", str(opts.threads)) if opts.threads else ()),
     ]  # fmt: skip
     return _Process(name, args, log_dir / f"{name}.log", ready_file.exists)
 
@@ -444,6 +450,7 @@ async def _latency_phase(
         progress=False,
     )
     summary: dict[str, Any] = run.report["summary"]
+    summary["sent_total"] = len(run.schedule) + 1  # the schedule, warm-up included, and the probe
     return summary
 
 
@@ -519,8 +526,12 @@ async def _kafka_variant(
         frontier: list[dict[str, Any]] = []
         for label, point_rate in frontier_points(tput, opts):
             say(f"{key}: frontier {label} at {point_rate}/s")
+            phase_cpu_s0 = proc.cpu_s()
             point = await _latency_phase(opts, topics, point_rate, metrics_url, committed)
-            frontier.append(frontier_row(label, point_rate, point))
+            phase_cpu_s = proc.cpu_s() - phase_cpu_s0
+            frontier.append(
+                frontier_row(label, point_rate, point, phase_cpu_s, point["sent_total"])
+            )
         return {
             "seq_per_s": tput,
             "p50_ms": lat["p50"],
@@ -559,12 +570,13 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         _Strategy,
         poisson_arrivals,
     )
+    from consumer.cpu.plan import default_torch_threads
     from consumer.model.loader import load_runner
     from consumer.model.tokenize import HFTokenizer
     from consumer.model.torch_backend import configure_threads, describe_runner
 
     texts = list(opts.texts)
-    threads = configure_threads(opts.threads)
+    threads = configure_threads(opts.threads or default_torch_threads())
     runner = load_runner(opts.model_dir, backend=opts.backend, threads=threads)  # type: ignore[arg-type]
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")

@@ -67,6 +67,7 @@ VARIANTS: tuple[str, ...] = (
     "engine",
     "passthrough",
     "raw_loop",
+    "raw_tokenize",
 )
 """Every variant, in report order."""
 
@@ -78,6 +79,7 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_kbatch_bf16_vs_kbatch", "kbatch_bf16", "kbatch"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
+    ("ratio_kbatch_vs_raw_tokenize", "kbatch", "raw_tokenize"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""
 
@@ -131,10 +133,20 @@ def frontier_points(seq_per_s: float, opts: _FrontierOptions) -> list[tuple[str,
     return points
 
 
-def frontier_row(label: str, rate_per_s: float, summary: Mapping[str, Any]) -> dict[str, Any]:
+def frontier_row(
+    label: str,
+    rate_per_s: float,
+    summary: Mapping[str, Any],
+    cpu_s: float | None = None,
+    sent: int | None = None,
+) -> dict[str, Any]:
     """One frontier point of a Kafka variant from its load summary
-    (:func:`producer_tools.report.window_stats`)."""
+    (:func:`producer_tools.report.window_stats`); with the consumer processes' CPU seconds
+    over the whole phase (``cpu_s``) and the requests sent in it (``sent``, warm-up and probe
+    included), ``cpu_ms_per_request`` = ``cpu_s × 1000 / sent``: the host path's cost per
+    request at that offered rate (``kbatch bench e2e --latency-rates``, issue 32)."""
     lat = summary["latency_ms"]
+    per_request = None if cpu_s is None or not sent else round(cpu_s * 1000.0 / sent, 3)
     return {
         "point": label,
         "rate_per_s": rate_per_s,
@@ -145,6 +157,8 @@ def frontier_row(label: str, rate_per_s: float, summary: Mapping[str, Any]) -> d
         "send_lag_ms_p99": summary["send_lag_ms"]["p99"],
         "batch_size_mean": summary["batch_size_mean"],
         "stages_ms": summary.get("stages_ms"),
+        "cpu_s": None if cpu_s is None else round(cpu_s, 3),
+        "cpu_ms_per_request": per_request,
     }
 
 

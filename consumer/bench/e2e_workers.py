@@ -16,6 +16,12 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
   is awaited and the poll's offsets committed.
 - ``raw_loop`` — the Kafka ceiling: no decode, no model; each record is answered with one
   constant, valid ``ok`` reply (built once at start), the poll's sends awaited, then a commit.
+- ``raw_tokenize`` — the host path a user writes around an accelerator, the yardstick of
+  kbatch's host CPU per request (issue 32): each poll's records decoded with msgpack, their
+  texts tokenized in one ``encode_batch`` of the model's fast tokenizer (truncated to its
+  maximum length), and each answered with a 384-float embedding reply packed with msgpack
+  (what ``kbatch serve --model sim:…`` answers), the sends awaited, then a commit. No model,
+  no batching policy, no dedup, no metrics.
 
 Both produce with ``acks=all``, idempotence and ``linger_ms=2`` as kbatch's reply sink does,
 but with aiokafka's defaults otherwise: a 16 KiB ``max_batch_size`` (the sink's is 256 KiB),
@@ -50,10 +56,12 @@ __all__ = ["main", "raw_reply_value"]
 
 log = logging.getLogger("kbatch.bench.e2e_workers")
 
-WORKERS = ("naive", "raw_loop")
+WORKERS = ("naive", "raw_loop", "raw_tokenize")
 
 # One record in, at most one reply out; a scorer turns a record into its reply (None: skip).
 Scorer = Callable[[ConsumerRecord[bytes, bytes]], OutRecord | None]
+# A poll's records in, their replies out (raw_tokenize works per poll, as a user's loop would).
+PollScorer = Callable[[list[ConsumerRecord[bytes, bytes]]], list[OutRecord]]
 
 
 def raw_reply_value() -> bytes:
@@ -86,7 +94,7 @@ def _raw_scorer() -> Scorer:
     return score
 
 
-def _naive_scorer(model_dir: Path, threads: int) -> Scorer:
+def _naive_scorer(model_dir: Path, threads: int | None) -> Scorer:
     """The loop a user writes without kbatch: msgpack in, plain transformers (tokenizer, model,
     mean pooling, normalise: :class:`consumer.model.baselines.PlainModel`) on each text alone,
     msgpack out. No kbatch batching, tokenizer, runner or reply builder."""
@@ -118,7 +126,46 @@ def _naive_scorer(model_dir: Path, threads: int) -> Scorer:
     return score
 
 
-async def _serve(args: argparse.Namespace, score: Scorer) -> None:
+def _tokenize_scorer(model_dir: Path, dim: int = 384) -> PollScorer:
+    """``raw_tokenize`` (module docstring): msgpack in, one ``encode_batch`` per poll, a
+    ``dim``-float embedding reply per record in msgpack."""
+    import msgpack
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(256)
+    vector = [0.05] * dim
+
+    def score(records: list[ConsumerRecord[bytes, bytes]]) -> list[OutRecord]:
+        requests = [msgpack.unpackb(r.value) for r in records]
+        encodings = tokenizer.encode_batch([q["text"] for q in requests])
+        out = []
+        for record, enc in zip(records, encodings, strict=True):
+            reply = {
+                "status": "ok",
+                "result": {"embedding": vector, "dim": dim},
+                "model": {"name": model_dir.name, "revision": None},
+                "truncated": False,
+                "dedup": False,
+                "timing": {"queue_ms": 0.0, "infer_ms": 0.0, "batch_size": len(records),
+                           "padded_len": len(enc.ids)},
+            }  # fmt: skip
+            headers = [(k, v) for k, v in record.headers if k == H.CORRELATION_ID]
+            headers += [(H.STATUS, b"ok"), (H.CONTENT_TYPE, b"application/msgpack")]
+            out.append(OutRecord(None, None, record.key, msgpack.packb(reply), headers))
+        return out
+
+    return score
+
+
+def _per_record(score: Scorer) -> PollScorer:
+    def score_poll(records: list[ConsumerRecord[bytes, bytes]]) -> list[OutRecord]:
+        return [out for r in records if (out := score(r)) is not None]
+
+    return score_poll
+
+
+async def _serve(args: argparse.Namespace, score: PollScorer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -148,10 +195,7 @@ async def _serve(args: argparse.Namespace, score: Scorer) -> None:
             if not records:
                 continue
             acks: list[asyncio.Future[Any]] = []
-            for record in records:
-                out = score(record)
-                if out is None:
-                    continue
+            for out in score(records):
                 acks.append(
                     await producer.send(
                         out.topic or args.reply_topic,
@@ -180,7 +224,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--group-id", required=True)
     p.add_argument("--ready-file", required=True)
     p.add_argument("--model", type=Path, default=None, help="naive: the model directory")
-    p.add_argument("--threads", type=int, default=2, help="naive: torch intra-op threads")
+    p.add_argument(
+        "--threads", type=int, default=None, help="naive: torch intra-op threads (torch's default)"
+    )
     p.add_argument("--max-records", type=int, default=500, help="most records per poll")
     return p.parse_args(argv)
 
@@ -194,9 +240,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit("naive needs --model")
         # A user's loop calls the model inline, blocking the event loop for one forward
         # (≈ 10-20 ms; aiokafka's heartbeats tolerate that).
-        asyncio.run(_serve(args, _naive_scorer(args.model, args.threads)))
+        asyncio.run(_serve(args, _per_record(_naive_scorer(args.model, args.threads))))
+    elif args.worker == "raw_tokenize":
+        if args.model is None:
+            raise SystemExit("raw_tokenize needs --model")
+        asyncio.run(_serve(args, _tokenize_scorer(args.model)))
     else:
-        asyncio.run(_serve(args, _raw_scorer()))
+        asyncio.run(_serve(args, _per_record(_raw_scorer())))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ with the benchmarks' own defaults; ``--threads`` still works for ``--torch-threa
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,26 @@ dtype_option = group_option(ModelSettings, "dtype")
 
 def _threads_option(default: int | None) -> Callable[[Any], Any]:
     return group_option(ModelSettings, "torch_threads", default=default, aliases=("--threads",))
+
+
+class ThreadsParam(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """``--threads`` of ``kbatch bench e2e``: a positive int, or ``auto`` (None: each process
+    chooses, as ``kbatch serve`` does from its CPU budget)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+        if n < 1:
+            self.fail(f"{n} is not >= 1 (or 'auto')", param, ctx)
+        return n
 
 
 def _check_backend(backend: str, quantize: str, device: str, dtype: str) -> None:
@@ -388,7 +409,22 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     show_default=True,
     help="Cap of the latency phase rate (req/s): the load generator shares the cores.",
 )
-@_threads_option(2)
+@click.option(
+    "--torch-threads",
+    "--threads",
+    "torch_threads",
+    type=ThreadsParam(),
+    default="2",
+    show_default=True,
+    help="Torch intra-op threads of every process, or 'auto': each process's own default "
+    "(kbatch serve's CPU budget plan, docs/CPU.md; torch's default for naive).",
+)
+@click.option(
+    "--serve-prefix",
+    default="",
+    help="Run each kbatch serve under this command, e.g. 'scripts/cgroup_run.sh kbatch-1cpu' "
+    "(a 1-CPU cgroup) or 'taskset -c 1'; the broker, the load client and the baselines do not.",
+)
 @group_option(BatchPolicyConfig, "max_wait_ms", note="Of kbatch, passthrough and engine.")
 @group_option(BatchPolicyConfig, "target_p99_ms", note="Of the kbatch variants and the engine.")
 @backend_option
@@ -435,7 +471,8 @@ def e2e(
     latency_fractions: list[float],
     latency_rates: list[float],
     max_latency_rate: float,
-    torch_threads: int,
+    torch_threads: int | None,
+    serve_prefix: str,
     max_wait_ms: float,
     target_p99_ms: float | None,
     backend: str,
@@ -474,7 +511,7 @@ def e2e(
     if sim:
         given = click.get_current_context().get_parameter_source("variants")
         if given is click.core.ParameterSource.DEFAULT:
-            variants = ["kbatch", "passthrough", "raw_loop"]
+            variants = ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
         elif {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
             raise click.BadParameter(
                 "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
@@ -495,6 +532,7 @@ def e2e(
         latency_rates=tuple(latency_rates),
         max_latency_rate_per_s=max_latency_rate,
         threads=torch_threads,
+        serve_prefix=tuple(shlex.split(serve_prefix)),
         max_wait_ms=max_wait_ms,
         target_p99_ms=target_p99_ms,
         backend=backend,

@@ -16,6 +16,7 @@ costs nothing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
+from consumer.cpu.plan import ThreadPlan
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
 from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
@@ -30,6 +32,8 @@ from consumer.model.settings import DTYPE_AUTOCAST, PACKAGED_MODEL, ModelSetting
 from consumer.model.sim_backend import SimBackend, parse_sim
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
+
+log = logging.getLogger("kbatch.model")
 
 __all__ = [
     "NOOP_MODEL",
@@ -99,6 +103,8 @@ class LoadedModel:
     info: ModelInfo
     device: str
     profile: ModelProfile
+    threads: ThreadPlan
+    """How the process's thread pools share its CPU budget (:mod:`consumer.cpu.plan`)."""
 
 
 def load_model(
@@ -116,11 +122,12 @@ def load_model(
         ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
         ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
+    from consumer.cpu.budget import read_cpu_budget
+    from consumer.cpu.plan import apply_native_env, plan_threads
     from consumer.model.prompts import resolve_default_prompt
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import configure_threads, default_device
 
-    threads = configure_threads(settings.torch_threads)
     model_dir, info = resolve_model(settings)
     check_task(settings, model_dir)
     new_task = settings.task in ("rerank", "sparse", "token-classify")
@@ -136,6 +143,16 @@ def load_model(
     device = default_device() if settings.device == "auto" else settings.device
     if settings.backend == "onnx":
         device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
+    plan = plan_threads(
+        read_cpu_budget(settings.cpu_budget),
+        accelerator=device != "cpu" or parse_sim(settings.model) is not None,
+        torch_threads=settings.torch_threads,
+    )
+    env = apply_native_env(plan)  # before the tokenizer's first use and torch's first op
+    threads = configure_threads(plan.torch_threads, plan.torch_interop_threads)
+    log.info("CPU budget %s; threads: %s", plan.budget.describe(), plan.describe())
+    if env:
+        log.debug("thread pool environment: %s", env)
     autocast = DTYPE_AUTOCAST[settings.dtype]
     runner: ModelRunner
     if settings.model == NOOP_MODEL:
@@ -185,7 +202,7 @@ def load_model(
     lossy_path = settings.backend != "torch" or settings.quantize != "none" or reduced
     if lossy_path and settings.model != NOOP_MODEL and parse_sim(settings.model) is None:
         _quality_gate(runner, tokenizer, model_dir, settings, device)
-    return LoadedModel(runner, tokenizer, info, device, profile)
+    return LoadedModel(runner, tokenizer, info, device, profile, plan)
 
 
 def _quality_gate(

@@ -96,7 +96,16 @@ class ModelSettings(BaseModel):
         "bfloat16 on the CPU (fast with AMX/AVX512-BF16, gated against float32 at start-up).",
     )
     torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch and ONNX Runtime (default: cores)."
+        None,
+        ge=1,
+        description="CPU threads for torch and ONNX Runtime (default: from the CPU budget, "
+        "with cores kept for the event loop, tokenizer and Kafka: docs/CPU.md).",
+    )
+    cpu_budget: float | None = Field(
+        None,
+        gt=0,
+        description="Cores this process may use (default: the smaller of the affinity set and "
+        "the cgroup CPU quota, rounded up); every thread pool is sized from it (docs/CPU.md).",
     )
     backend: Literal["torch", "onnx"] = Field(
         "torch",

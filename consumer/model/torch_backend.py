@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,17 +120,19 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def configure_threads(num_threads: int | None = None) -> int:
-    """Set torch's intra-op threads (default: the CPUs this process may use) and one inter-op
-    thread; returns the intra-op count. Call once, before the first model runs.
+def configure_threads(intra_op_threads: int, interop_threads: int = 1) -> int:
+    """Set torch's intra-op and inter-op thread counts (from the process's
+    :class:`consumer.cpu.plan.ThreadPlan`); returns the intra-op count torch reports. Call once,
+    before the first model runs.
 
-    On a 2-core machine two intra-op threads are fastest; more only oversubscribe.
+    Torch's own default is one intra-op thread per core of the *node*: in a container with a CPU
+    limit that oversubscribes the quota (docs/CPU.md). Inter-op threads can only be set before
+    torch's first parallel work; a later call keeps the count already set.
     """
-    n = num_threads or len(os.sched_getaffinity(0)) or 1
-    torch.set_num_threads(n)
+    torch.set_num_threads(max(1, intra_op_threads))
     with contextlib.suppress(RuntimeError):  # already set, or parallel work already started
-        torch.set_num_interop_threads(1)
-    return n
+        torch.set_num_interop_threads(max(1, interop_threads))
+    return int(torch.get_num_threads())
 
 
 class _PinnedStaging:

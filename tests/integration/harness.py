@@ -83,9 +83,15 @@ class ServeProcess:
         task: str = "embed",
         name: str = "serve",
         extra: Sequence[str] = (),
+        torch_threads: int | None = 1,
+        prefix: Sequence[str] = (),
     ) -> ServeProcess:
+        """Start ``kbatch serve`` (under the command ``prefix``, e.g. a cgroup runner);
+        ``torch_threads`` None leaves the thread counts to the CPU budget plan."""
         port = free_port()
+        threads = () if torch_threads is None else ("--torch-threads", str(torch_threads))
         args = [
+            *prefix,
             KBATCH, "serve",
             "--bootstrap", bootstrap,
             "--request-topic", request_topic,
@@ -95,7 +101,7 @@ class ServeProcess:
             "--model", model,
             "--task", task,
             "--metrics-port", str(port),
-            "--torch-threads", "1",
+            *threads,
             "--session-timeout-ms", "10000",
             "--heartbeat-interval-ms", "1000",
             "--commit-interval-ms", "200",

@@ -11,6 +11,9 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
+from consumer.cpu.budget import read_cpu_budget
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
     ServeProcess,
@@ -104,6 +107,9 @@ async def test_two_replicas_answer_a_burst_and_host_metrics_match_the_topic(
     assert metrics["kbatch_assigned_partitions"] == PARTITIONS
     assert metrics['kbatch_replica_up{replica="0"}'] == 1
     assert metrics['kbatch_replica_up{replica="1"}'] == 1
+    # each replica sized its pools from half the host's CPU budget; the host shows the sum
+    assert metrics["kbatch_cpu_budget_cores"] == pytest.approx(read_cpu_budget().cores, abs=0.01)
+    assert metrics['kbatch_threads{pool="torch"}'] == 2  # --torch-threads 1, per replica
 
 
 async def test_sigterm_drains_both_replicas_exits_0_and_repeats_nothing_on_restart(

@@ -15,30 +15,30 @@ from consumer.replicas import (
     RestartState,
     Supervisor,
     combined_exit_code,
+    cpu_share_per_replica,
     drained_code,
     exit_action,
     replica_instance_id,
     secret_env,
     settings_file_data,
-    threads_per_replica,
 )
 
 
 @pytest.mark.parametrize(
-    ("cores", "replicas", "given", "threads"),
-    [
-        (8, 2, None, 4),
-        (2, 2, None, 1),
-        (2, 4, None, 1),
-        (16, 3, None, 5),
-        (8, 2, 3, 3),
-        (1, 1, None, 1),
-    ],
+    ("budget", "replicas", "share"),
+    [(8, 2, 4), (2, 2, 1), (2, 4, 0.5), (16, 3, 5.333), (1, 1, 1)],
 )
-def test_threads_split_over_replicas_unless_given(
-    cores: int, replicas: int, given: int | None, threads: int
+def test_the_cpu_budget_is_split_evenly_over_replicas(
+    budget: float, replicas: int, share: float
 ) -> None:
-    assert threads_per_replica(cores, replicas, given) == threads
+    assert cpu_share_per_replica(budget, replicas) == share
+
+
+def test_a_replica_share_needs_a_budget_and_a_replica() -> None:
+    with pytest.raises(ValueError, match="replicas >= 1"):
+        cpu_share_per_replica(2, 0)
+    with pytest.raises(ValueError, match="budget > 0"):
+        cpu_share_per_replica(0, 2)
 
 
 def test_instance_ids_are_derived_per_replica() -> None:
@@ -133,7 +133,7 @@ def test_replica_settings_file_reproduces_the_settings_but_never_holds_the_passw
     assert child.model_dump(exclude=set(PER_REPLICA_FLAGS)) == expected
 
 
-def test_replica_arguments_carry_threads_instance_id_and_internal_port() -> None:
+def test_replica_arguments_carry_a_cpu_share_instance_id_and_internal_port() -> None:
     settings = load_settings(ServeSettings, replicas=2, group_instance_id="host-a")
     sup = Supervisor(settings, cores=8, argv0=["kbatch"])
     try:
@@ -145,7 +145,8 @@ def test_replica_arguments_carry_threads_instance_id_and_internal_port() -> None
     flags = dict(zip(args[2::2], args[3::2], strict=False))
     assert args[:2] == ["kbatch", "serve"]
     assert flags["--replicas"] == "1"
-    assert flags["--torch-threads"] == "4"
+    assert flags["--cpu-budget"] == "4"  # 8 cores over 2 replicas
+    assert "--torch-threads" not in flags  # each replica plans its own pools from its share
     assert flags["--group-instance-id"] == "host-a-1"
     assert flags["--metrics-port"] == "40001" and flags["--metrics-host"] == "127.0.0.1"
 

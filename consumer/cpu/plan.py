@@ -1,0 +1,185 @@
+"""Thread-pool sizes from a CPU budget, with cores kept for the host path.
+
+A ``kbatch serve`` process runs, besides the model's math threads: the event loop (decode,
+buckets, replies and the Kafka client, all Python: at most one core), the tokenizer (one worker
+thread calling the Rust tokenizer, whose ``encode_batch`` fans out to a Rayon pool) and the
+metrics server. Before this plan every pool was sized from every visible core: torch's intra-op
+pool from the affinity set, Rayon's from every logical CPU. Measured on the 2-core machine
+(BENCHMARKS.md "Where the cores go at 0.7×"): ~0.45 core of other work beside torch's two
+lock-stepped threads cut their drain by a third to a half. Peers keep cores free: vLLM's CPU
+backend reserves one core by default, text-embeddings-inference sizes its tokenizer pool to
+``cpus - 1`` "to leave some CPU for the backend", Ray sets ``OMP_NUM_THREADS=1`` unless an
+actor asks for CPUs.
+
+:func:`plan_threads` is the rule (pure, a decision table in the tests); :func:`apply_native_env`
+sets what native pools read when they start (Rayon, OpenMP, MKL); torch itself is configured
+from the plan by :func:`consumer.model.torch_backend.configure_threads`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from consumer.cpu.budget import CpuBudget
+
+__all__ = [
+    "ThreadPlan",
+    "apply_native_env",
+    "default_torch_threads",
+    "host_reserve_cores",
+    "plan_threads",
+]
+
+GPU_TOKENIZER_MAX_THREADS = 8
+"""Most Rayon threads for the tokenizer on an accelerator host: a poll chunk of 500 short
+texts tokenizes in a few ms on one thread, and 8 threads keep up with any one device's intake."""
+
+
+def host_reserve_cores(share_cores: float) -> int:
+    """Whole cores kept off torch's intra-op pool for the host path on a CPU-only host.
+
+    ``share_cores`` < 2: 0 (one core cannot be split; torch gets it and shares it). Otherwise
+    ``clamp(ceil(share / 8), 1, 4)``: 1 core up to 8 (the event loop uses at most one core and
+    the tokenizer ~0.03 core at 114 requests/s), 2 up to 16, and at most 4 (64+ cores: the
+    tokenizer's pool grows with the host path's share).
+    """
+    if share_cores < 2:
+        return 0
+    return max(1, min(4, math.ceil(share_cores / 8)))
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How one process's threads share its CPU budget.
+
+    Attributes:
+        budget: the host's (or container's) budget.
+        share_cores: this process's part of it (``budget.cores / replicas``).
+        accelerator: the model runs on a GPU (or a simulated device): torch's CPU pool only
+            launches work, so it gets one thread and the tokenizer gets the rest.
+        torch_threads: torch intra-op threads (also ONNX Runtime's intra-op threads).
+        torch_interop_threads: torch inter-op threads (1: kbatch runs one forward at a time).
+        tokenizer_threads: the tokenizer's Rayon pool (1: ``encode_batch`` runs serially in
+            the tokenizer thread, no pool at all).
+        host_reserve_cores: cores kept off torch's pool for the event loop, the tokenizer and
+            the Kafka client.
+        torch_threads_set: ``--torch-threads`` was given (it overrides the rule).
+    """
+
+    budget: CpuBudget
+    share_cores: float
+    accelerator: bool
+    torch_threads: int
+    torch_interop_threads: int
+    tokenizer_threads: int
+    host_reserve_cores: int
+    torch_threads_set: bool
+
+    def pools(self) -> dict[str, int]:
+        """Pool name → threads, as ``kbatch_threads{pool}`` shows them (the event loop is one
+        thread, the tokenizer stage one worker thread calling the Rayon pool)."""
+        return {
+            "torch": self.torch_threads,
+            "torch_interop": self.torch_interop_threads,
+            "tokenizer": self.tokenizer_threads,
+            "event_loop": 1,
+        }
+
+    def describe(self) -> str:
+        """One start-up line, e.g. ``torch 1 (+1 inter-op), tokenizer 1, 1 core kept for the
+        event loop, tokenizer and Kafka``."""
+        given = " (--torch-threads)" if self.torch_threads_set else ""
+        torch = f"torch {self.torch_threads}{given}"
+        kept = (
+            f"{self.host_reserve_cores} core{'s' if self.host_reserve_cores != 1 else ''} kept "
+            "for the event loop, tokenizer and Kafka"
+            if self.host_reserve_cores
+            else "no core kept for the host path"
+        )
+        where = "accelerator host" if self.accelerator else "CPU host"
+        return (
+            f"{self.share_cores:g} of {self.budget.cores:g} cores ({where}): {torch} "
+            f"(+{self.torch_interop_threads} inter-op), tokenizer {self.tokenizer_threads}, {kept}"
+        )
+
+
+def plan_threads(
+    budget: CpuBudget,
+    *,
+    replicas: int = 1,
+    accelerator: bool = False,
+    torch_threads: int | None = None,
+) -> ThreadPlan:
+    """Size every pool of one process from the budget (pure).
+
+    CPU host, share ``S = budget / replicas``: torch gets ``max(1, floor(S) - reserve)`` threads
+    with ``reserve = host_reserve_cores(S)``; the tokenizer's Rayon pool gets
+    ``max(1, reserve)``. Accelerator host: torch 1 thread, the tokenizer
+    ``clamp(floor(S) - 1, 1, 8)`` (one core for the event loop). ``torch_threads``
+    (``--torch-threads``) overrides torch's count and nothing else.
+
+    Raises:
+        ValueError: ``replicas`` < 1 or ``torch_threads`` < 1.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas={replicas}: at least 1")
+    if torch_threads is not None and torch_threads < 1:
+        raise ValueError(f"--torch-threads {torch_threads}: at least 1")
+    share = budget.cores / replicas
+    whole = max(1, math.floor(share))
+    if accelerator:
+        reserve = 1 if whole >= 2 else 0
+        torch_n = 1
+        tokenizer = max(1, min(GPU_TOKENIZER_MAX_THREADS, whole - 1))
+    else:
+        reserve = host_reserve_cores(share)
+        torch_n = max(1, whole - reserve)
+        tokenizer = max(1, reserve)
+    return ThreadPlan(
+        budget=budget,
+        share_cores=share,
+        accelerator=accelerator,
+        torch_threads=torch_threads or torch_n,
+        torch_interop_threads=1,
+        tokenizer_threads=tokenizer,
+        host_reserve_cores=reserve,
+        torch_threads_set=torch_threads is not None,
+    )
+
+
+def apply_native_env(
+    plan: ThreadPlan, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Set the variables native thread pools read when they start; returns what was set.
+
+    Call before the first tokenization (Rayon builds its global pool on first use and reads
+    ``RAYON_NUM_THREADS`` then; ``TOKENIZERS_PARALLELISM=false`` runs ``encode_batch`` without
+    the pool when it would have one thread) and before torch/ONNX Runtime start their pools
+    (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``). A variable the operator already set is left
+    alone: the environment overrides the plan.
+    """
+    env = os.environ if environ is None else environ
+    wanted = {
+        "RAYON_NUM_THREADS": str(plan.tokenizer_threads),
+        "OMP_NUM_THREADS": str(plan.torch_threads),
+        "MKL_NUM_THREADS": str(plan.torch_threads),
+    }
+    if plan.tokenizer_threads == 1:
+        wanted["TOKENIZERS_PARALLELISM"] = "false"
+    applied: dict[str, str] = {}
+    for name, value in wanted.items():
+        if name not in env:
+            env[name] = value
+            applied[name] = value
+    return applied
+
+
+def default_torch_threads(*, accelerator: bool = False) -> int:
+    """Torch intra-op threads of a process with no ``--torch-threads``: the plan's count for
+    this process's budget (the benchmarks' default, so they run as ``kbatch serve`` does)."""
+    from consumer.cpu.budget import read_cpu_budget
+
+    return plan_threads(read_cpu_budget(), accelerator=accelerator).torch_threads

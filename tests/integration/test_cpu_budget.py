@@ -1,0 +1,103 @@
+"""``kbatch serve`` in a 1-CPU cgroup on this machine reads its budget from the quota, not from
+the cores it can see, and sizes its thread pools from it (docs/CPU.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TopicFactory, unique_group
+from tests.integration.harness import ServeProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+CGROUP_RUN = str(ROOT / "scripts" / "cgroup_run.sh")
+NO_CGROUP = 77
+"""scripts/cgroup_run.sh's exit status when no CPU cgroup can be written here."""
+
+pytestmark = pytest.mark.integration
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    return [Path("/sys/fs/cgroup/cpu") / name, Path("/sys/fs/cgroup") / name]
+
+
+@pytest.fixture
+def one_cpu_group() -> Iterator[str]:
+    """A fresh cgroup name whose quota is one CPU (removed afterwards); skips where cgroups
+    cannot be written (not root, no cpu controller)."""
+    name = f"kbatch-test-{uuid.uuid4().hex[:8]}"
+    probe = subprocess.run(
+        [CGROUP_RUN, name, "1", "--", "true"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode == NO_CGROUP:
+        pytest.skip(f"no writable CPU cgroup here: {probe.stderr.strip()}")
+    assert probe.returncode == 0, probe.stderr
+    yield name
+    for directory in _cgroup_dirs(name):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+async def test_serve_in_a_one_cpu_cgroup_plans_for_one_core(
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    new_topic: TopicFactory,
+    tiny_embed_dir: Path,
+    one_cpu_group: str,
+) -> None:
+    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=req,
+        reply_topic=rep,
+        dlq_topic=dlq,
+        group_id=unique_group("cpu"),
+        model=str(tiny_embed_dir),
+        torch_threads=None,  # the plan decides
+        prefix=[CGROUP_RUN, one_cpu_group, "1", "--"],
+    )
+    try:
+        server.wait_ready()
+        metrics = server.metrics()
+    finally:
+        server.stop()
+    assert server.wait() == 0, server.log_tail()
+    assert metrics["kbatch_cpu_budget_cores"] == 1  # the quota, not the machine's cores
+    assert metrics['kbatch_threads{pool="torch"}'] == 1
+    assert metrics['kbatch_threads{pool="tokenizer"}'] == 1
+    log = server.log_path.read_text()
+    assert "CPU budget 1 core from the cgroup" in log, server.log_tail()
+    assert "no core kept for the host path" in log
+
+
+async def test_cpu_budget_setting_caps_the_plan(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """``KBATCH_CPU_BUDGET``-style override through the flag: half a core still runs one torch
+    thread, and the metric shows the budget as given."""
+    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=req,
+        reply_topic=rep,
+        dlq_topic=dlq,
+        group_id=unique_group("cpu"),
+        model="noop",
+        torch_threads=None,
+        extra=["--cpu-budget", "0.5"],
+    )
+    try:
+        server.wait_ready()
+        metrics = server.metrics()
+    finally:
+        server.stop()
+    assert server.wait() == 0, server.log_tail()
+    assert metrics["kbatch_cpu_budget_cores"] == 0.5
+    assert metrics['kbatch_threads{pool="torch"}'] == 1
