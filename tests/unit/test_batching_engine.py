@@ -324,3 +324,32 @@ async def test_every_unsplit_batch_feeds_the_policy_cost_model() -> None:
     cost = h.engine._batcher.cost
     assert cost.batches == h.stats.batches == len(h.backend.calls) >= 10
     assert cost.fixed_ms >= 0 and cost.per_token_us > 0
+
+
+async def test_a_small_chunk_tokenizes_on_the_loop_and_a_large_one_in_the_tokenizer_thread() -> (
+    None
+):
+    """Issue 32: a thread hop costs more than tokenizing a few short texts
+    (:data:`consumer.batching.engine.INLINE_TOKENIZE_CHARS`)."""
+    from consumer.batching.engine import INLINE_TOKENIZE_CHARS
+
+    h = Harness(FakeBackend(max_length=64))
+    threads: list[str] = []
+    tokenize = h.engine._tokenizer.tokenize
+
+    def recording(chunk: Sequence[InferenceItem]) -> list[TokenizedItem | Rejected]:
+        threads.append(threading.current_thread().name)
+        return tokenize(chunk)
+
+    h.engine._tokenizer.tokenize = recording  # type: ignore[method-assign,assignment]
+    await h.engine.start()
+    small = ["w " * 10] * 4  # 80 characters
+    large = ["w " * 20] * (INLINE_TOKENIZE_CHARS // 40 + 1)  # just over the limit
+    await h.engine.submit(items(small))
+    await h.engine.submit(items(large, start=len(small)))
+    assert await h.engine.drain(timeout_s=30)
+    await h.engine.stop()
+    assert threads[0] == threading.current_thread().name
+    assert threads[1].startswith("kbatch-tokenize")
+    assert len(h.outcomes) == len(small) + len(large)
+    assert all(o.status == "ok" for o in h.outcomes.values())

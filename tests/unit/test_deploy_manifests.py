@@ -147,6 +147,23 @@ def test_k8s_deployment_agrees_with_the_cli() -> None:
     assert grace > settings.drain_timeout_s
 
 
+THREAD_SETTINGS = ("--torch-threads", "--threads", "KBATCH_TORCH_THREADS", "OMP_NUM_THREADS")
+
+
+def test_manifests_set_a_cpu_limit_and_leave_threads_to_the_budget() -> None:
+    """The CPU limit is the budget kbatch reads (docs/CPU.md): a hard-coded thread count would
+    go stale when the limit changes."""
+    (container,) = _k8s("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    assert resources["limits"]["cpu"] == resources["requests"]["cpu"]
+    named = set(container["args"]) | {e["name"] for e in container["env"]}
+    assert named.isdisjoint(THREAD_SETTINGS)
+    service = _compose()["services"]["kbatch"]
+    assert float(service["deploy"]["resources"]["limits"]["cpus"]) >= 1
+    named = set(service["command"]) | set(service.get("environment", {}))
+    assert named.isdisjoint(THREAD_SETTINGS)
+
+
 def test_keda_scales_the_deployment_on_the_groups_lag() -> None:
     scaled = _k8s("keda-scaledobject.yaml")
     deployment = _k8s("deployment.yaml")
