@@ -26,6 +26,7 @@ from consumer.jobs.records import (
     MemberProgress,
     RecordError,
     encode_record,
+    end_state,
     is_terminal,
     record_key,
     sum_counts,
@@ -125,12 +126,15 @@ class JobRunner:
 
     async def end_job(self, job_id: str, state: JobState, reason: str | None) -> None:
         """Declare ``job_id`` ``completed`` or ``failed`` unless its record is already terminal
-        (the one-writer rule of :mod:`consumer.jobs.records`)."""
+        (the one-writer rule of :mod:`consumer.jobs.records`); ``completed`` becomes ``failed``
+        when every record failed (:func:`consumer.jobs.records.end_state`)."""
         self._ended.add(job_id)
         job = self.table.jobs.get(job_id)
         if job is None or is_terminal(job.state):
             return
         counts = sum_counts(self.table.members_of(job_id))
+        if state == "completed":
+            state, reason = end_state(counts)
         record = job.with_state(state, time.time(), reason=reason, counts=counts)
         value = encode_record(record)
         self.table.apply(record_key(job_id), value)
