@@ -95,8 +95,12 @@ class JobRunner:
             KafkaUnavailableError: no broker answered.
             JobsTopicError: the topic cannot be created or read.
         """
-        if await ensure_jobs_topic(self._client, self.topic):
-            log.info("created the jobs topic %s (compacted)", self.topic)
+        await ensure_jobs_topic(
+            self._client,
+            self.topic,
+            replication_factor=self.settings.jobs_topic_replication_factor,
+            request_topic=self.settings.request_topic,
+        )  # logs its replicas when it creates the topic, warns when it is less durable
         await self._writer.start()
         await self._reader.start()
         self._task = asyncio.create_task(self._watch(stop), name="kbatch-jobs")

@@ -10,13 +10,31 @@ and tabled in docs/CLUSTER.md; the longer scenarios are in ``test_cluster_long.p
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
+from consumer.kafka.admin import create_topics
+from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.durability import Durability, topic_durability
+from consumer.kafka.jobs_topic import (
+    COMPACTED,
+    ensure_jobs_topic,
+    read_jobs_topic,
+    write_jobs_record,
+)
 from tests.chaos.cluster import ChaosCluster
-from tests.chaos.nodes import group_coordinator, kill, restart
+from tests.chaos.nodes import (
+    group_coordinator,
+    kill,
+    partition_leader,
+    restart,
+    wait_fully_replicated,
+)
 from tests.chaos.scenario import Topics, run_scenario, settle
 from tests.integration.harness import poll_until
 
@@ -79,3 +97,39 @@ async def test_a_short_network_cut_then_heal_loses_nothing(
     assert result.lost == 0
     # Longer than --session-timeout-ms (10 s): the member is dropped and rejoins once.
     assert result.rebalances <= 1
+
+
+async def test_the_jobs_topic_is_replicated_and_outlives_the_sigkill_of_its_leader(
+    chaos_cluster: ChaosCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: serve created the jobs topic with one replica on any cluster; killing the
+    broker that held it stopped ``backfill status`` (KafkaTimeoutError) and ``submit``
+    (LeaderNotAvailableError, seen here too before the fix). Now it takes the cluster's default
+    (3, min.insync.replicas 2), and an older one-replica jobs topic is warned about at start."""
+    cc = chaos_cluster
+    suffix = uuid.uuid4().hex[:10]
+    jobs, old, requests = (f"test.jobs-{n}.{suffix}" for n in ("new", "old", "req"))
+    client = KafkaClientSettings(bootstrap=cc.bootstrap)
+    await create_topics(cc.bootstrap, [requests], replication_factor=3)
+    await create_topics(cc.bootstrap, [old], config=COMPACTED, replication_factor=1)
+    caplog.set_level(logging.INFO, logger="consumer.kafka.jobs_topic")
+    assert await ensure_jobs_topic(client, jobs, request_topic=requests)
+    assert not await ensure_jobs_topic(client, old, request_topic=requests)
+    warned = [r.getMessage() for r in caplog.records if "less durable" in r.getMessage()]
+    assert len(warned) == 1 and old in warned[0]  # the new one is as durable as the requests
+    admin = AIOKafkaAdminClient(bootstrap_servers=cc.bootstrap)
+    await admin.start()
+    try:
+        assert await topic_durability(admin, jobs) == Durability(3, 2)
+    finally:
+        await admin.close()
+    await write_jobs_record(client, jobs, b"job-1", b"submitted")
+    node = cc.cluster.node(await partition_leader(cc.bootstrap, jobs, 0))
+    kill(node)
+    try:  # a write (acks=all: the two others in sync) and status's read, the leader dead
+        await write_jobs_record(client, jobs, b"job-2", b"submitted")
+        records = await read_jobs_topic(client, jobs, timeout_s=60)
+        assert records == [(b"job-1", b"submitted"), (b"job-2", b"submitted")]
+    finally:
+        restart(node)
+        await wait_fully_replicated(cc.bootstrap, [jobs, requests], 3)
