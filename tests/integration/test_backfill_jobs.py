@@ -124,6 +124,17 @@ async def _status(m: Members, job: str) -> JobStatus:
     return status
 
 
+def _status_json(m: Members, job: str) -> dict[str, Any]:
+    """What ``kbatch backfill status JOB --json`` prints."""
+    shown = subprocess.run(
+        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", m.bootstrap,
+         "--jobs-topic", m.jobs_topic],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    status: dict[str, Any] = json.loads(shown.stdout)
+    return status
+
+
 async def _wait_status(m: Members, job: str, ok: object, timeout_s: float) -> JobStatus:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -147,12 +158,7 @@ async def test_submitted_job_completes_with_counts_matching_the_output(members: 
     assert all(r.reply.status == "ok" for r in written)
     assert (status.counts.done, status.counts.failed, status.counts.skipped) == (n, 0, 0)
     assert (status.finished_offsets, status.total_offsets, status.fraction) == (n, n, 1.0)
-    shown = subprocess.run(
-        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", members.bootstrap,
-         "--jobs-topic", members.jobs_topic],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    assert json.loads(shown.stdout)["state"] == "completed"
+    assert _status_json(members, job)["state"] == "completed"
 
 
 async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
@@ -204,12 +210,7 @@ async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Membe
     assert status.reason == f"every record failed ({n} error replies or dead letters, none ok)"
     table = await read_table(KafkaClientSettings(bootstrap=members.bootstrap), members.jobs_topic)
     assert table.jobs[job].state == "failed"  # declared so by the member, not only shown
-    shown = subprocess.run(
-        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", members.bootstrap,
-         "--jobs-topic", members.jobs_topic],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    assert json.loads(shown.stdout)["state"] == "failed"
+    assert _status_json(members, job)["state"] == "failed"
     own = await read_all(members.bootstrap, f"{source}.dlq", 1, decode=False)
     assert len(own) == n
     assert {r.headers["kbatch.source.topic"] for r in own} == {source.encode()}
