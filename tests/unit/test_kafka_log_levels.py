@@ -135,23 +135,23 @@ async def test_a_broker_that_is_down_is_one_warning_a_minute_per_node(
         ("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", RequestTimedOutError()),
         ("aiokafka.consumer.fetcher", "Failed fetch offsets from %s: %s", KafkaConnectionError()),
         ("aiokafka", "Unable connect to node with id %s: %s", TimeoutError()),
-        (
-            "aiokafka.cluster",
-            "Error fetching metadata for topic %s: %s",
-            NotLeaderForPartitionError,
-        ),
+        ("aiokafka.cluster", TOPIC_LINE, NotLeaderForPartitionError),
+        ("aiokafka.producer.sender", "Got error produce response: %s", KafkaConnectionError()),
     ],
-    ids=["fetch-connection", "fetch-timeout", "offsets", "connect-timeout", "metadata-class"],
+    ids=["fetch", "fetch-timeout", "offsets", "connect-timeout", "metadata-class", "produce"],
 )
-def test_a_retried_fetch_or_metadata_error_is_one_warning_a_minute(
+def test_a_retried_fetch_metadata_or_produce_error_is_one_warning_a_minute(
     clock: FakeClock, caplog: pytest.LogCaptureFixture, logger: str, line: str, error: object
 ) -> None:
-    """The fetcher's and the cluster metadata's lines, as aiokafka 0.14 writes them (the
-    metadata line passes the error class, not an instance)."""
+    """The fetcher's, the cluster metadata's and the producer's lines, as aiokafka 0.14 writes
+    them (the metadata line passes the error class, not an instance; the producer's is a
+    WARNING at each retry)."""
     caplog.set_level(logging.INFO)
+    level = logging.WARNING if logger.endswith("sender") else logging.ERROR
+    args = (error,) if line.count("%s") == 1 else (2, error)
     for _ in range(50):
         clock.now_s += 0.1
-        logging.getLogger(logger).error(line, 2, error)
+        logging.getLogger(logger).log(level, line, *args)
     assert [r.levelname for r in caplog.records] == ["WARNING"]
 
 
