@@ -22,6 +22,7 @@ __all__ = ["add_job_commands"]
 
 T = TypeVar("T")
 _NOT_FLAGS = frozenset({"run_jobs", "progress"})
+_CREATE_ONLY = frozenset({"jobs_topic_replication_factor"})  # status/cancel create no topic
 
 
 def _json_param(what: str) -> click.Option:
@@ -48,7 +49,10 @@ def add_job_commands(
     explicit: frozenset[str],
 ) -> None:
     """Add ``submit``, ``status`` and ``cancel`` to ``kbatch backfill``'s group."""
-    client_params = [config_param, *settings_options(JobsClientSettings, exclude=_NOT_FLAGS)]
+    client_params = [
+        config_param,
+        *settings_options(JobsClientSettings, exclude=_NOT_FLAGS | _CREATE_ONLY),
+    ]
     group.add_command(
         click.Command(
             name="submit",
@@ -105,7 +109,13 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
     why = unsupported(settings) or jobs_topic_clash(settings, settings.jobs_topic)
     if why is not None:
         raise click.UsageError(why)
-    record = _run(submit_job(settings, settings.jobs_topic))
+    record = _run(
+        submit_job(
+            settings,
+            settings.jobs_topic,
+            jobs_replication_factor=settings.jobs_topic_replication_factor,
+        )
+    )
     if as_json:
         sys.stdout.write(record.model_dump_json() + "\n")
     else:

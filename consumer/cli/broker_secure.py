@@ -4,11 +4,29 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 
 import click
 
 from consumer.broker.local import BrokerError
 from consumer.broker.secure import SECURE_PORT, USERS, SecureBroker
+from consumer.kafka.config import KafkaClientSettings
+
+CLIENT_VARIABLES: tuple[str, ...] = tuple(
+    f"KBATCH_{name.upper()}" for name in KafkaClientSettings.model_fields
+)
+"""Every ``KBATCH_*`` variable of a Kafka client's settings (``KafkaClientSettings``' fields,
+prefixed as the commands read them: ``consumer.config.COMMAND_CONFIG``)."""
+
+
+def env_lines(variables: Mapping[str, str]) -> list[str]:
+    """The shell lines that leave exactly ``variables`` set among :data:`CLIENT_VARIABLES`:
+    one ``unset`` of the client variables the chosen mode does not use (an earlier ``eval`` of
+    the other mode left ``KBATCH_SASL_*`` or ``KBATCH_SSL_CERTFILE`` set, which the client
+    would read together with these), then one ``export`` per variable, values shell-quoted."""
+    stale = [name for name in CLIENT_VARIABLES if name not in variables]
+    lines = [f"unset {' '.join(stale)}"] if stale else []
+    return lines + [f"export {name}={shlex.quote(value)}" for name, value in variables.items()]
 
 
 def _port(ctx: click.Context, port: int) -> int:
@@ -48,11 +66,12 @@ def start_secure(ctx: click.Context, port: int, fresh: bool, kafka_version: str)
 @click.option("--mtls", is_flag=True, help="The user's certificate on the mutual-TLS listener.")
 def env(port: int, user: str, mtls: bool) -> None:
     """Print the `export KBATCH_...` lines a client of the secured broker needs (password
-    included: use `eval "$(kbatch broker env)"`, never a flag)."""
+    included: use `eval "$(kbatch broker env)"`, never a flag), after one `unset` of the other
+    client variables (those of the mode not chosen)."""
     try:
         variables = SecureBroker(port=port).client_env(user, mtls=mtls)
     except BrokerError as err:
         click.echo(f"kbatch broker: {err}", err=True)
         raise SystemExit(2) from None
-    for name, value in variables.items():
-        click.echo(f"export {name}={shlex.quote(value)}")
+    for line in env_lines(variables):
+        click.echo(line)

@@ -34,9 +34,13 @@ class JobNotFoundError(LookupError):
     """No job of that id in the jobs topic."""
 
 
-async def submit_job(settings: BackfillSettings, jobs_topic: str) -> JobRecord:
+async def submit_job(
+    settings: BackfillSettings, jobs_topic: str, *, jobs_replication_factor: int | None = None
+) -> JobRecord:
     """Resolve the range now (every member then agrees on each partition's end), create the
     output, dead-letter and jobs topics when missing, and write the ``pending`` job record.
+    ``jobs_replication_factor``: replicas of a created jobs topic (default: the cluster's;
+    :func:`consumer.kafka.jobs_topic.ensure_jobs_topic`).
 
     Raises:
         RangeSourceError: the source topic does not exist or the broker cannot be reached.
@@ -53,7 +57,7 @@ async def submit_job(settings: BackfillSettings, jobs_topic: str) -> JobRecord:
     finally:
         await source.stop()
     await ensure_output_topics(settings, len(plan))
-    await ensure_jobs_topic(client, jobs_topic)
+    await ensure_jobs_topic(client, jobs_topic, replication_factor=jobs_replication_factor)
     record = job_record(
         settings, {p: (r.range_start, r.end) for p, r in plan.items()}, job_id=job_id
     )

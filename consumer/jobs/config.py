@@ -1,12 +1,13 @@
 """The jobs settings group (docs/JOBS.md): where jobs are recorded and whether serve runs them.
 
-Part of ``kbatch serve``'s settings (``--jobs-topic``, ``--run-jobs/--no-run-jobs``); ``kbatch
-backfill submit/status/cancel`` take ``--jobs-topic`` from here too.
+Part of ``kbatch serve``'s settings (``--jobs-topic``, ``--jobs-topic-replication-factor``,
+``--run-jobs/--no-run-jobs``); ``kbatch backfill submit`` takes the first two from here too
+(it creates the topic when missing), ``status``/``cancel`` ``--jobs-topic``.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 __all__ = ["DEFAULT_JOBS_TOPIC", "JobsSettings"]
 
@@ -23,6 +24,11 @@ class JobsSettings(BaseModel):
         min_length=1,
         description="Compacted topic of backfill jobs (kbatch backfill submit); created when "
         "missing.",
+    )
+    jobs_topic_replication_factor: PositiveInt | None = Field(
+        None,
+        description="Replicas of the jobs topic when it is created; default: the cluster's "
+        "default.replication.factor, else min(3, brokers).",
     )
     run_jobs: bool = Field(
         True,

@@ -10,9 +10,10 @@ One-writer rule (each key has one writer at a time, so compaction keeps the righ
 
 * ``JOB`` is written by ``kbatch backfill submit`` (``pending``), by ``kbatch backfill cancel``
   (``cancelled``), and by a serve member only to end the job: ``completed`` (written by the
-  member that sees every partition's committed offset of the job's group at its end) or
-  ``failed``. A terminal record is never rewritten by a member (:func:`is_terminal`); a cancel
-  racing a completion keeps whichever came last (both are terminal).
+  member that sees every partition's committed offset of the job's group at its end; ``failed``
+  instead when every record failed, :func:`end_state`) or ``failed``. A terminal record is
+  never rewritten by a member (:func:`is_terminal`); a cancel racing a completion keeps
+  whichever came last (both are terminal).
 * ``JOB/MEMBER`` is written only by that member.
 
 ``running`` is never written: :func:`derive_status` reports it for a ``pending`` job that has
@@ -41,6 +42,7 @@ __all__ = [
     "decode_record",
     "derive_status",
     "encode_record",
+    "end_state",
     "is_terminal",
     "new_job_id",
     "record_key",
@@ -191,6 +193,19 @@ def record_key(job_id: str, member: str | None = None) -> bytes:
     return (job_id if member is None else f"{job_id}/{member}").encode()
 
 
+def end_state(counts: JobCounts) -> tuple[JobState, str | None]:
+    """The state a job whose every partition is committed at its end ends in, with its reason:
+    ``failed`` when not one record was scored ok and some failed (``done == 0 < failed``: every
+    record it read was an error reply or a dead letter, e.g. a ``--text-field`` no record
+    has), else ``completed`` (failures among ok records show in the counts). Issue 36: such a
+    job ended ``completed``."""
+    if counts.done == 0 and counts.failed > 0:
+        return "failed", (
+            f"every record failed ({counts.failed} error replies or dead letters, none ok)"
+        )
+    return "completed", None
+
+
 def is_terminal(state: str) -> bool:
     """``completed``, ``failed`` and ``cancelled`` are final."""
     return state in TERMINAL
@@ -233,10 +248,13 @@ def derive_status(
 ) -> JobStatus:
     """The job's status from its record and its members' latest progress records.
 
-    State: the record's terminal state if it has one; else ``running`` when a member reported
-    progress, else ``pending``. Finished offsets: per partition the highest position any member
-    reported (a member that took a partition over resumes from the committed offset, so the
-    highest is the truth), less the range start; ``completed`` counts the whole range.
+    State: the record's terminal state if it has one (a ``completed`` one whose counts say
+    that every record failed, :func:`end_state`, is shown ``failed``: written by a member before
+    that rule, or with counts its table had not read yet); else ``running`` when a member
+    reported progress, else ``pending``. Finished offsets: per partition the highest position
+    any member reported (a member that took a partition over resumes from the committed
+    offset, so the highest is the truth), less the range start; ``completed`` counts the whole
+    range.
     Members: each one's last state; ``lost`` for a running or idle one silent for
     ``lost_after_s`` at ``now_s`` (Unix s; None: never lost). Counts: the members' sum (each
     member's last record: published before each of its commits, so complete once every
@@ -260,6 +278,9 @@ def derive_status(
     counts = sum((p.counts for p in members), JobCounts()) if members else job.counts
     if counts is None:
         counts = JobCounts()
+    reason = job.reason
+    if state == "completed":
+        state, reason = end_state(counts)
     return JobStatus(
         job_id=job.job_id,
         state=state,
@@ -275,7 +296,7 @@ def derive_status(
         },
         created_at_s=job.created_at_s,
         updated_at_s=max([job.updated_at_s, *(p.updated_at_s for p in members)]),
-        reason=job.reason,
+        reason=reason,
     )
 
 

@@ -26,6 +26,7 @@ from consumer.jobs.records import (
     MemberProgress,
     RecordError,
     encode_record,
+    end_state,
     is_terminal,
     record_key,
     sum_counts,
@@ -94,8 +95,12 @@ class JobRunner:
             KafkaUnavailableError: no broker answered.
             JobsTopicError: the topic cannot be created or read.
         """
-        if await ensure_jobs_topic(self._client, self.topic):
-            log.info("created the jobs topic %s (compacted)", self.topic)
+        await ensure_jobs_topic(
+            self._client,
+            self.topic,
+            replication_factor=self.settings.jobs_topic_replication_factor,
+            request_topic=self.settings.request_topic,
+        )  # logs its replicas when it creates the topic, warns when it is less durable
         await self._writer.start()
         await self._reader.start()
         self._task = asyncio.create_task(self._watch(stop), name="kbatch-jobs")
@@ -125,12 +130,15 @@ class JobRunner:
 
     async def end_job(self, job_id: str, state: JobState, reason: str | None) -> None:
         """Declare ``job_id`` ``completed`` or ``failed`` unless its record is already terminal
-        (the one-writer rule of :mod:`consumer.jobs.records`)."""
+        (the one-writer rule of :mod:`consumer.jobs.records`); ``completed`` becomes ``failed``
+        when every record failed (:func:`consumer.jobs.records.end_state`)."""
         self._ended.add(job_id)
         job = self.table.jobs.get(job_id)
         if job is None or is_terminal(job.state):
             return
         counts = sum_counts(self.table.members_of(job_id))
+        if state == "completed":
+            state, reason = end_state(counts)
         record = job.with_state(state, time.time(), reason=reason, counts=counts)
         value = encode_record(record)
         self.table.apply(record_key(job_id), value)

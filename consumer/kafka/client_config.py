@@ -154,10 +154,11 @@ async def start_client(
             an ACL denial.
         KafkaUnavailableError: ``f"{context}: {aiokafka's error}"``.
     """
-    quiet_retriable_errors()  # a coordinator not available yet is a WARNING, not an ERROR
+    quiet_retriable_errors()  # a retried error is a WARNING a minute, not an ERROR each time
     failures = _ConnectFailures()
     aiokafka_log = logging.getLogger("aiokafka")  # aiokafka.client logs through it
-    aiokafka_log.addFilter(failures)
+    # First: it must see every connect failure, also one the quieting filter would drop.
+    aiokafka_log.filters.insert(0, failures)
     try:
         with map_kafka_errors(KafkaUnavailableError, context):
             await start()

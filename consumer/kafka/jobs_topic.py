@@ -3,36 +3,57 @@
 Records are opaque ``(key, value)`` bytes here; :mod:`consumer.jobs.records` gives them meaning.
 The topic has one partition (job records are few and their order matters per key only, but one
 partition keeps ``status`` a single read) and ``cleanup.policy=compact``: the latest value of
-each key survives.
+each key survives. Its replicas: ``--jobs-topic-replication-factor``, else the cluster's
+default (:mod:`consumer.kafka.durability`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.admin.config_resource import ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.durability import (
+    choose_replication,
+    cluster_replication,
+    read_config,
+    topic_durability,
+)
 from consumer.kafka.errors import JobsTopicError, KafkaUnavailableError, map_kafka_errors
 
 __all__ = ["JobsTopicReader", "ensure_jobs_topic", "read_jobs_topic", "write_jobs_record"]
 
 COMPACTED = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
 
+log = logging.getLogger(__name__)
 
-async def ensure_jobs_topic(client: KafkaClientSettings, topic: str) -> bool:
+
+async def ensure_jobs_topic(
+    client: KafkaClientSettings,
+    topic: str,
+    *,
+    replication_factor: int | None = None,
+    request_topic: str | None = None,
+) -> bool:
     """Create ``topic`` (1 partition, compacted) when missing; True when it was created.
 
-    An existing topic must be compacted: a data topic named by mistake (``--jobs-topic`` set to
-    a job's source, say) is refused rather than written job records into. Where the broker
-    does not let this client read the topic's configuration (ACLs without DescribeConfigs),
-    the check is skipped.
+    Replicas: ``replication_factor``, else the cluster's default, else ``min(3, brokers)``
+    (:func:`consumer.kafka.durability.choose_replication`); ``min.insync.replicas`` is the
+    broker's default, as for the other topics kbatch creates. An existing topic must be
+    compacted: a data topic named by mistake (``--jobs-topic`` set to a job's source, say) is
+    refused rather than written job records into. Where the broker does not let this client
+    read the topic's configuration (ACLs without DescribeConfigs), the check is skipped. With
+    ``request_topic`` (serve's), a WARNING says so when the jobs topic is less durable than it
+    (:meth:`~consumer.kafka.durability.Durability.weaker_than`): a broker loss the requests
+    survive would stop ``kbatch backfill status`` and ``submit`` (issue 36).
 
     Raises:
         KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
@@ -41,50 +62,70 @@ async def ensure_jobs_topic(client: KafkaClientSettings, topic: str) -> bool:
     admin = AIOKafkaAdminClient(**client_kwargs(client))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
     try:
-        if topic in set(await admin.list_topics()):
-            policy = await _cleanup_policy(admin, topic)
-            if policy is not None and "compact" not in policy.split(","):
-                raise JobsTopicError(
-                    f"{topic!r} is not a jobs topic: its cleanup.policy is {policy!r} and a jobs "
-                    "topic is compacted (choose another --jobs-topic)"
-                )
-            return False
-        try:
-            with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
-                response = await admin.create_topics(
-                    [
-                        NewTopic(
-                            topic, num_partitions=1, replication_factor=1, topic_configs=COMPACTED
-                        )
-                    ]
-                )
-        except JobsTopicError as err:
-            if isinstance(err.__cause__, TopicAlreadyExistsError):
-                return False
-            raise
-        for name, code, *rest in getattr(response, "topic_errors", ()):
-            if code not in (0, TopicAlreadyExistsError.errno):
-                message = rest[0] if rest else ""
-                raise JobsTopicError(f"creating the jobs topic {name!r}: error {code} {message}")
-        return True
+        created = await _create_or_check(admin, topic, replication_factor)
+        if request_topic is not None:
+            await _compare_durability(admin, topic, request_topic)
+        return created
     finally:
         await admin.close()
 
 
-async def _cleanup_policy(admin: AIOKafkaAdminClient, topic: str) -> str | None:
-    """``topic``'s ``cleanup.policy``, or None when the broker does not say (denied, missing)."""
+async def _create_or_check(
+    admin: AIOKafkaAdminClient, topic: str, replication_factor: int | None
+) -> bool:
+    if topic in set(await admin.list_topics()):
+        policy = await read_config(admin, ConfigResourceType.TOPIC, topic, "cleanup.policy")
+        if policy is not None and "compact" not in policy.split(","):
+            raise JobsTopicError(
+                f"{topic!r} is not a jobs topic: its cleanup.policy is {policy!r} and a jobs "
+                "topic is compacted (choose another --jobs-topic)"
+            )
+        return False
+    with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
+        default, brokers = await cluster_replication(admin)
     try:
-        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    except KafkaError:
-        return None
-    for response in responses:
-        for error_code, _message, _type, _name, entries, *_ in response.resources:
-            if error_code != 0:
-                return None
-            for name, value, *_ in entries:
-                if name == "cleanup.policy":
-                    return str(value)
-    return None
+        replicas, why = choose_replication(replication_factor, default, brokers)
+    except ValueError as err:
+        raise JobsTopicError(f"creating the jobs topic {topic!r}: {err}") from err
+    try:
+        with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
+            response = await admin.create_topics(
+                [NewTopic(topic, num_partitions=1, replication_factor=replicas,
+                          topic_configs=COMPACTED)]
+            )  # fmt: skip
+    except JobsTopicError as err:
+        if isinstance(err.__cause__, TopicAlreadyExistsError):
+            return False
+        raise
+    for name, code, *rest in getattr(response, "topic_errors", ()):
+        if code not in (0, TopicAlreadyExistsError.errno):
+            message = rest[0] if rest else ""
+            raise JobsTopicError(
+                f"creating the jobs topic {name!r} with {replicas} replica(s) ({why}): "
+                f"error {code} {message}"
+            )
+    log.info("created the jobs topic %s (compacted, %d replica(s): %s)", topic, replicas, why)
+    return True
+
+
+async def _compare_durability(admin: AIOKafkaAdminClient, topic: str, request_topic: str) -> None:
+    """Log a WARNING when ``topic`` is less durable than ``request_topic`` (both existing)."""
+    try:
+        jobs = await topic_durability(admin, topic)
+        requests = await topic_durability(admin, request_topic)
+    except KafkaError as err:  # a check only: the jobs topic works
+        log.warning("durability of %s not compared with %s: %r", topic, request_topic, err)
+        return
+    if jobs is not None and requests is not None and jobs.weaker_than(requests):
+        log.warning(
+            "the jobs topic %s is less durable than the request topic %s (%s against %s): a "
+            "broker loss the requests survive can stop backfill jobs; reassign its partition "
+            "to more replicas (kafka-reassign-partitions) or set min.insync.replicas",
+            topic,
+            request_topic,
+            jobs,
+            requests,
+        )
 
 
 async def write_jobs_record(

@@ -260,7 +260,8 @@ def check_task(settings: ModelSettings, model_dir: Path) -> None:
 
     Raises:
         ValueError: classify asked of a model whose architectures name no classification head;
-            rerank of a model with more than one label.
+            rerank of a model with more than one label, or whose activation kbatch cannot apply
+            (:func:`consumer.model.cross_encoder.read_activation`).
     """
     head = _HEADS.get(settings.task)
     if head is None or settings.model == NOOP_MODEL or parse_sim(settings.model):
@@ -281,6 +282,10 @@ def check_task(settings: ModelSettings, model_dir: Path) -> None:
             f"--task rerank needs a cross-encoder with one output (a relevance logit); "
             f"{model_dir} has {config.num_labels} labels (a classifier: --task classify)"
         )
+    if settings.task == "rerank":
+        from consumer.model.cross_encoder import read_activation
+
+        read_activation(model_dir)
 
 
 _HEADS: dict[str, str] = {
@@ -416,11 +421,11 @@ def _load_task_runner(
         AutoModelForTokenClassification,
     )
 
+    from consumer.model.cross_encoder import read_activation
     from consumer.model.task_backends import (
         RerankBackend,
         SparseBackend,
         TokenClassifyBackend,
-        read_activation,
         read_splade,
     )
     from consumer.model.tokenize import read_max_length

@@ -6,8 +6,9 @@ autocast, warm-up, out-of-memory handling are shared) with its own head and resu
 - ``rerank``: a cross-encoder, ``AutoModelForSequenceClassification`` with one label, fed
   (query, document) pairs with their segment ids; a pair's result is ``{"score": float}``, the
   logit through the model's activation as sentence-transformers' ``CrossEncoder.predict``
-  applies it (``config.sentence_transformers.activation_fn``: Sigmoid or Identity; absent:
-  Sigmoid). :class:`consumer.batching.fanout.FanOutEngine` gathers a request's pairs.
+  applies it (Sigmoid or Identity, found where sentence-transformers finds it:
+  :mod:`consumer.model.cross_encoder`). :class:`consumer.batching.fanout.FanOutEngine` gathers
+  a request's pairs.
 - ``sparse``: a SPLADE encoder, ``AutoModelForMaskedLM``; weights
   ``pool_L(log(1 + relu(logits)) · mask)`` over the sequence (``max``, or ``sum``; a second
   ``log1p`` for ``log1p_relu``), as sentence-transformers' ``SpladePooling`` (read from
@@ -34,6 +35,7 @@ import torch
 
 from consumer.batching.types import TokenAlignment, TokenizedItem
 from consumer.entities import TOKENS, TokenScores
+from consumer.model.cross_encoder import Activation
 from consumer.model.errors import map_device_errors
 from consumer.model.torch_backend import TorchBackend, _Prepared
 from schemas.sparse import SPARSE
@@ -43,36 +45,8 @@ __all__ = [
     "SparseBackend",
     "SpladeConfig",
     "TokenClassifyBackend",
-    "read_activation",
     "read_splade",
 ]
-
-Activation = Literal["sigmoid", "identity"]
-
-_ACTIVATIONS: dict[str, Activation] = {
-    "torch.nn.modules.activation.Sigmoid": "sigmoid",
-    "torch.nn.Sigmoid": "sigmoid",
-    "torch.nn.modules.linear.Identity": "identity",
-    "torch.nn.Identity": "identity",
-}
-
-
-def read_activation(model_dir: Path) -> Activation:
-    """The activation ``CrossEncoder.predict`` applies to this model's logit: the
-    ``sentence_transformers.activation_fn`` (or the pre-4.0
-    ``sbert_ce_default_activation_function``) of ``config.json``; absent: Sigmoid (one label).
-
-    Raises:
-        ValueError: another activation (kbatch applies Sigmoid and Identity only).
-    """
-    cfg = json.loads((model_dir / "config.json").read_text())
-    st = cfg.get("sentence_transformers") or {}
-    path = st.get("activation_fn") or cfg.get("sbert_ce_default_activation_function")
-    if path is None:
-        return "sigmoid"
-    if path not in _ACTIVATIONS:
-        raise ValueError(f"{model_dir}: cross-encoder activation {path} is not supported")
-    return _ACTIVATIONS[path]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +130,8 @@ class RerankBackend(_TaskBackend):
 
     Args:
         activation: what ``CrossEncoder.predict`` applies to the logit
-            (:func:`read_activation`); the rest as :class:`TorchBackend` with task ``classify``.
+            (:func:`consumer.model.cross_encoder.read_activation`); the rest as
+            :class:`TorchBackend` with task ``classify``.
 
     Raises:
         ValueError: the model has more than one label (a rerank score is one number).

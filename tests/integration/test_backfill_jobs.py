@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from consumer.jobs.client import cancel_job, job_statuses
-from consumer.jobs.records import JobStatus
+from consumer.jobs.client import cancel_job, job_statuses, read_table
+from consumer.jobs.records import TERMINAL, JobStatus
 from consumer.kafka.admin import create_topics, delete_topics
 from consumer.kafka.config import KafkaClientSettings
 from tests.conftest import unique_group
@@ -124,6 +124,17 @@ async def _status(m: Members, job: str) -> JobStatus:
     return status
 
 
+def _status_json(m: Members, job: str) -> dict[str, Any]:
+    """What ``kbatch backfill status JOB --json`` prints."""
+    shown = subprocess.run(
+        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", m.bootstrap,
+         "--jobs-topic", m.jobs_topic],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    status: dict[str, Any] = json.loads(shown.stdout)
+    return status
+
+
 async def _wait_status(m: Members, job: str, ok: object, timeout_s: float) -> JobStatus:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -147,12 +158,7 @@ async def test_submitted_job_completes_with_counts_matching_the_output(members: 
     assert all(r.reply.status == "ok" for r in written)
     assert (status.counts.done, status.counts.failed, status.counts.skipped) == (n, 0, 0)
     assert (status.finished_offsets, status.total_offsets, status.fraction) == (n, n, 1.0)
-    shown = subprocess.run(
-        [KBATCH, "backfill", "status", job, "--json", "--bootstrap", members.bootstrap,
-         "--jobs-topic", members.jobs_topic],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    assert json.loads(shown.stdout)["state"] == "completed"
+    assert _status_json(members, job)["state"] == "completed"
 
 
 async def test_cancel_stops_every_member_within_5_s(members: Members) -> None:
@@ -193,12 +199,18 @@ async def test_a_job_writing_into_serves_request_topic_fails_at_once(members: Me
 
 
 async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Members) -> None:
-    """Found by a new-user trial: the worker dead-lettered into serve's --dlq-topic."""
+    """Found by a new-user trial: the worker dead-lettered into serve's --dlq-topic. Every
+    record fails here, so the job ends ``failed`` (issue 36: it ended ``completed``): the
+    record the member declares, ``status`` and ``status --json``."""
     n = 12
     source, output = await _source(members, 1, n)
     job = _submit(members, source, output, "--text-field", "body.nope")
-    status = await _wait_status(members, job, lambda s: s.state == "completed", 60)
-    assert (status.counts.done, status.counts.failed) == (0, n)
+    status = await _wait_status(members, job, lambda s: s.state in TERMINAL, 60)
+    assert (status.state, status.counts.done, status.counts.failed) == ("failed", 0, n)
+    assert status.reason == f"every record failed ({n} error replies or dead letters, none ok)"
+    table = await read_table(KafkaClientSettings(bootstrap=members.bootstrap), members.jobs_topic)
+    assert table.jobs[job].state == "failed"  # declared so by the member, not only shown
+    assert _status_json(members, job)["state"] == "failed"
     own = await read_all(members.bootstrap, f"{source}.dlq", 1, decode=False)
     assert len(own) == n
     assert {r.headers["kbatch.source.topic"] for r in own} == {source.encode()}

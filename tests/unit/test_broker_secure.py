@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from consumer.broker.secure import USERS, SecureBroker, _server_properties
 from consumer.cli import cli
+from consumer.kafka.config import KafkaClientSettings
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +77,44 @@ def test_broker_env_prints_the_clients_variables(
     out = CliRunner().invoke(cli, ["broker", "env", "--port", "29093", "--user", "client"])
     assert out.exit_code == 0, out.output
     env = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
-               for line in out.output.splitlines())  # fmt: skip
+               for line in out.output.splitlines() if line.startswith("export "))  # fmt: skip
     assert env["KBATCH_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert env["KBATCH_SASL_USERNAME"] == "client"
     assert env["KBATCH_SASL_PASSWORD"] == broker.password("client")
     assert Path(env["KBATCH_SSL_CAFILE"]) == broker.tls_dir / "ca.pem"
     mtls = CliRunner().invoke(cli, ["broker", "env", "--port", "29093", "--mtls"])
-    assert "KBATCH_SSL_CERTFILE" in mtls.output and "PASSWORD" not in mtls.output
+    assert "KBATCH_SSL_CERTFILE" in mtls.output and "export KBATCH_SASL" not in mtls.output
+    assert broker.password("kbatch") not in mtls.output
     assert "127.0.0.1:29095" in mtls.output
     none = CliRunner().invoke(cli, ["broker", "env", "--port", "1"])
     assert none.exit_code == 2 and "--secure --port 1" in none.output
+
+
+def _eval_in_shell(lines: str, earlier: dict[str, str]) -> dict[str, str]:
+    """The ``KBATCH_*`` variables a shell holding ``earlier`` has after ``eval "$lines"``."""
+    script = 'eval "$EVAL_LINES" && env -0'
+    env = {"PATH": "/usr/bin:/bin", "EVAL_LINES": lines, **earlier}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, check=True).stdout
+    pairs = (item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    return {k: v for k, v in pairs if k.startswith("KBATCH_")}
+
+
+@pytest.mark.parametrize("mtls", [True, False], ids=["mtls-after-sasl", "sasl-after-mtls"])
+def test_broker_env_unsets_what_the_other_mode_set(
+    broker: SecureBroker, monkeypatch: pytest.MonkeyPatch, mtls: bool
+) -> None:
+    """Issue 36: `eval "$(kbatch broker env --mtls)"` after the SASL lines left
+    KBATCH_SASL_* exported; the lines now leave exactly the chosen mode's variables."""
+    assert broker.cache_dir is not None
+    monkeypatch.setenv("KBATCH_CACHE_DIR", str(broker.cache_dir))
+    args = ["broker", "env", "--port", "29093", "--user", "client"]
+    first = CliRunner().invoke(cli, args + ([] if mtls else ["--mtls"]))
+    second = CliRunner().invoke(cli, args + (["--mtls"] if mtls else []))
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    earlier = _eval_in_shell(first.output, {"KBATCH_SSL_CHECK_HOSTNAME": "false"})
+    after = _eval_in_shell(second.output, earlier)
+    expected = broker.client_env("client", mtls=mtls)
+    assert after == expected
+    KafkaClientSettings.model_validate(
+        {k.removeprefix("KBATCH_").lower(): v for k, v in after.items()}
+    )  # what a client reads from this shell is one valid mode

@@ -13,6 +13,7 @@ from consumer.jobs.records import (
     decode_record,
     derive_status,
     encode_record,
+    end_state,
     is_terminal,
     new_job_id,
     record_key,
@@ -121,6 +122,45 @@ def test_a_terminal_record_wins_and_completed_counts_the_whole_range() -> None:
     cancelled = _job(clock).with_state("cancelled", clock(), reason="by hand")
     status = derive_status(cancelled, [_progress(clock, "a", {0: 10}, 10)])
     assert (status.state, status.reason, status.counts.done) == ("cancelled", "by hand", 10)
+
+
+@pytest.mark.parametrize(
+    ("done", "failed", "skipped", "state"),
+    [
+        (0, 12, 0, "failed"),  # every record failed: a --text-field no record has
+        (0, 12, 3, "failed"),  # what was scored failed; the skipped were finished earlier
+        (1, 12, 0, "completed"),  # failures among ok records show in the counts
+        (150, 0, 0, "completed"),
+        (0, 0, 150, "completed"),  # an earlier run had finished everything
+        (0, 0, 0, "completed"),  # an empty range
+    ],
+)
+def test_a_job_ends_failed_when_every_record_failed(
+    done: int, failed: int, skipped: int, state: str
+) -> None:
+    counts = JobCounts(done=done, failed=failed, skipped=skipped)
+    ended, reason = end_state(counts)
+    assert ended == state
+    assert (reason is None) == (state == "completed")
+    if reason is not None:
+        assert reason == f"every record failed ({failed} error replies or dead letters, none ok)"
+
+
+def test_a_completed_record_whose_every_record_failed_is_shown_failed() -> None:
+    """Issue 36: a job in which every record failed ended ``completed``, in ``status`` and in
+    ``--json``; a record a member wrote so (before the rule) is shown ``failed`` with why."""
+    from consumer.jobs.render import status_json
+
+    clock = FakeClock()
+    job = _job(clock).with_state("completed", clock(), counts=JobCounts(failed=150))
+    members = [_progress(clock, "a", {0: 100, 1: 60}, 0, failed=150, state="stopped")]
+    for status in (derive_status(job, members), derive_status(job, [])):
+        assert status.state == "failed"
+        assert status.reason is not None and status.reason.startswith("every record failed")
+        assert status.finished_offsets == 150  # the range was read to its end
+        assert status_json(status)["state"] == "failed"
+    partly = job.with_state("completed", clock(), counts=JobCounts(done=1, failed=149))
+    assert derive_status(partly, []).state == "completed"
 
 
 def test_an_empty_range_is_complete_progress() -> None:

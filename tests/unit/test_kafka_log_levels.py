@@ -1,17 +1,32 @@
-"""aiokafka's retriable group-coordinator errors are a WARNING once a minute, not an ERROR
-(consumer/kafka/log_levels.py): the lines aiokafka writes, through its own logger."""
+"""aiokafka's retried errors are a WARNING once a minute, not an ERROR each time
+(consumer/kafka/log_levels.py): the lines aiokafka writes, through its own loggers — the group
+coordinator's, and (issue 36) the client's connection and the fetcher's retries while one
+broker of a cluster is down."""
 
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 from collections.abc import Iterator
 
 import pytest
-from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
+from aiokafka import AIOKafkaClient
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    GroupCoordinatorNotAvailableError,
+    KafkaConnectionError,
+    NotLeaderForPartitionError,
+    RequestTimedOutError,
+    TopicAuthorizationFailedError,
+)
+from aiokafka.protocol.metadata import MetadataResponse_v0
 
 from consumer.kafka.client_config import start_client
+from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.log_levels import (
     COORDINATOR_LOGGER,
+    NOISY_LOGGERS,
     REPEAT_AFTER_S,
     RetriableErrorLogFilter,
     quiet_retriable_errors,
@@ -19,19 +34,22 @@ from consumer.kafka.log_levels import (
 from tests.fakes import FakeClock
 
 LINE = "Group Coordinator Request failed: %s"  # aiokafka's ensure_coordinator_known
+TOPIC_LINE = "Error fetching metadata for topic %s: %s"  # aiokafka.cluster
 
 
 @pytest.fixture
 def clock() -> Iterator[FakeClock]:
-    """This filter alone on aiokafka's logger, on a fake clock (the installed one set aside)."""
+    """This filter alone on aiokafka's loggers, on a fake clock (the installed one set aside)."""
     clock = FakeClock()
-    logger = logging.getLogger(COORDINATOR_LOGGER)
-    installed = logger.filters[:]
-    logger.filters[:] = [RetriableErrorLogFilter(clock)]
+    quiet = RetriableErrorLogFilter(clock)
+    installed = {name: logging.getLogger(name).filters[:] for name in NOISY_LOGGERS}
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).filters[:] = [quiet]
     try:
         yield clock
     finally:
-        logger.filters[:] = installed
+        for name, filters in installed.items():
+            logging.getLogger(name).filters[:] = filters
 
 
 def test_a_retriable_coordinator_error_is_one_warning_a_minute(
@@ -70,7 +88,102 @@ async def test_starting_a_kafka_client_installs_the_filter_once() -> None:
 
     await start_client(nothing, nothing, "a client")
     await start_client(nothing, nothing, "another client")
-    filters = logging.getLogger(COORDINATOR_LOGGER).filters
-    assert [f for f in filters if isinstance(f, RetriableErrorLogFilter)] == [
-        quiet_retriable_errors()
+    for name in NOISY_LOGGERS:
+        filters = logging.getLogger(name).filters
+        assert [f for f in filters if isinstance(f, RetriableErrorLogFilter)] == [
+            quiet_retriable_errors()
+        ]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_broker_that_is_down_is_one_warning_a_minute_per_node(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: with one broker of three down, aiokafka's client logged ``Unable connect to
+    node with id N`` at ERROR for every request routed to it (hundreds per fault). Its own
+    code here: a client whose metadata names two brokers that refuse connections."""
+    caplog.set_level(logging.INFO)
+    client = AIOKafkaClient(bootstrap_servers="127.0.0.1:1", request_timeout_ms=1000)
+    down = [(2, "127.0.0.1", _closed_port()), (3, "127.0.0.1", _closed_port())]
+    client.cluster.update_metadata(MetadataResponse_v0(down, []))
+    try:
+        for _ in range(20):  # aiokafka retries every retry_backoff_ms (100 ms)
+            clock.now_s += 0.1
+            assert await client._get_conn(2) is None
+        assert await client._get_conn(3) is None  # another node down: its own line at once
+        clock.now_s += REPEAT_AFTER_S
+        assert await client._get_conn(2) is None
+    finally:
+        await client.close()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "aiokafka"]
+    assert [(level, text.split(":")[0]) for level, text in lines] == [
+        ("WARNING", "Unable connect to node with id 2"),
+        ("WARNING", "Unable connect to node with id 3"),
+        ("WARNING", "Unable connect to node with id 2"),  # a minute later
     ]
+
+
+@pytest.mark.parametrize(
+    ("logger", "line", "error"),
+    [
+        ("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", KafkaConnectionError()),
+        ("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", RequestTimedOutError()),
+        ("aiokafka.consumer.fetcher", "Failed fetch offsets from %s: %s", KafkaConnectionError()),
+        ("aiokafka", "Unable connect to node with id %s: %s", TimeoutError()),
+        ("aiokafka.cluster", TOPIC_LINE, NotLeaderForPartitionError),
+        ("aiokafka.producer.sender", "Got error produce response: %s", KafkaConnectionError()),
+    ],
+    ids=["fetch", "fetch-timeout", "offsets", "connect-timeout", "metadata-class", "produce"],
+)
+def test_a_retried_fetch_metadata_or_produce_error_is_one_warning_a_minute(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture, logger: str, line: str, error: object
+) -> None:
+    """The fetcher's, the cluster metadata's and the producer's lines, as aiokafka 0.14 writes
+    them (the metadata line passes the error class, not an instance; the producer's is a
+    WARNING at each retry)."""
+    caplog.set_level(logging.INFO)
+    level = logging.WARNING if logger.endswith("sender") else logging.ERROR
+    args = (error,) if line.count("%s") == 1 else (2, error)
+    for _ in range(50):
+        clock.now_s += 0.1
+        logging.getLogger(logger).log(level, line, *args)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_a_tls_or_acl_failure_on_a_noisy_logger_stays_an_error(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    client_log = logging.getLogger("aiokafka")
+    tls = ssl.SSLCertVerificationError("certificate verify failed")
+    client_log.error("Unable connect to node with id %s: %s", 2, tls)
+    client_log.error("Unable connect to node with id %s: %s", 2, tls)
+    client_log.error("Unable to update metadata from %s", [1, 2, 3])  # no broker answered
+    cluster_log = logging.getLogger("aiokafka.cluster")
+    cluster_log.error(
+        "Error fetching metadata for topic %s: %s", "t", TopicAuthorizationFailedError
+    )
+    assert [r.levelname for r in caplog.records] == ["ERROR"] * 4
+
+
+async def test_a_start_names_the_connect_failure_every_time(clock: FakeClock) -> None:
+    """start_client reads the cause from aiokafka's connect line; the quieting filter, which
+    drops that line's repeats within the minute, must not take it away from the second start."""
+
+    async def refused() -> None:
+        logging.getLogger("aiokafka").error(
+            'Unable connect to "%s:%s": %s', "127.0.0.1", 1, ConnectionRefusedError(111, "no")
+        )
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def nothing() -> None:
+        return None
+
+    for _ in range(2):
+        with pytest.raises(KafkaUnavailableError, match=r"a client: \[Errno 111\] no"):
+            await start_client(refused, nothing, "a client")

@@ -1,0 +1,131 @@
+"""How many replicas a topic kbatch creates gets, and whether one topic is less durable than
+another (issue 36: the jobs topic had one replica on a three-node cluster).
+
+Pure rules (:func:`choose_replication`, :meth:`Durability.weaker_than`) and the admin calls
+that feed them (:func:`cluster_replication`, :func:`topic_durability`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+__all__ = [
+    "Durability",
+    "choose_replication",
+    "cluster_replication",
+    "read_config",
+    "topic_durability",
+]
+
+FALLBACK_MAX_REPLICAS = 3
+"""Replicas when the cluster's default cannot be read: ``min(3, brokers)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """What a topic survives.
+
+    Attributes:
+        replicas: the fewest replicas of any of its partitions.
+        min_insync: its effective ``min.insync.replicas`` (its own, else the broker's), None
+            where the broker did not say (ACLs without DescribeConfigs).
+    """
+
+    replicas: int
+    min_insync: int | None
+
+    def weaker_than(self, other: Durability) -> bool:
+        """Fewer replicas than ``other``, or a lower ``min.insync.replicas`` (compared only
+        where both are known): a broker loss ``other`` survives may lose this topic's
+        acknowledged writes or leave it without a leader."""
+        if self.replicas < other.replicas:
+            return True
+        if self.min_insync is None or other.min_insync is None:
+            return False
+        return self.min_insync < other.min_insync
+
+    def __str__(self) -> str:
+        isr = "?" if self.min_insync is None else str(self.min_insync)
+        return f"{self.replicas} replica(s), min.insync.replicas {isr}"
+
+
+def choose_replication(
+    requested: int | None, cluster_default: int | None, brokers: int
+) -> tuple[int, str]:
+    """The replication factor of a topic to create, and why (for the log line).
+
+    ``requested`` (a flag) wins; else the cluster's ``default.replication.factor`` (what
+    Kafka's own AdminClient asks for by sending -1, KIP-464; aiokafka 0.14 speaks CreateTopics
+    v0–v3 only, which has no -1, so it is read from the broker's configuration); else, where
+    the broker does not say, ``min(3, brokers)``. ``min.insync.replicas`` is left to the
+    broker's default, as for every topic kbatch creates.
+
+    Raises:
+        ValueError: ``brokers`` < 1 without a requested or default factor.
+    """
+    if requested is not None:
+        return requested, "as requested"
+    if cluster_default is not None and cluster_default >= 1:
+        return cluster_default, "the cluster's default.replication.factor"
+    if brokers < 1:
+        raise ValueError("no broker in the cluster metadata")
+    replicas = min(FALLBACK_MAX_REPLICAS, brokers)
+    return replicas, f"min({FALLBACK_MAX_REPLICAS}, {brokers} brokers)"
+
+
+async def cluster_replication(admin: AIOKafkaAdminClient) -> tuple[int | None, int]:
+    """``(default.replication.factor or None, brokers)``: the broker's default as the
+    controller (else the first broker) reports it, None where it does not say (denied).
+
+    Raises:
+        KafkaError: the cluster metadata could not be read.
+    """
+    cluster = await admin.describe_cluster()
+    brokers = [int(b["node_id"]) for b in cluster.get("brokers", [])]
+    if not brokers:
+        return None, 0
+    controller = cluster.get("controller_id")
+    node = controller if controller in brokers else brokers[0]
+    value = await read_config(
+        admin, ConfigResourceType.BROKER, str(node), "default.replication.factor"
+    )
+    return (int(value) if value is not None else None), len(brokers)
+
+
+async def topic_durability(admin: AIOKafkaAdminClient, topic: str) -> Durability | None:
+    """``topic``'s :class:`Durability`, or None when it does not exist or has no partition.
+
+    Raises:
+        KafkaError: the metadata could not be read.
+    """
+    described: list[dict[str, Any]] = await admin.describe_topics([topic])
+    partitions = [p for t in described if t.get("error_code", 0) == 0 for p in t["partitions"]]
+    if not partitions:
+        return None
+    replicas = min(len(p["replicas"]) for p in partitions)
+    isr = await read_config(admin, ConfigResourceType.TOPIC, topic, "min.insync.replicas")
+    return Durability(replicas, int(isr) if isr is not None else None)
+
+
+async def read_config(
+    admin: AIOKafkaAdminClient, kind: ConfigResourceType, name: str, key: str
+) -> str | None:
+    """One configuration value of a broker or topic (its effective value: the topic's own,
+    else the broker's), None when the broker does not say (denied, missing)."""
+    try:
+        responses = await admin.describe_configs([ConfigResource(kind, name, {key: None})])
+    except KafkaError:
+        return None
+    for response in responses:
+        for error_code, _message, _type, _name, entries, *_ in response.resources:
+            if error_code != 0:
+                return None
+            for entry_name, value, *_ in entries:
+                if entry_name == key:
+                    return None if value is None else str(value)
+    return None

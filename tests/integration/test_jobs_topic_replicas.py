@@ -1,0 +1,78 @@
+"""The jobs topic's replicas and the durability warning, against the real single broker
+(consumer/kafka/jobs_topic.py, issue 36 item 4). The three-node case is in
+``tests/chaos/test_cluster_faults.py`` (the topic survives the SIGKILL of its leader)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from consumer.kafka.admin import create_topics, delete_topics
+from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.durability import Durability, topic_durability
+from consumer.kafka.errors import JobsTopicError
+from consumer.kafka.jobs_topic import COMPACTED, ensure_jobs_topic
+
+pytestmark = pytest.mark.integration
+
+WARNING = "is less durable than the request topic"
+
+
+@pytest.fixture
+async def names(kafka_bootstrap: str) -> AsyncIterator[list[str]]:
+    """Unique topic names for one test (deleted afterwards)."""
+    made = [f"test.jobs-rf.{uuid.uuid4().hex[:10]}.{i}" for i in range(3)]
+    yield made
+    await delete_topics(kafka_bootstrap, made)
+
+
+async def durability(bootstrap: str, topic: str) -> Durability | None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return await topic_durability(admin, topic)
+    finally:
+        await admin.close()
+
+
+async def test_a_created_jobs_topic_takes_the_clusters_default(
+    kafka_bootstrap: str, names: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="consumer.kafka.jobs_topic")
+    client = KafkaClientSettings(bootstrap=kafka_bootstrap)
+    assert await ensure_jobs_topic(client, names[0])
+    assert await durability(kafka_bootstrap, names[0]) == Durability(1, 1)  # the broker's own
+    assert f"created the jobs topic {names[0]} (compacted, 1 replica(s): the cluster's " \
+        "default.replication.factor)" in caplog.text  # fmt: skip
+    assert not await ensure_jobs_topic(client, names[0])  # existing: left as it is
+
+
+async def test_a_replication_factor_the_cluster_cannot_hold_is_refused_naming_it(
+    kafka_bootstrap: str, names: list[str]
+) -> None:
+    client = KafkaClientSettings(bootstrap=kafka_bootstrap)
+    with pytest.raises(JobsTopicError, match=r"with 2 replica\(s\) \(as requested\)"):
+        await ensure_jobs_topic(client, names[0], replication_factor=2)  # one broker
+
+
+async def test_a_jobs_topic_less_durable_than_the_request_topic_is_warned_about(
+    kafka_bootstrap: str, names: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One broker: the request topic's min.insync.replicas set to 2, the jobs topic at the
+    broker's 1 (on three nodes it is the replica count: tests/chaos)."""
+    jobs, requests, strict = names
+    await create_topics(kafka_bootstrap, [jobs], config=COMPACTED)
+    await create_topics(kafka_bootstrap, [requests])
+    await create_topics(kafka_bootstrap, [strict], config={"min.insync.replicas": "2"})
+    client = KafkaClientSettings(bootstrap=kafka_bootstrap)
+    caplog.set_level(logging.INFO, logger="consumer.kafka.jobs_topic")
+    assert not await ensure_jobs_topic(client, jobs, request_topic=requests)
+    assert WARNING not in caplog.text  # as durable: no warning
+    assert not await ensure_jobs_topic(client, jobs, request_topic=strict)
+    (line,) = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
+    assert "(1 replica(s), min.insync.replicas 1 against 1 replica(s), min.insync.replicas 2)" \
+        in line and jobs in line and strict in line  # fmt: skip
