@@ -15,6 +15,7 @@ RULES: list[tuple[str, set[str]]] = [
     ("consumer/batching", {"aiokafka", "torch", "transformers"}),
     ("consumer/model", {"aiokafka"}),
     ("consumer/kafka", {"torch", "transformers"}),
+    ("consumer/cpu", {"aiokafka", "torch", "transformers", "tokenizers", "onnxruntime"}),
     ("producer_tools", {"torch", "transformers"}),
 ]
 # aiokafka may appear only under these; torch/transformers only under these.

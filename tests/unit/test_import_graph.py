@@ -144,3 +144,17 @@ def test_the_model_layer_imports_nothing_of_the_commands() -> None:
         if module == "consumer.model" or module.startswith("consumer.model.")
     }
     assert {m: deps for m, deps in leaks.items() if deps} == {}
+
+
+def test_the_cpu_budget_imports_nothing_of_consumer_outside_it() -> None:
+    """``consumer/cpu/`` sits below every layer: the model loader, the supervisor and the
+    benches read it (docs/ARCHITECTURE.md §CPU budget)."""
+    graph = import_graph(ROOT, PACKAGES)
+    outside = {
+        module: sorted(
+            d for d in deps if d.startswith("consumer") and not d.startswith("consumer.cpu")
+        )
+        for module, deps in graph.items()
+        if module.startswith("consumer.cpu")
+    }
+    assert {m: deps for m, deps in outside.items() if deps} == {}
