@@ -570,13 +570,13 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
         _Strategy,
         poisson_arrivals,
     )
-    from consumer.cpu.plan import default_torch_threads
+    from consumer.cpu.plan import budget_cores_whole
     from consumer.model.loader import load_runner
     from consumer.model.tokenize import HFTokenizer
     from consumer.model.torch_backend import configure_threads, describe_runner
 
     texts = list(opts.texts)
-    threads = configure_threads(opts.threads or default_torch_threads())
+    threads = configure_threads(opts.threads or budget_cores_whole())
     runner = load_runner(opts.model_dir, backend=opts.backend, threads=threads)  # type: ignore[arg-type]
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     cuda = str(describe_runner(runner).get("device", "")).startswith("cuda")

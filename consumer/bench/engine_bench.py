@@ -72,7 +72,7 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, WarmupMode
 from consumer.batching.stats import EngineStats, NullStats
 from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
-from consumer.cpu.plan import default_torch_threads
+from consumer.cpu.plan import budget_cores_whole
 from consumer.model.baselines import BaselineRun, PlainModel, plain_loop, sorted_offline
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
@@ -421,7 +421,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         )
     if not opts.texts:
         raise ValueError("no texts")
-    threads = configure_threads(opts.threads or default_torch_threads())
+    threads = configure_threads(opts.threads or budget_cores_whole())
     runner = load_runner(
         opts.model_dir,
         device=opts.device,

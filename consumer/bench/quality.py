@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumer.cpu.plan import default_torch_threads
+from consumer.cpu.plan import budget_cores_whole
 from consumer.model.loader import load_runner
 from consumer.model.quality import compare_results, min_cosine_required, score_texts
 from consumer.model.tokenize import HFTokenizer
@@ -50,7 +50,7 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
     """
     if not opts.texts:
         raise ValueError("no texts")
-    threads = configure_threads(opts.threads or default_torch_threads())
+    threads = configure_threads(opts.threads or budget_cores_whole())
     texts = list(opts.texts)
     reference = load_runner(opts.model_dir, device=opts.device, trace=False)  # eager fp32
     candidate = load_runner(

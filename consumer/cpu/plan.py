@@ -28,7 +28,7 @@ from consumer.cpu.budget import CpuBudget
 __all__ = [
     "ThreadPlan",
     "apply_native_env",
-    "default_torch_threads",
+    "budget_cores_whole",
     "host_reserve_cores",
     "plan_threads",
 ]
@@ -177,9 +177,10 @@ def apply_native_env(
     return applied
 
 
-def default_torch_threads(*, accelerator: bool = False) -> int:
-    """Torch intra-op threads of a process with no ``--torch-threads``: the plan's count for
-    this process's budget (the benchmarks' default, so they run as ``kbatch serve`` does)."""
+def budget_cores_whole() -> int:
+    """This process's CPU budget in whole cores (at least 1), with nothing kept for a host
+    path: the default torch threads of the benchmarks that run the model alone in-process
+    (``kbatch bench engine``, ``bench quality``, ``bench e2e``'s ``engine``)."""
     from consumer.cpu.budget import read_cpu_budget
 
-    return plan_threads(read_cpu_budget(), accelerator=accelerator).torch_threads
+    return max(1, math.floor(read_cpu_budget().cores))

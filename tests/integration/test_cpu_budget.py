@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,32 @@ def one_cpu_group() -> Iterator[str]:
             directory.rmdir()
 
 
+async def _serve(
+    tmp_path: Path, bootstrap: str, new_topic: TopicFactory, model: str, **kw: Any
+) -> tuple[dict[str, float], str]:
+    """Start ``kbatch serve`` with no ``--torch-threads`` (the plan decides), wait until ready,
+    stop it; its metrics while it ran and its log."""
+    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=bootstrap,
+        request_topic=req,
+        reply_topic=rep,
+        dlq_topic=dlq,
+        group_id=unique_group("cpu"),
+        model=model,
+        torch_threads=None,
+        **kw,
+    )
+    try:
+        server.wait_ready()
+        metrics = server.metrics()
+    finally:
+        server.stop()
+    assert server.wait() == 0, server.log_tail()
+    return metrics, server.log_path.read_text()
+
+
 async def test_serve_in_a_one_cpu_cgroup_plans_for_one_core(
     tmp_path: Path,
     kafka_bootstrap: str,
@@ -50,54 +77,27 @@ async def test_serve_in_a_one_cpu_cgroup_plans_for_one_core(
     tiny_embed_dir: Path,
     one_cpu_group: str,
 ) -> None:
-    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
-    server = ServeProcess.start(
+    metrics, log = await _serve(
         tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=req,
-        reply_topic=rep,
-        dlq_topic=dlq,
-        group_id=unique_group("cpu"),
-        model=str(tiny_embed_dir),
-        torch_threads=None,  # the plan decides
+        kafka_bootstrap,
+        new_topic,
+        str(tiny_embed_dir),
         prefix=[CGROUP_RUN, one_cpu_group, "1", "--"],
     )
-    try:
-        server.wait_ready()
-        metrics = server.metrics()
-    finally:
-        server.stop()
-    assert server.wait() == 0, server.log_tail()
     assert metrics["kbatch_cpu_budget_cores"] == 1  # the quota, not the machine's cores
     assert metrics['kbatch_threads{pool="torch"}'] == 1
     assert metrics['kbatch_threads{pool="tokenizer"}'] == 1
-    log = server.log_path.read_text()
-    assert "CPU budget 1 core from the cgroup" in log, server.log_tail()
+    assert "CPU budget 1 core from the cgroup" in log, log[-2000:]
     assert "no core kept for the host path" in log
 
 
 async def test_cpu_budget_setting_caps_the_plan(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    """``KBATCH_CPU_BUDGET``-style override through the flag: half a core still runs one torch
-    thread, and the metric shows the budget as given."""
-    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=req,
-        reply_topic=rep,
-        dlq_topic=dlq,
-        group_id=unique_group("cpu"),
-        model="noop",
-        torch_threads=None,
-        extra=["--cpu-budget", "0.5"],
+    """``--cpu-budget`` (``KBATCH_CPU_BUDGET``): half a core still runs one torch thread, and
+    the metric shows the budget as given."""
+    metrics, _log = await _serve(
+        tmp_path, kafka_bootstrap, new_topic, "noop", extra=["--cpu-budget", "0.5"]
     )
-    try:
-        server.wait_ready()
-        metrics = server.metrics()
-    finally:
-        server.stop()
-    assert server.wait() == 0, server.log_tail()
     assert metrics["kbatch_cpu_budget_cores"] == 0.5
     assert metrics['kbatch_threads{pool="torch"}'] == 1

@@ -115,16 +115,19 @@ def test_only_the_cli_imports_the_serve_wiring() -> None:
     assert [m for m in _importers_of("consumer.app") if not m.startswith("consumer.cli")] == []
 
 
-def test_the_kafka_layer_imports_nothing_of_consumer_outside_it() -> None:
+def _imports_of_consumer_outside(package: str) -> dict[str, list[str]]:
+    """Module of ``package`` → the modules of ``consumer`` outside ``package`` it imports."""
     graph = import_graph(ROOT, PACKAGES)
     outside = {
-        module: sorted(
-            d for d in deps if d.startswith("consumer") and not d.startswith("consumer.kafka")
-        )
+        module: sorted(d for d in deps if d.startswith("consumer") and not d.startswith(package))
         for module, deps in graph.items()
-        if module.startswith("consumer.kafka")
+        if module.startswith(package)
     }
-    assert {m: deps for m, deps in outside.items() if deps} == {}
+    return {m: deps for m, deps in outside.items() if deps}
+
+
+def test_the_kafka_layer_imports_nothing_of_consumer_outside_it() -> None:
+    assert _imports_of_consumer_outside("consumer.kafka") == {}
 
 
 def test_schemas_errors_is_a_leaf_of_schemas() -> None:
@@ -149,12 +152,4 @@ def test_the_model_layer_imports_nothing_of_the_commands() -> None:
 def test_the_cpu_budget_imports_nothing_of_consumer_outside_it() -> None:
     """``consumer/cpu/`` sits below every layer: the model loader, the supervisor and the
     benches read it (docs/ARCHITECTURE.md §CPU budget)."""
-    graph = import_graph(ROOT, PACKAGES)
-    outside = {
-        module: sorted(
-            d for d in deps if d.startswith("consumer") and not d.startswith("consumer.cpu")
-        )
-        for module, deps in graph.items()
-        if module.startswith("consumer.cpu")
-    }
-    assert {m: deps for m, deps in outside.items() if deps} == {}
+    assert _imports_of_consumer_outside("consumer.cpu") == {}
