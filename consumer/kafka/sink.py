@@ -1,9 +1,13 @@
 """The reply sink: one idempotent producer (acks=all) for replies and dead letters.
 
-Every send attempt has a deadline (``send_timeout_ms``); a retriable failure (broker down,
-leader moving, timeout) is retried with exponential backoff until the sink closes, so a broker
-restart delays replies but loses none. A non-retriable failure (an invalid topic or partition
-named by the client) raises :class:`DeliveryError` and the owner dead-letters the request.
+A record the producer took is retried by the producer itself (idempotence: same producer id
+and sequence numbers, so a retry is never written twice) until the broker acknowledges it; the
+deadline ``send_timeout_ms`` then only logs a warning, never sends a second copy (issue 36
+item 5: a copy sent beside a late first one repeated a reply). A record the producer did not
+take, or failed retriably (a batch it dropped without a partition leader), is sent again with
+exponential backoff until the sink closes, so a broker restart delays replies but loses none.
+A non-retriable failure (an invalid topic or partition named by the client) raises
+:class:`DeliveryError` and the owner dead-letters the request.
 
 One way in: :meth:`KafkaSink.send` queues a batch of records at once (a single record is a
 batch of one) and returns one future each: no task, timeout context or retry set-up per record
@@ -191,10 +195,13 @@ class KafkaSink:
         producer batch share one future object (the same object at each of their positions):
         a caller may handle them together, with one callback.
 
-        A retriable failure, or no acknowledgement within ``send_timeout_ms``, hands the
-        records of that future to a retry task (each record retried with exponential backoff
-        until it is acknowledged or the sink closes), and the future follows that: done when
-        all are acknowledged, failed with the first error that is not retried. Returns once
+        A retriable failure before the producer took the records, or one the producer gave
+        up on, hands the records of that future to a retry task (each record sent again with
+        exponential backoff until it is acknowledged or the sink closes), and the future
+        follows that: done when all are acknowledged, failed with the first error that is not
+        retried. No acknowledgement within ``send_timeout_ms`` only logs a warning: the
+        producer retries the records it took itself (see the module docstring); a
+        transactional sink fails them with :class:`SinkClosedError` then. Returns once
         every record is queued (it waits only for records that take the producer's own
         ``send``, see the module docstring).
 
@@ -320,13 +327,38 @@ class KafkaSink:
             self._settle(group, err)
 
     def _overdue(self, groups: list[_Group]) -> None:
-        for group in groups:
-            if not group.ack.done() and group.ack not in self._handed_over:
+        """The deadline of one :meth:`send` passed with some of its groups unanswered.
+
+        Idempotent only: nothing is sent again. Each group's records are in the producer,
+        which retries them itself, under the same producer id and sequence numbers, until the
+        broker acknowledges them (aiokafka never expires a batch it sent while idempotence is
+        on); a second copy sent now could be written beside the first (issue 36 item 5), so
+        the ack keeps waiting and one warning says so. Transactional: the records fail with
+        :class:`SinkClosedError` (their partition's transaction is then aborted, never
+        committed: :mod:`consumer.kafka.transactions`)."""
+        late = [g for g in groups if not g.ack.done() and g.ack not in self._handed_over]
+        if not late:
+            return
+        if self._transactional:
+            for group in late:
                 self._settle(group, TimeoutError("no acknowledgement in time"))
+            return
+        topics = sorted({g.records[0].topic or self._default_topic for g in late})
+        log.warning(
+            "%d records to %s not acknowledged within %g s; the producer keeps retrying them",
+            sum(len(g.records) for g in late),
+            ", ".join(topics),
+            self._attempt_timeout_s,
+        )
 
     def _settle(self, group: _Group, err: BaseException) -> None:
         """Fail ``group``'s ack with the error :meth:`send` documents, or retry its records
-        after a retriable error (never inside a transaction: a resend could be written twice)."""
+        after a retriable error (never inside a transaction: a resend could be written twice).
+
+        A group answered already (failed at its deadline, then its batch refused by the
+        producer too) or being retried is left alone: its ack has one fate."""
+        if group.ack.done() or group.ack in self._handed_over:
+            return
         if self._transactional and _retriable(err):
             group.ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
         elif not _retriable(err) or self._closed or isinstance(err, DeliveryError):
@@ -372,8 +404,11 @@ class KafkaSink:
         return DeliveryError(f"{type(err).__name__}: {err}")
 
     async def _send_once(self, record: OutRecord) -> None:
-        async with asyncio.timeout(self._attempt_timeout_s):
-            await (await self._enqueue(record))
+        """Queue ``record`` in the producer and wait for its acknowledgement, without a
+        deadline: once queued, the idempotent producer retries it itself until the broker
+        takes it (a re-send from here could land beside the first copy). Queueing is bounded
+        by the producer (``request_timeout_ms`` = ``send_timeout_ms``)."""
+        await (await self._enqueue(record))
 
     async def _enqueue(self, record: OutRecord) -> asyncio.Future[Any]:
         """Queue ``record`` in the producer; the future of the broker's acknowledgement.
