@@ -189,6 +189,18 @@ class KafkaSink:
         for flusher in list(self._flushers.values()):  # the broker did not take them in time:
             flusher.cancel()  # their records' deadline timers fail them (SinkClosedError)
 
+    async def abandon(self) -> None:
+        """Drop what the producer still holds without waiting for the broker (after a
+        :meth:`stop` that did not finish in time): its sender task is cancelled and its
+        connections closed; unanswered records fail as cancelled (:class:`SinkClosedError`)."""
+        self._closed = True
+        for task in [*self._flushers.values(), *self._retries]:
+            task.cancel()
+        sender = self._producer._sender  # aiokafka has no public way to drop its batches
+        await sender.close()
+        self._producer._message_accumulator.fail_all(SinkClosedError("the producer was abandoned"))
+        await self._producer.client.close()
+
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
         acknowledged it (a single record is a batch of one). Records that travel in the same

@@ -65,5 +65,6 @@ async def test_a_commit_without_a_verdict_closes_the_producer_within_the_send_de
         await sinks.commit({tp: 10}, {tp: ""})
     assert loop.time() - started < 2.0
     assert caught.value.committed == {}
+    assert caught.value.failed == {tp: "unknown_outcome"} and caught.value.recoverable
     assert producer.calls == ["offsets", "commit", "abort"]  # never begun again
     assert stub.stopped and tp not in sinks.open_partitions
