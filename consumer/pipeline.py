@@ -23,6 +23,9 @@ Rules this module keeps (CONTRACT.md §Delivery):
   (nothing recomputed, the held replies sent); one that moved has its queued work cancelled,
   its running work forgotten and its held replies dropped — the next owner computes those
   records (:mod:`consumer.handover`).
+* ``--exactly-once``: a partition whose transaction failed without a fence is rewound in place
+  (new producer, committed offset, computed again: :meth:`Pipeline.commit`); the member
+  stops only when a producer was fenced (issue 36 item 1).
 
 Policy objects decide; this class does the I/O. Kafka I/O lives in :mod:`consumer.kafka`, the
 model behind :class:`EngineLike`.

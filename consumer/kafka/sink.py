@@ -59,6 +59,7 @@ from consumer.kafka.errors import (
     describe_denial,
 )
 from consumer.kafka.partitioner import partition_by_key
+from consumer.kafka.topic_operations import WriteVerdicts
 from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,9 @@ class KafkaSink:
             never re-sends: a record not acknowledged in time fails with
             :class:`SinkClosedError` (a re-send could be written twice in the transaction; its
             owner aborts the transaction instead).
+        write_verdicts: asks the broker whether each record's topic may be written before
+            the record is queued (a transactional sink: a refused topic would fail the whole
+            transaction, :mod:`consumer.kafka.topic_operations`); None: not asked.
     """
 
     def __init__(
@@ -139,9 +143,11 @@ class KafkaSink:
         *,
         default_topic: str,
         transactional_id: str | None = None,
+        write_verdicts: WriteVerdicts | None = None,
     ) -> None:
         self._default_topic = default_topic
         self._transactional = transactional_id is not None
+        self._write_verdicts = write_verdicts
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
@@ -228,8 +234,19 @@ class KafkaSink:
         alone: list[_Group] = []
         partitions: dict[str, tuple[int, ...] | None] = {}
         default_topic = self._default_topic
+        denied: frozenset[str] = frozenset()
+        if self._write_verdicts is not None:
+            topics = {record.topic or default_topic for record in records}
+            denied = await self._write_verdicts.denied(self._producer.client, topics)
         for record in records:
             topic = record.topic or default_topic
+            if topic in denied:  # never in the transaction: it would fail it whole
+                refused: asyncio.Future[None] = loop.create_future()
+                refused.set_exception(
+                    DeliveryDeniedError(f"the broker's ACLs deny writing to {topic}")
+                )
+                acks.append(refused)
+                continue
             parts = partitions.get(topic, ())
             if parts == ():
                 parts = partitions[topic] = self._known_partitions(topic)

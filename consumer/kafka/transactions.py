@@ -60,6 +60,7 @@ from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
+from consumer.kafka.topic_operations import WriteVerdicts
 from schemas.records import OutRecord
 
 __all__ = ["TransactionalSink", "transactional_id"]
@@ -117,6 +118,7 @@ class TransactionalSink:
         self._group_id = group_id
         self._prefix = id_prefix
         self._sinks: dict[TopicPartition, KafkaSink] = {}
+        self._write_verdicts = WriteVerdicts()  # issue 36 item 2: denied topics stay out
         # Partitions with a send that failed without a verdict (maybe written): their open
         # transaction must not commit.
         self._tainted: set[TopicPartition] = set()
@@ -152,6 +154,7 @@ class TransactionalSink:
             self._settings,
             default_topic=self._default_topic,
             transactional_id=transactional_id(self._prefix, self._group_id, tp),
+            write_verdicts=self._write_verdicts,
         )
         try:
             await asyncio.wait_for(sink.start(), timeout_s)

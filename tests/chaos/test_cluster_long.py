@@ -1,7 +1,8 @@
 """The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
 ``chaos_long`` marker): a partition leader's SIGKILL and SIGSTOP, a 120 s network cut, +200 ms
-on every packet, a bandwidth limit, and the transaction coordinator's SIGKILL under
-``--exactly-once``."""
+on every packet, a bandwidth limit, the transaction coordinator's SIGKILL under
+``--exactly-once``, and issue 36's freeze of a reply leader past the send deadline followed by
+the transaction coordinator's SIGKILL, against two ``--exactly-once`` members."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.chaos.nodes import (
     thaw,
     transaction_coordinator,
 )
-from tests.chaos.scenario import Topics, run_scenario, settle
+from tests.chaos.scenario import Topics, network_cut, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
@@ -46,6 +47,28 @@ def kill_and_restart(
     poll_until(moved, 60, f"the role to leave node {node_id}", every_s=0.5)
     restart(node)
     settle(cc, topics)
+
+
+def freeze_leader_of(cc: ChaosCluster, topics: Topics, topic: str, seconds: float) -> None:
+    """SIGSTOP the leader of ``topic``'s partition 0 for ``seconds``, SIGCONT it, wait until
+    fully replicated again."""
+    node = cc.cluster.node(asyncio.run(partition_leader(cc.bootstrap, topic, 0)))
+    freeze(node)
+    try:
+        time.sleep(seconds)  # the fault's length, not a synchronisation
+    finally:
+        thaw(node)
+    settle(cc, topics)
+
+
+def kill_txn_coordinator(cc: ChaosCluster, topics: Topics) -> None:
+    """SIGKILL the transaction coordinator of request partition 0's transactional id, restart
+    it once the role moved (see :func:`kill_and_restart`)."""
+    txn_id = transactional_id("kbatch", topics.group, (topics.requests, 0))
+    node = asyncio.run(transaction_coordinator(cc.bootstrap, txn_id))
+    kill_and_restart(
+        cc, topics, node, lambda: asyncio.run(transaction_coordinator(cc.bootstrap, txn_id)) != node
+    )
 
 
 async def test_sigkill_of_the_request_partitions_leader_loses_nothing(
@@ -72,14 +95,7 @@ async def test_sigstop_of_the_request_partitions_leader_loses_nothing(
     # A frozen node answers nothing but keeps its sockets open: clients wait for timeouts
     # instead of seeing a refused connection (Jepsen's pause nemesis).
     def freeze_leader(cc: ChaosCluster, topics: Topics) -> None:
-        leader = asyncio.run(partition_leader(cc.bootstrap, topics.requests, 0))
-        node = cc.cluster.node(leader)
-        freeze(node)
-        try:
-            time.sleep(FREEZE_S)  # the fault's length, not a synchronisation
-        finally:
-            thaw(node)
-        settle(cc, topics)
+        freeze_leader_of(cc, topics, topics.requests, FREEZE_S)
 
     result = await run_scenario(
         "sigstop-request-leader", chaos_cluster, tmp_path, tiny_embed_dir, freeze_leader
@@ -105,13 +121,13 @@ async def test_a_120_s_network_cut_then_heal_loses_nothing(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
     # Parallel Consumer's broker-disconnect test: a long cut, then every record processed.
-    def cut(cc: ChaosCluster, topics: Topics) -> None:
-        cc.proxies.cut()
-        time.sleep(LONG_CUT_S)  # the fault's length, not a synchronisation
-        cc.proxies.heal()
-
     result = await run_scenario(
-        "network-cut-120s", chaos_cluster, tmp_path, tiny_embed_dir, cut, answer_timeout_s=300
+        "network-cut-120s",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        network_cut(LONG_CUT_S),
+        answer_timeout_s=300,
     )
     assert result.lost == 0
 
@@ -133,24 +149,44 @@ async def test_sigkill_of_the_transaction_coordinator_under_exactly_once(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
     # Kafka's transactions_test.py (hard bounce of brokers): zero duplicates; Jepsen: no G1a.
-    def kill_coordinator(cc: ChaosCluster, topics: Topics) -> None:
-        txn_id = transactional_id("kbatch", topics.group, (topics.requests, 0))
-        node = asyncio.run(transaction_coordinator(cc.bootstrap, txn_id))
-        kill_and_restart(
-            cc,
-            topics,
-            node,
-            lambda: asyncio.run(transaction_coordinator(cc.bootstrap, txn_id)) != node,
-        )
-
     result = await run_scenario(
         "kill-txn-coordinator",
         chaos_cluster,
         tmp_path,
         tiny_embed_dir,
-        kill_coordinator,
+        kill_txn_coordinator,
         exactly_once=True,
     )
     assert result.lost == 0
     assert result.duplicates == 0
     assert result.g1a == 0
+
+
+EOS_FREEZE_S = 40.0
+"""Issue 36 item 1: longer than the default ``--send-timeout-ms`` (30 s), so replies and
+commits of the frozen leader's partitions get no verdict in time."""
+
+
+async def test_freeze_then_kill_of_reply_leader_and_txn_coordinator_under_exactly_once(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Issue 36 item 1: two --exactly-once members with static ids; the leader of a reply
+    # partition frozen 40 s, then the transaction coordinator of request partition 0 killed
+    # and restarted. Every acknowledged request answered exactly once to a read_committed
+    # reader, no aborted reply seen, no member exit, both ready again.
+    def freeze_then_kill(cc: ChaosCluster, topics: Topics) -> None:
+        freeze_leader_of(cc, topics, topics.replies, EOS_FREEZE_S)
+        kill_txn_coordinator(cc, topics)
+
+    result = await run_scenario(
+        "eos-freeze-reply-leader-then-kill-txn-coordinator",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        freeze_then_kill,
+        exactly_once=True,
+        members=2,
+        ready_after=True,
+        answer_timeout_s=300,
+    )
+    assert (result.lost, result.duplicates, result.g1a) == (0, 0, 0)
