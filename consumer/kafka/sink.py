@@ -75,6 +75,10 @@ refused (a topic a client created a moment ago may take that long to reach every
 metadata). aiokafka's own wait for a topic's metadata is the whole ``send_timeout_ms`` (30 s by
 default), during which the record's partition could not commit."""
 
+LATE_LOG_EVERY_S = 10.0
+"""At most one warning per this many seconds about records not acknowledged in time (a broker
+that stalls makes every send call late)."""
+
 MISSING_TOPIC_TTL_S = 10.0
 """How long a topic found missing is refused at once, without asking the broker again."""
 
@@ -156,6 +160,8 @@ class KafkaSink:
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._missing_until: dict[str, float] = {}  # topic → loop time its verdict expires
         self._denied_topics: set[str] = set()  # of those, the ones the broker's ACLs hide
+        self._late_records = 0  # late records not logged yet (_overdue)
+        self._late_logged_until = -float("inf")
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -372,13 +378,19 @@ class KafkaSink:
             for group in late:
                 self._settle(group, TimeoutError("no acknowledgement in time"))
             return
+        self._late_records += sum(len(g.records) for g in late)
+        now = asyncio.get_running_loop().time()
+        if now < self._late_logged_until:
+            return  # one line per LATE_LOG_EVERY_S, however many sends are late
         topics = sorted({g.records[0].topic or self._default_topic for g in late})
         log.warning(
-            "%d records to %s not acknowledged within %g s; the producer keeps retrying them",
-            sum(len(g.records) for g in late),
+            "%d records (to %s) not acknowledged within %g s; the producer keeps retrying them",
+            self._late_records,
             ", ".join(topics),
             self._attempt_timeout_s,
         )
+        self._late_records = 0
+        self._late_logged_until = now + LATE_LOG_EVERY_S
 
     def _settle(self, group: _Group, err: BaseException) -> None:
         """Fail ``group``'s ack with the error :meth:`send` documents, or retry its records

@@ -1,8 +1,9 @@
 """The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
 ``chaos_long`` marker): a partition leader's SIGKILL and SIGSTOP, a 120 s network cut, +200 ms
 on every packet, a bandwidth limit, the transaction coordinator's SIGKILL under
-``--exactly-once``, and issue 36's freeze of a reply leader past the send deadline followed by
-the transaction coordinator's SIGKILL, against two ``--exactly-once`` members."""
+``--exactly-once``, and issue 36's freeze of a reply leader past the send deadline: alone
+(at-least-once, nothing repeated) and followed by the transaction coordinator's SIGKILL,
+against two ``--exactly-once`` members."""
 
 from __future__ import annotations
 
@@ -190,3 +191,23 @@ async def test_freeze_then_kill_of_reply_leader_and_txn_coordinator_under_exactl
         answer_timeout_s=300,
     )
     assert (result.lost, result.duplicates, result.g1a) == (0, 0, 0)
+
+
+async def test_sigstop_of_a_reply_leader_past_the_send_deadline_repeats_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Issue 36 item 5 (at-least-once): the send deadline passed while the frozen leader held
+    # a batch, kbatch sent the replies again beside it, and both copies landed: keys answered
+    # twice without a crash or a rebalance. The producer now retries the one copy itself.
+    def freeze_reply_leader(cc: ChaosCluster, topics: Topics) -> None:
+        freeze_leader_of(cc, topics, topics.replies, EOS_FREEZE_S)
+
+    result = await run_scenario(
+        "sigstop-reply-leader-40s",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        freeze_reply_leader,
+        answer_timeout_s=300,
+    )
+    assert (result.lost, result.duplicates, result.rebalances) == (0, 0, 0)

@@ -68,3 +68,36 @@ async def test_a_commit_without_a_verdict_closes_the_producer_within_the_send_de
     assert caught.value.failed == {tp: "unknown_outcome"} and caught.value.recoverable
     assert producer.calls == ["offsets", "commit", "abort"]  # never begun again
     assert stub.stopped and tp not in sinks.open_partitions
+
+
+class StuckSink(StubSink):
+    """A sink whose producer's stop waits for a broker that never answers."""
+
+    abandoned = False
+
+    async def stop(self) -> None:
+        await asyncio.Event().wait()
+
+    async def abandon(self) -> None:
+        self.abandoned = True
+
+
+async def test_a_producer_that_does_not_stop_in_time_is_abandoned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # aiokafka's stop waits for every batch it holds: with the broker frozen, closing the
+    # failed partition's producer held the rewind (and the member's loop) for as long.
+    import consumer.kafka.transactions as transactions
+
+    monkeypatch.setattr(transactions, "CLOSE_TIMEOUT_S", 0.05)
+    sinks = TransactionalSink(
+        KafkaClientSettings(bootstrap="127.0.0.1:1"),
+        SinkSettings(send_timeout_ms=200),
+        default_topic="replies",
+        group_id="g",
+    )
+    tp = ("requests", 0)
+    stuck = StuckSink(HangingProducer())
+    sinks._sinks[tp] = stuck  # type: ignore[assignment]
+    await asyncio.wait_for(sinks.close(tp), 2.0)
+    assert stuck.abandoned and tp not in sinks.open_partitions
