@@ -74,9 +74,13 @@ at most this long to stop its producer (one whose broker does not answer is aban
 late sends carry the old epoch, which the next producer's start fenced)."""
 
 
-def failure_reason(err: BaseException) -> str:
-    """The :attr:`TransactionError.failed` reason of one partition's failed commit."""
-    if isinstance(err, ProducerFenced | InvalidProducerEpoch | TransactionalIdAuthorizationFailed):
+def failure_reason(err: BaseException, producer: AIOKafkaProducer | None = None) -> str:
+    """The :attr:`TransactionError.failed` reason of one partition's failed commit (``err``),
+    its producer's fatal error first: once fenced, aiokafka's producer answers a commit with
+    ``IllegalOperation`` ("not in the middle of a transaction"), the fence being kept on the
+    transaction's end waiter."""
+    fatal = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+    if isinstance(err, fatal) or isinstance(_fatal_error(producer), fatal):
         return FENCED
     if isinstance(err, TimeoutError):
         return "unknown_outcome"
@@ -227,12 +231,13 @@ class TransactionalSink:
         committed = {tp: offsets[tp] for tp, r in zip(targets, results, strict=True) if r is None}
         failed = {tp: r for tp, r in zip(targets, results, strict=True) if r is not None}
         if failed:
+            reasons = {tp: failure_reason(r, self._sinks[tp].producer) for tp, r in failed.items()}
             await asyncio.gather(*(self.close(tp) for tp in failed))
             raise TransactionError(
                 f"transaction of {sorted(failed)} not committed: "
                 + "; ".join(f"{tp}: {r!r}" for tp, r in failed.items()),
                 committed,
-                {tp: failure_reason(r) for tp, r in failed.items()},
+                reasons,
             )
         return committed
 
@@ -286,6 +291,18 @@ async def _stop(sink: KafkaSink) -> None:
     except TimeoutError:
         log.warning("a transactional producer did not stop in time: abandoned")
         await sink.abandon()
+
+
+def _fatal_error(producer: AIOKafkaProducer | None) -> BaseException | None:
+    """The error that put ``producer``'s transactions in aiokafka's fatal state, if any."""
+    manager = None if producer is None else producer._txn_manager
+    if manager is None or not manager.is_fatal_error():
+        return None
+    waiter = manager.wait_for_transaction_end()
+    if waiter is None or not waiter.done() or waiter.cancelled():
+        return None
+    error: BaseException | None = waiter.exception()
+    return error
 
 
 def _retrieve_failure(producer: AIOKafkaProducer) -> None:

@@ -18,13 +18,14 @@ from consumer.kafka.transactions import transactional_id
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.nodes import (
     freeze,
+    group_coordinator,
     kill,
     partition_leader,
     restart,
     thaw,
     transaction_coordinator,
 )
-from tests.chaos.scenario import Topics, network_cut, run_scenario, settle
+from tests.chaos.scenario import PARTITIONS, Topics, network_cut, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
@@ -50,10 +51,12 @@ def kill_and_restart(
     settle(cc, topics)
 
 
-def freeze_leader_of(cc: ChaosCluster, topics: Topics, topic: str, seconds: float) -> None:
-    """SIGSTOP the leader of ``topic``'s partition 0 for ``seconds``, SIGCONT it, wait until
+def freeze_leader_of(
+    cc: ChaosCluster, topics: Topics, topic: str, seconds: float, partition: int = 0
+) -> None:
+    """SIGSTOP the leader of ``topic``'s ``partition`` for ``seconds``, SIGCONT it, wait until
     fully replicated again."""
-    node = cc.cluster.node(asyncio.run(partition_leader(cc.bootstrap, topic, 0)))
+    node = cc.cluster.node(asyncio.run(partition_leader(cc.bootstrap, topic, partition)))
     freeze(node)
     try:
         time.sleep(seconds)  # the fault's length, not a synchronisation
@@ -199,8 +202,17 @@ async def test_sigstop_of_a_reply_leader_past_the_send_deadline_repeats_nothing(
     # Issue 36 item 5 (at-least-once): the send deadline passed while the frozen leader held
     # a batch, kbatch sent the replies again beside it, and both copies landed: keys answered
     # twice without a crash or a rebalance. The producer now retries the one copy itself.
+    # A reply leader that does not coordinate the group: freezing the group coordinator
+    # stalls the commits (and with them the loop) and can expire the session (a rebalance,
+    # which may repeat at-least-once); this scenario is about the replies alone.
     def freeze_reply_leader(cc: ChaosCluster, topics: Topics) -> None:
-        freeze_leader_of(cc, topics, topics.replies, EOS_FREEZE_S)
+        coordinator = asyncio.run(group_coordinator(cc.bootstrap, topics.group))
+        leaders = [
+            asyncio.run(partition_leader(cc.bootstrap, topics.replies, p))
+            for p in range(PARTITIONS)
+        ]
+        partition = next((p for p, n in enumerate(leaders) if n != coordinator), 0)
+        freeze_leader_of(cc, topics, topics.replies, EOS_FREEZE_S, partition)
 
     result = await run_scenario(
         "sigstop-reply-leader-40s",

@@ -7,15 +7,28 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import IllegalOperation, ProducerFenced
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import TransactionError
+from consumer.kafka.errors import FENCED, TransactionError
 from consumer.kafka.transactions import TransactionalSink
 
 
 class _TxnManager:
-    def wait_for_transaction_end(self) -> None:
-        return None
+    """aiokafka's transaction manager: no transaction ended, none failed (``fatal``: fenced)."""
+
+    def __init__(self, fatal: BaseException | None = None) -> None:
+        self.fatal = fatal
+
+    def is_fatal_error(self) -> bool:
+        return self.fatal is not None
+
+    def wait_for_transaction_end(self) -> asyncio.Future[None] | None:
+        if self.fatal is None:
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter.set_exception(self.fatal)
+        return waiter
 
 
 class HangingProducer:
@@ -101,3 +114,31 @@ async def test_a_producer_that_does_not_stop_in_time_is_abandoned(
     sinks._sinks[tp] = stuck  # type: ignore[assignment]
     await asyncio.wait_for(sinks.close(tp), 2.0)
     assert stuck.abandoned and tp not in sinks.open_partitions
+
+
+class FencedProducer(HangingProducer):
+    """A producer fenced by a newer one: aiokafka keeps the fence on its transaction's end
+    waiter and answers the commit with ``IllegalOperation``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._txn_manager = _TxnManager(ProducerFenced())
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+        raise IllegalOperation("Not in the middle of a transaction")
+
+
+async def test_a_commit_refused_after_a_fence_is_reported_fenced() -> None:
+    # The serve then stops (another member owns the partition) instead of re-opening the
+    # transactional id, which would fence the partition's new owner in turn.
+    sinks = TransactionalSink(
+        KafkaClientSettings(bootstrap="127.0.0.1:1"),
+        SinkSettings(send_timeout_ms=200),
+        default_topic="replies",
+        group_id="g",
+    )
+    tp = ("requests", 0)
+    sinks._sinks[tp] = StubSink(FencedProducer())  # type: ignore[assignment]
+    with pytest.raises(TransactionError) as caught:
+        await sinks.commit({tp: 10}, {tp: ""})
+    assert caught.value.failed == {tp: FENCED} and not caught.value.recoverable
