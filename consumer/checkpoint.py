@@ -148,8 +148,10 @@ class Checkpoint:
         metadata; the tracker and the lag base then know what was committed.
 
         Raises:
-            TransactionError: transactional, a transaction could not be committed (the command
-                stops; what was committed is recorded first).
+            TransactionError: transactional, a transaction could not be committed; what was
+                committed is recorded first, and the failed partitions' producers are closed
+                (serve rewinds them unless fenced: :meth:`consumer.pipeline.Pipeline.commit`;
+                backfill stops).
         """
         raise NotImplementedError
 
