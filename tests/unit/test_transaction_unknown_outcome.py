@@ -61,13 +61,18 @@ class StubSink:
         self.stopped = True
 
 
-async def test_a_commit_without_a_verdict_closes_the_producer_within_the_send_deadline() -> None:
-    sinks = TransactionalSink(
+def transactional_sink() -> TransactionalSink:
+    """A transactional sink with a 200 ms send deadline; its partitions' sinks are stubbed."""
+    return TransactionalSink(
         KafkaClientSettings(bootstrap="127.0.0.1:1"),
         SinkSettings(send_timeout_ms=200),
         default_topic="replies",
         group_id="g",
     )
+
+
+async def test_a_commit_without_a_verdict_closes_the_producer_within_the_send_deadline() -> None:
+    sinks = transactional_sink()
     tp = ("requests", 0)
     producer = HangingProducer()
     stub = StubSink(producer)
@@ -103,12 +108,7 @@ async def test_a_producer_that_does_not_stop_in_time_is_abandoned(
     import consumer.kafka.transactions as transactions
 
     monkeypatch.setattr(transactions, "CLOSE_TIMEOUT_S", 0.05)
-    sinks = TransactionalSink(
-        KafkaClientSettings(bootstrap="127.0.0.1:1"),
-        SinkSettings(send_timeout_ms=200),
-        default_topic="replies",
-        group_id="g",
-    )
+    sinks = transactional_sink()
     tp = ("requests", 0)
     stuck = StuckSink(HangingProducer())
     sinks._sinks[tp] = stuck  # type: ignore[assignment]
@@ -131,12 +131,7 @@ class FencedProducer(HangingProducer):
 async def test_a_commit_refused_after_a_fence_is_reported_fenced() -> None:
     # The serve then stops (another member owns the partition) instead of re-opening the
     # transactional id, which would fence the partition's new owner in turn.
-    sinks = TransactionalSink(
-        KafkaClientSettings(bootstrap="127.0.0.1:1"),
-        SinkSettings(send_timeout_ms=200),
-        default_topic="replies",
-        group_id="g",
-    )
+    sinks = transactional_sink()
     tp = ("requests", 0)
     sinks._sinks[tp] = StubSink(FencedProducer())  # type: ignore[assignment]
     with pytest.raises(TransactionError) as caught:
