@@ -222,7 +222,7 @@ async def serve(settings: ServeSettings) -> int:
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
         try:
             await pipeline.run(stop, beat=beat)
-        except (TransactionError, FencedInstanceError) as err:  # the next owner recomputes
+        except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
             log.error("%s; stopping", err)
             failed = True
         except KafkaSecurityError as err:  # the request topic or the group denied

@@ -61,7 +61,7 @@ CommitOffsets = Callable[[Offsets, Mapping[TopicPartition, str]], Awaitable[None
 class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
     """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
 
-    async def open(self, tp: TopicPartition) -> None: ...
+    async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None: ...
     async def close(self, tp: TopicPartition) -> None: ...
 
 
@@ -148,8 +148,10 @@ class Checkpoint:
         metadata; the tracker and the lag base then know what was committed.
 
         Raises:
-            TransactionError: transactional, a transaction could not be committed (the command
-                stops; what was committed is recorded first).
+            TransactionError: transactional, a transaction could not be committed; what was
+                committed is recorded first, and the failed partitions' producers are closed
+                (serve rewinds them unless fenced: :meth:`consumer.pipeline.Pipeline.commit`;
+                backfill stops).
         """
         raise NotImplementedError
 
@@ -159,9 +161,12 @@ class Checkpoint:
 
     # ---- assignment -----------------------------------------------------------------------------
 
-    async def assign(self, tp: TopicPartition, source: CommittedReader) -> None:
+    async def assign(
+        self, tp: TopicPartition, source: CommittedReader, timeout_s: float | None = None
+    ) -> None:
         """Read back ``tp``'s committed offset and kb1 metadata (the tracker assigned it
-        already): the lag base, and the offsets answered above it that intake skips."""
+        already): the lag base, and the offsets answered above it that intake skips.
+        ``timeout_s``: see :meth:`TransactionalCheckpoint.assign`."""
         await self._read_back(tp, source)
 
     async def _read_back(self, tp: TopicPartition, source: CommittedReader) -> int | None:
@@ -256,12 +261,19 @@ class TransactionalCheckpoint(Checkpoint):
             elapsed_s = self._clock() - started if committed else 0.0
             return Committed(committed, truncated, elapsed_s)
 
-    async def assign(self, tp: TopicPartition, source: CommittedReader) -> None:
+    async def assign(
+        self, tp: TopicPartition, source: CommittedReader, timeout_s: float | None = None
+    ) -> None:
         """Open ``tp``'s producer first (fencing the previous owner and aborting its open
         transaction), then read back; start at the committed offset: the client fetched its
         start offset on its own, maybe while the previous owner's last transaction was still
-        completing."""
-        await self._transactions.open(tp)
+        completing.
+
+        Raises:
+            KafkaUnavailableError: the producer did not start (within ``timeout_s`` seconds
+                when given: a rewind, :meth:`consumer.pipeline.Pipeline.commit`).
+        """
+        await self._transactions.open(tp, timeout_s)
         committed = await self._read_back(tp, source)
         if committed is not None:
             source.seek(tp, committed)

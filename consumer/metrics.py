@@ -97,6 +97,14 @@ class Metrics:
             "after a crash.",
             registry=r,
         )
+        self.transaction_recoveries = Counter(
+            "kbatch_transaction_recoveries_total",
+            "--exactly-once: partitions whose transaction failed without a fence (reason: "
+            "unknown_outcome, unacknowledged_send, aborted) and were recovered in place: new "
+            "producer, rewound to the committed offset, computed again.",
+            ["reason"],
+            registry=r,
+        )
         self.dedup_hits = Counter(
             "kbatch_dedup_hits_total",
             "Requests answered from another copy of the same key.",

@@ -23,6 +23,9 @@ Rules this module keeps (CONTRACT.md §Delivery):
   (nothing recomputed, the held replies sent); one that moved has its queued work cancelled,
   its running work forgotten and its held replies dropped — the next owner computes those
   records (:mod:`consumer.handover`).
+* ``--exactly-once``: a partition whose transaction failed without a fence is rewound in place
+  (new producer, committed offset, computed again: :meth:`Pipeline.commit`); the member
+  stops only when a producer was fenced (issue 36 item 1).
 
 Policy objects decide; this class does the I/O. Kafka I/O lives in :mod:`consumer.kafka`, the
 model behind :class:`EngineLike`.
@@ -42,12 +45,13 @@ from typing import Protocol
 
 from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import InferenceItem, ItemOutcome, Lane
-from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
+from consumer.checkpoint import Committed, TransactionalSinkLike, checkpoint_for
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
 from consumer.dedup import DedupCache, DedupKind
 from consumer.delivery import Delivery, SinkLike
-from consumer.handover import NO_MEMBERSHIP, Membership, handover
+from consumer.handover import NO_MEMBERSHIP, Handover, Membership, handover
+from consumer.kafka.errors import KafkaUnavailableError, TransactionError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
@@ -199,6 +203,9 @@ class Pipeline:
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
         self.assigned_once = False
         self._revoked_in = NO_MEMBERSHIP  # the membership the last revoke was made in
+        # --exactly-once: partitions whose transaction failed (producer closed) and that wait
+        # to be set up anew (commit, _rewind, on_assigned).
+        self._corrupted: set[TopicPartition] = set()
         self._lag_refresh: asyncio.Future[None] | None = None
         self._next_lag_s = -math.inf
 
@@ -535,18 +542,64 @@ class Pipeline:
             self.source.resume(decision.resume)
         self._metrics.paused_partitions.set(len(self.flow.paused))
 
-    async def commit(self, only: frozenset[TopicPartition] | None = None) -> None:
+    async def commit(
+        self, only: frozenset[TopicPartition] | None = None, *, rewind: bool = True
+    ) -> None:
         """Commit every partition's safe offset (those in ``only`` when given): the
         checkpoint's :meth:`~consumer.checkpoint.Checkpoint.commit`, plus its metrics.
 
+        ``--exactly-once``: a partition whose transaction failed without a fence (no verdict
+        on the commit, a send without a verdict, an abort) is *corrupted*, as Kafka Streams
+        calls it: its producer is closed, and with ``rewind`` (the commit interval's commit)
+        it is set up again at once (:meth:`_rewind`); else (a revoke, the drain) the next
+        assignment sets it up anew, never keeping its work. ``kbatch_transaction_recoveries_
+        total{reason}`` counts each such partition (issue 36 item 1).
+
         Raises:
-            TransactionError: ``--exactly-once``, a transaction could not be committed (the
-                command stops: see :class:`consumer.kafka.errors.TransactionError`).
+            TransactionError: ``--exactly-once``, a partition's producer was fenced (another
+                member owns it now; the command stops: see
+                :class:`consumer.kafka.errors.TransactionError`).
         """
-        done = await self.checkpoint.commit(only)
+        try:
+            done = await self.checkpoint.commit(only)
+        except TransactionError as err:
+            if not err.recoverable:
+                raise
+            for tp, reason in err.failed.items():
+                log.warning(
+                    "transaction of %s not committed (%s): its producer is replaced and its "
+                    "records computed again from the committed offset; %s",
+                    tp,
+                    reason,
+                    err,
+                )
+                self._metrics.transaction_recoveries.labels(reason).inc()
+            self._corrupted |= err.failed.keys()
+            done = Committed(err.committed)
         if done.offsets:
             self._metrics.commit_time.observe(done.elapsed_s)
         self._metrics.commit_metadata_truncated.inc(done.truncated)
+        due = frozenset(self._corrupted & self.tracker.assigned)
+        if rewind and due:
+            await self._rewind(due)
+
+    async def _rewind(self, tps: frozenset[TopicPartition]) -> None:
+        """Set corrupted partitions up again where their last transaction left them: their
+        work is dropped as for a partition that moved (:meth:`_release`: queued cancelled,
+        running forgotten, held replies never sent, the closed producer's transaction
+        aborted), then each is assigned anew (:meth:`_set_up`): a new producer, whose
+        ``InitProducerId`` fences the old one and completes or aborts its open transaction
+        before the committed offset and kb1 metadata are read back and the client seeks
+        there. Exactly once holds: the failed transaction either committed, and the offsets
+        read back say so, or it is aborted and its records are computed again.
+
+        A partition whose producer cannot start within ``--send-timeout-ms`` stays paused and
+        corrupted; the next interval's commit tries again."""
+        await self._release(tps)
+        self.source.pause(tps)
+        ready = await self._set_up(tps, timeout_s=self.settings.send_timeout_ms / 1000)
+        self._resume(ready)
+        log.info("rewound %s to their committed offsets", sorted(ready))
 
     def _update_gauges(self) -> None:
         m = self._metrics
@@ -589,6 +642,10 @@ class Pipeline:
         forgot (:mod:`consumer.handover`)."""
         self._metrics.rebalances.labels("assigned").inc()
         plan = handover(self.tracker.suspended, tps, self._revoked_in, self.source.membership())
+        corrupted = plan.kept & self._corrupted  # its producer is closed: set up anew
+        if corrupted:
+            plan = Handover(plan.kept - corrupted, plan.moved | corrupted, plan.new | corrupted)
+        self._corrupted -= self.tracker.suspended
         if plan.moved:
             await self._release(plan.moved)
         # Nothing of ``tps`` is taken in before every one of them is set up: a record polled
@@ -600,17 +657,9 @@ class Pipeline:
             last = self.tracker.last_tracked(tp)
             if last is not None:  # the client would read again from the committed offset
                 self.source.seek(tp, last + 1)
-        for tp in plan.new:
-            self.tracker.assign(tp)
-            self.flow.assign(tp)
-        for tp in plan.new:  # the committed offset and what was answered above it (skipped)
-            await self.checkpoint.assign(tp, self.source)
+        ready = await self._set_up(plan.new)
         self._delivery.reopen(plan.kept)  # the replies answered meanwhile go out
-        self.flow.decide()
-        paused = self.flow.reapply()
-        self.source.resume(tps - paused)
-        if paused:
-            self.source.pause(paused)
+        self._resume(plan.kept | ready)
         self.assigned_once = True
         if plan.kept or plan.moved:
             log.info(
@@ -642,7 +691,7 @@ class Pipeline:
         try:
             await self._delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.commit(only=tps), deadline.remaining_s())
+                await asyncio.wait_for(self.commit(only=tps, rewind=False), deadline.remaining_s())
         finally:  # also when the commit raised (TransactionError): the assignment decides
             self._delivery.hold(tps)  # a transactional commit reopened them
             for tp in tps:
@@ -654,6 +703,38 @@ class Pipeline:
             loop.time() - started,
             kept,
         )
+
+    async def _set_up(
+        self, tps: frozenset[TopicPartition], timeout_s: float | None = None
+    ) -> frozenset[TopicPartition]:
+        """Assign ``tps`` (paused) anew: tracker and flow, then each one's checkpoint (the
+        committed offset and what was answered above it, skipped; ``--exactly-once``: its
+        producer first, started within ``timeout_s`` when given). Returns those set up; one
+        whose producer did not start stays corrupted (:meth:`_rewind` tries again)."""
+        for tp in tps:
+            self.tracker.assign(tp)
+            self.flow.assign(tp)
+        ready: set[TopicPartition] = set()
+        for tp in tps:
+            try:
+                await self.checkpoint.assign(tp, self.source, timeout_s)
+            except KafkaUnavailableError as err:
+                if timeout_s is None:
+                    raise
+                log.warning("%s: %s stays paused, tried again at the next commit", err, tp)
+                self._corrupted.add(tp)
+                continue
+            self._corrupted.discard(tp)
+            ready.add(tp)
+        return frozenset(ready)
+
+    def _resume(self, tps: frozenset[TopicPartition]) -> None:
+        """Resume ``tps`` (paused while being set up), except those flow control holds."""
+        self.flow.decide()
+        paused = self.flow.reapply()
+        self.source.resume(tps - paused)
+        if paused:
+            self.source.pause(paused)
 
     async def _release(self, tps: frozenset[TopicPartition]) -> None:
         """Suspended partitions that moved: their work is dropped (queued cancelled, running
@@ -701,7 +782,9 @@ class Pipeline:
         if not done:
             self._drop_unanswered(frozenset(targets))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.commit(only=frozenset(targets)), deadline.remaining_s())
+            await asyncio.wait_for(
+                self.commit(only=frozenset(targets), rewind=False), deadline.remaining_s()
+            )
         if not done:
             left = {tp: self.tracker.pending(tp) for tp in targets if self.tracker.pending(tp)}
             log.warning("drain deadline passed with records unanswered: %s", left)

@@ -56,21 +56,24 @@ class FakeSink:
 class FakeTransactions:
     """:class:`consumer.kafka.transactions.TransactionalSink` in memory: each input
     partition's sends go to its own :class:`FakeSink` (``sinks[tp]``, acks resolved by the
-    test); ``commits`` lists each commit's (offsets, metadata); ``fail`` makes the next commit
-    of those partitions raise :class:`TransactionError`."""
+    test); ``commits`` lists each commit's (offsets, metadata); ``fail`` makes every commit of
+    those partitions raise :class:`TransactionError` (with ``reason`` as each one's
+    ``failed`` reason when set) and close them, as the real one does."""
 
     def __init__(self) -> None:
         self.sinks: dict[TopicPartition, FakeSink] = {}
         self.commits: list[tuple[dict[TopicPartition, int], dict[TopicPartition, str]]] = []
         self.events: list[tuple[str, TopicPartition]] = []  # ("open" | "close", tp)
         self.fail: set[TopicPartition] = set()
+        self.reason = ""  # the failed partitions' reason (TransactionError.failed); "": none
 
-    async def open(self, tp: TopicPartition) -> None:
+    async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None:
         self.events.append(("open", tp))
         self.sinks.setdefault(tp, FakeSink())
 
     async def close(self, tp: TopicPartition) -> None:
         self.events.append(("close", tp))
+        self.sinks.pop(tp, None)
 
     async def send_from(
         self, tp: TopicPartition, records: Sequence[OutRecord]
@@ -84,7 +87,10 @@ class FakeTransactions:
         done = {tp: o for tp, o in offsets.items() if tp not in failed}
         self.commits.append((done, {tp: metadata[tp] for tp in done}))
         if failed:
-            raise TransactionError(f"{sorted(failed)} aborted", done)
+            for tp in failed:  # as the real one: a failed partition's producer is closed
+                await self.close(tp)
+            reasons = {tp: self.reason for tp in failed} if self.reason else None
+            raise TransactionError(f"{sorted(failed)} aborted", done, reasons)
         return done
 
 

@@ -17,8 +17,9 @@
      │                              (TOPIC_AUTHORIZATION_FAILED): reply_topic_not_allowed
      ├── SinkClosedError            the sink closed before the record was acknowledged;
      │                              not retriable here (the record is re-read after a restart)
-     ├── TransactionError           --exactly-once: a partition's transaction aborted or its
-     │                              producer fenced; not retriable here (the command stops)
+     ├── TransactionError           --exactly-once: a partition's transaction aborted, without
+     │                              a verdict, or its producer fenced; serve recomputes the
+     │                              partition from its commit (fenced: the command stops)
      ├── FencedInstanceError        another member joined under this --group-instance-id; not
      │                              retriable (the command stops)
      ├── RangeSourceError           backfill's source: topic missing, broker down, offsets not
@@ -54,6 +55,7 @@ from aiokafka.errors import (
 )
 
 __all__ = [
+    "FENCED",
     "CommitError",
     "DeliveryDeniedError",
     "DeliveryError",
@@ -116,19 +118,41 @@ class SinkClosedError(KafkaLayerError):
     """The sink was closed while a send was still being retried."""
 
 
-class TransactionError(KafkaLayerError):
-    """``--exactly-once``: a partition's transaction could not be committed (aborted, or its
-    producer fenced by a newer owner of the partition). Its replies never become visible to
-    ``read_committed`` readers and its offsets stay where the last transaction left them, so
-    the interval's records are computed again by the partition's next owner; the command
-    stops (not retriable in this process: its records count as answered).
+FENCED = "fenced"
+"""The :attr:`TransactionError.failed` reason of a producer fenced by a newer one under its
+transactional id (another member owns the partition now): not recoverable in this process."""
 
-    ``committed``: the offsets of the other partitions that were committed in the same call.
+
+class TransactionError(KafkaLayerError):
+    """``--exactly-once``: a partition's transaction could not be committed (aborted, without
+    a verdict, or its producer fenced by a newer owner of the partition). Its producer is
+    closed; its replies never become visible to ``read_committed`` readers unless the
+    transaction committed after all, and then its committed offsets say so.
+
+    Attributes:
+        committed: the offsets of the other partitions that were committed in the same call.
+        failed: each failed partition's reason: ``unknown_outcome`` (no verdict on the commit
+            within ``--send-timeout-ms``), ``unacknowledged_send`` (a send of the transaction
+            got no verdict), ``aborted`` (the broker refused it), or :data:`FENCED`. Every
+            reason but :data:`FENCED` is recoverable: serve replaces the producer and computes
+            the partition again from its committed offset (Kafka Streams' corrupted task;
+            :meth:`consumer.pipeline.Pipeline.commit`); a fenced one stops the command.
     """
 
-    def __init__(self, message: str, committed: dict[tuple[str, int], int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        committed: dict[tuple[str, int], int] | None = None,
+        failed: dict[tuple[str, int], str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.committed = committed or {}
+        self.failed = failed or {}
+
+    @property
+    def recoverable(self) -> bool:
+        """True when partitions failed and none of them was fenced."""
+        return bool(self.failed) and FENCED not in self.failed.values()
 
 
 class FencedInstanceError(KafkaLayerError):

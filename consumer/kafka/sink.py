@@ -1,9 +1,13 @@
 """The reply sink: one idempotent producer (acks=all) for replies and dead letters.
 
-Every send attempt has a deadline (``send_timeout_ms``); a retriable failure (broker down,
-leader moving, timeout) is retried with exponential backoff until the sink closes, so a broker
-restart delays replies but loses none. A non-retriable failure (an invalid topic or partition
-named by the client) raises :class:`DeliveryError` and the owner dead-letters the request.
+A record the producer took is retried by the producer itself (idempotence: same producer id
+and sequence numbers, so a retry is never written twice) until the broker acknowledges it; the
+deadline ``send_timeout_ms`` then only logs a warning, never sends a second copy (issue 36
+item 5: a copy sent beside a late first one repeated a reply). A record the producer did not
+take, or failed retriably (a batch it dropped without a partition leader), is sent again with
+exponential backoff until the sink closes, so a broker restart delays replies but loses none.
+A non-retriable failure (an invalid topic or partition named by the client) raises
+:class:`DeliveryError` and the owner dead-letters the request.
 
 One way in: :meth:`KafkaSink.send` queues a batch of records at once (a single record is a
 batch of one) and returns one future each: no task, timeout context or retry set-up per record
@@ -55,6 +59,7 @@ from consumer.kafka.errors import (
     describe_denial,
 )
 from consumer.kafka.partitioner import partition_by_key
+from consumer.kafka.topic_operations import WriteVerdicts
 from schemas.records import OutRecord
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,10 @@ MISSING_TOPIC_GRACE_S = 2.0
 refused (a topic a client created a moment ago may take that long to reach every broker's
 metadata). aiokafka's own wait for a topic's metadata is the whole ``send_timeout_ms`` (30 s by
 default), during which the record's partition could not commit."""
+
+LATE_LOG_EVERY_S = 10.0
+"""At most one warning per this many seconds about records not acknowledged in time (a broker
+that stalls makes every send call late)."""
 
 MISSING_TOPIC_TTL_S = 10.0
 """How long a topic found missing is refused at once, without asking the broker again."""
@@ -126,6 +135,9 @@ class KafkaSink:
             never re-sends: a record not acknowledged in time fails with
             :class:`SinkClosedError` (a re-send could be written twice in the transaction; its
             owner aborts the transaction instead).
+        write_verdicts: asks the broker whether each record's topic may be written before
+            the record is queued (a transactional sink: a refused topic would fail the whole
+            transaction, :mod:`consumer.kafka.topic_operations`); None: not asked.
     """
 
     def __init__(
@@ -135,9 +147,11 @@ class KafkaSink:
         *,
         default_topic: str,
         transactional_id: str | None = None,
+        write_verdicts: WriteVerdicts | None = None,
     ) -> None:
         self._default_topic = default_topic
         self._transactional = transactional_id is not None
+        self._write_verdicts = write_verdicts
         self._attempt_timeout_s = settings.send_timeout_ms / 1000
         self._closed = False
         self._retries: set[asyncio.Task[None]] = set()
@@ -146,6 +160,8 @@ class KafkaSink:
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._missing_until: dict[str, float] = {}  # topic → loop time its verdict expires
         self._denied_topics: set[str] = set()  # of those, the ones the broker's ACLs hide
+        self._late_records = 0  # late records not logged yet (_overdue)
+        self._late_logged_until = -float("inf")
         self._producer = AIOKafkaProducer(
             client_id="kbatch-sink",
             acks="all",
@@ -185,16 +201,31 @@ class KafkaSink:
         for flusher in list(self._flushers.values()):  # the broker did not take them in time:
             flusher.cancel()  # their records' deadline timers fail them (SinkClosedError)
 
+    async def abandon(self) -> None:
+        """Drop what the producer still holds without waiting for the broker (after a
+        :meth:`stop` that did not finish in time): its sender task is cancelled and its
+        connections closed; unanswered records fail as cancelled (:class:`SinkClosedError`)."""
+        self._closed = True
+        for task in [*self._flushers.values(), *self._retries]:
+            task.cancel()
+        sender = self._producer._sender  # aiokafka has no public way to drop its batches
+        await sender.close()
+        self._producer._message_accumulator.fail_all(SinkClosedError("the producer was abandoned"))
+        await self._producer.client.close()
+
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
         acknowledged it (a single record is a batch of one). Records that travel in the same
         producer batch share one future object (the same object at each of their positions):
         a caller may handle them together, with one callback.
 
-        A retriable failure, or no acknowledgement within ``send_timeout_ms``, hands the
-        records of that future to a retry task (each record retried with exponential backoff
-        until it is acknowledged or the sink closes), and the future follows that: done when
-        all are acknowledged, failed with the first error that is not retried. Returns once
+        A retriable failure before the producer took the records, or one the producer gave
+        up on, hands the records of that future to a retry task (each record sent again with
+        exponential backoff until it is acknowledged or the sink closes), and the future
+        follows that: done when all are acknowledged, failed with the first error that is not
+        retried. No acknowledgement within ``send_timeout_ms`` only logs a warning: the
+        producer retries the records it took itself (see the module docstring); a
+        transactional sink fails them with :class:`SinkClosedError` then. Returns once
         every record is queued (it waits only for records that take the producer's own
         ``send``, see the module docstring).
 
@@ -209,8 +240,19 @@ class KafkaSink:
         alone: list[_Group] = []
         partitions: dict[str, tuple[int, ...] | None] = {}
         default_topic = self._default_topic
+        denied: frozenset[str] = frozenset()
+        if self._write_verdicts is not None:
+            topics = {record.topic or default_topic for record in records}
+            denied = await self._write_verdicts.denied(self._producer.client, topics)
         for record in records:
             topic = record.topic or default_topic
+            if topic in denied:  # never in the transaction: it would fail it whole
+                refused: asyncio.Future[None] = loop.create_future()
+                refused.set_exception(
+                    DeliveryDeniedError(f"the broker's ACLs deny writing to {topic}")
+                )
+                acks.append(refused)
+                continue
             parts = partitions.get(topic, ())
             if parts == ():
                 parts = partitions[topic] = self._known_partitions(topic)
@@ -320,13 +362,44 @@ class KafkaSink:
             self._settle(group, err)
 
     def _overdue(self, groups: list[_Group]) -> None:
-        for group in groups:
-            if not group.ack.done() and group.ack not in self._handed_over:
+        """The deadline of one :meth:`send` passed with some of its groups unanswered.
+
+        Idempotent only: nothing is sent again. Each group's records are in the producer,
+        which retries them itself, under the same producer id and sequence numbers, until the
+        broker acknowledges them (aiokafka never expires a batch it sent while idempotence is
+        on); a second copy sent now could be written beside the first (issue 36 item 5), so
+        the ack keeps waiting and one warning says so. Transactional: the records fail with
+        :class:`SinkClosedError` (their partition's transaction is then aborted, never
+        committed: :mod:`consumer.kafka.transactions`)."""
+        late = [g for g in groups if not g.ack.done() and g.ack not in self._handed_over]
+        if not late:
+            return
+        if self._transactional:
+            for group in late:
                 self._settle(group, TimeoutError("no acknowledgement in time"))
+            return
+        self._late_records += sum(len(g.records) for g in late)
+        now = asyncio.get_running_loop().time()
+        if now < self._late_logged_until:
+            return  # one line per LATE_LOG_EVERY_S, however many sends are late
+        topics = sorted({g.records[0].topic or self._default_topic for g in late})
+        log.warning(
+            "%d records (to %s) not acknowledged within %g s; the producer keeps retrying them",
+            self._late_records,
+            ", ".join(topics),
+            self._attempt_timeout_s,
+        )
+        self._late_records = 0
+        self._late_logged_until = now + LATE_LOG_EVERY_S
 
     def _settle(self, group: _Group, err: BaseException) -> None:
         """Fail ``group``'s ack with the error :meth:`send` documents, or retry its records
-        after a retriable error (never inside a transaction: a resend could be written twice)."""
+        after a retriable error (never inside a transaction: a resend could be written twice).
+
+        A group answered already (failed at its deadline, then its batch refused by the
+        producer too) or being retried is left alone: its ack has one fate."""
+        if group.ack.done() or group.ack in self._handed_over:
+            return
         if self._transactional and _retriable(err):
             group.ack.set_exception(SinkClosedError(f"not acknowledged in the transaction: {err}"))
         elif not _retriable(err) or self._closed or isinstance(err, DeliveryError):
@@ -372,8 +445,11 @@ class KafkaSink:
         return DeliveryError(f"{type(err).__name__}: {err}")
 
     async def _send_once(self, record: OutRecord) -> None:
-        async with asyncio.timeout(self._attempt_timeout_s):
-            await (await self._enqueue(record))
+        """Queue ``record`` in the producer and wait for its acknowledgement, without a
+        deadline: once queued, the idempotent producer retries it itself until the broker
+        takes it (a re-send from here could land beside the first copy). Queueing is bounded
+        by the producer (``request_timeout_ms`` = ``send_timeout_ms``)."""
+        await (await self._enqueue(record))
 
     async def _enqueue(self, record: OutRecord) -> asyncio.Future[Any]:
         """Queue ``record`` in the producer; the future of the broker's acknowledgement.

@@ -31,9 +31,12 @@ are therefore in one transaction: after a crash a record is either committed wit
 
 Errors: a transaction that cannot be committed — aborted, fenced, or without a verdict within
 the send deadline (``--send-timeout-ms``: an unknown outcome) — raises :class:`TransactionError`
-after its producer is closed, never to be reused; its records count as answered in this
-process, so the caller stops (their offsets never commit, the next owner computes them again,
-its producer re-initialised by ``InitProducerId``).
+after its producer is closed, never to be reused, naming each failed partition's reason
+(``err.failed``). The caller may :meth:`TransactionalSink.open` the partition again: the new
+producer's ``InitProducerId`` bumps the epoch, which fences the old producer and completes or
+aborts its open transaction before returning, so the committed offset read after it is final
+(serve then computes the partition again from there; a fenced partition stops it instead:
+another member owns it).
 """
 
 from __future__ import annotations
@@ -46,12 +49,18 @@ from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+)
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import SinkClosedError, TransactionError
+from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
+from consumer.kafka.topic_operations import WriteVerdicts
 from schemas.records import OutRecord
 
 __all__ = ["TransactionalSink", "transactional_id"]
@@ -60,7 +69,24 @@ log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
 """At most this long to abort a closing partition's open transaction (a zombie's is aborted
-by the broker anyway when the next owner starts, or at ``transaction.timeout.ms``)."""
+by the broker anyway when the next owner starts, or at ``transaction.timeout.ms``), and again
+at most this long to stop its producer (one whose broker does not answer is abandoned: its
+late sends carry the old epoch, which the next producer's start fenced)."""
+
+
+def failure_reason(err: BaseException, producer: AIOKafkaProducer | None = None) -> str:
+    """The :attr:`TransactionError.failed` reason of one partition's failed commit (``err``),
+    its producer's fatal error first: once fenced, aiokafka's producer answers a commit with
+    ``IllegalOperation`` ("not in the middle of a transaction"), the fence being kept on the
+    transaction's end waiter."""
+    fatal = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+    if isinstance(err, fatal) or isinstance(_fatal_error(producer), fatal):
+        return FENCED
+    if isinstance(err, TimeoutError):
+        return "unknown_outcome"
+    if isinstance(err, SinkClosedError):
+        return "unacknowledged_send"
+    return "aborted"
 
 
 def transactional_id(prefix: str, group_id: str, tp: TopicPartition) -> str:
@@ -96,6 +122,7 @@ class TransactionalSink:
         self._group_id = group_id
         self._prefix = id_prefix
         self._sinks: dict[TopicPartition, KafkaSink] = {}
+        self._write_verdicts = WriteVerdicts()  # issue 36 item 2: denied topics stay out
         # Partitions with a send that failed without a verdict (maybe written): their open
         # transaction must not commit.
         self._tainted: set[TopicPartition] = set()
@@ -112,13 +139,17 @@ class TransactionalSink:
         """Close every partition (:meth:`close`); idempotent."""
         await asyncio.gather(*(self.close(tp) for tp in list(self._sinks)))
 
-    async def open(self, tp: TopicPartition) -> None:
+    async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None:
         """Start ``tp``'s producer (fencing any earlier one under its transactional id and
         aborting that one's open transaction) and begin a transaction. Call before reading
         ``tp``'s committed offset. A partition open already is left as it is.
 
+        Args:
+            timeout_s: at most this many seconds for the producer's start (its
+                ``InitProducerId`` waits for a transaction coordinator); None: no bound.
+
         Raises:
-            KafkaUnavailableError: no broker answered.
+            KafkaUnavailableError: no broker answered (or none within ``timeout_s``).
         """
         if tp in self._sinks:
             return
@@ -127,8 +158,15 @@ class TransactionalSink:
             self._settings,
             default_topic=self._default_topic,
             transactional_id=transactional_id(self._prefix, self._group_id, tp),
+            write_verdicts=self._write_verdicts,
         )
-        await sink.start()
+        try:
+            await asyncio.wait_for(sink.start(), timeout_s)
+        except TimeoutError as err:
+            await _stop(sink)
+            raise KafkaUnavailableError(
+                f"the producer of {tp} got no producer id within {timeout_s:g} s"
+            ) from err
         await sink.producer.begin_transaction()
         self._sinks[tp] = sink
 
@@ -142,7 +180,7 @@ class TransactionalSink:
         _retrieve_failure(sink.producer)
         with contextlib.suppress(KafkaError, TimeoutError, AssertionError):
             await asyncio.wait_for(sink.producer.abort_transaction(), CLOSE_TIMEOUT_S)
-        await sink.stop()
+        await _stop(sink)
 
     async def send_from(
         self, tp: TopicPartition, records: Sequence[OutRecord]
@@ -193,12 +231,13 @@ class TransactionalSink:
         committed = {tp: offsets[tp] for tp, r in zip(targets, results, strict=True) if r is None}
         failed = {tp: r for tp, r in zip(targets, results, strict=True) if r is not None}
         if failed:
-            for tp in failed:
-                await self.close(tp)
+            reasons = {tp: failure_reason(r, self._sinks[tp].producer) for tp, r in failed.items()}
+            await asyncio.gather(*(self.close(tp) for tp in failed))
             raise TransactionError(
                 f"transaction of {sorted(failed)} not committed: "
                 + "; ".join(f"{tp}: {r!r}" for tp, r in failed.items()),
                 committed,
+                reasons,
             )
         return committed
 
@@ -242,6 +281,28 @@ class TransactionalSink:
             {KafkaTP(*tp): (offset, metadata)}, self._group_id
         )
         await producer.commit_transaction()
+
+
+async def _stop(sink: KafkaSink) -> None:
+    """Stop ``sink`` within :data:`CLOSE_TIMEOUT_S`; else abandon its producer (its sender
+    task cancelled, its connections closed: aiokafka's own stop waits for every batch)."""
+    try:
+        await asyncio.wait_for(sink.stop(), CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("a transactional producer did not stop in time: abandoned")
+        await sink.abandon()
+
+
+def _fatal_error(producer: AIOKafkaProducer | None) -> BaseException | None:
+    """The error that put ``producer``'s transactions in aiokafka's fatal state, if any."""
+    manager = None if producer is None else producer._txn_manager
+    if manager is None or not manager.is_fatal_error():
+        return None
+    waiter = manager.wait_for_transaction_end()
+    if waiter is None or not waiter.done() or waiter.cancelled():
+        return None
+    error: BaseException | None = waiter.exception()
+    return error
 
 
 def _retrieve_failure(producer: AIOKafkaProducer) -> None:

@@ -59,7 +59,10 @@ class ScenarioResult:
     """From the fault's end until every request acknowledged before it, and the first one
     acknowledged after it, were answered."""
     rebalances: int
-    """Revocations the serving member went through (``kbatch_rebalances_total{kind=revoked}``)."""
+    """Revocations the serving members went through (``kbatch_rebalances_total{kind=revoked}``)."""
+    recoveries: int
+    """``--exactly-once``: partitions whose failed transaction the members recovered in place
+    (``kbatch_transaction_recoveries_total``, every reason)."""
     latency_p99_s: float
     verdict: Verdict
 
@@ -106,8 +109,25 @@ def start_serve(
     )
 
 
+def network_cut(seconds: float) -> Callable[[ChaosCluster, Topics], None]:
+    """The fault "every link between kbatch and the cluster cut for ``seconds``, then healed"."""
+
+    def cut(cc: ChaosCluster, topics: Topics) -> None:
+        cc.proxies.cut()
+        time.sleep(seconds)  # the fault's length, not a synchronisation
+        cc.proxies.heal()
+
+    return cut
+
+
 def revocations(server: ServeProcess) -> int:
     return int(server.metrics().get('kbatch_rebalances_total{kind="revoked"}', 0.0))
+
+
+def recoveries(server: ServeProcess) -> int:
+    """``kbatch_transaction_recoveries_total`` summed over its reasons."""
+    samples = server.metrics().items()
+    return int(sum(v for k, v in samples if k.startswith("kbatch_transaction_recoveries_total")))
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float:
@@ -129,17 +149,33 @@ async def run_scenario(
     answer_timeout_s: float = 180.0,
     exactly_once: bool = False,
     extra: Sequence[str] = (),
+    members: int = 1,
+    ready_after: bool = False,
 ) -> ScenarioResult:
-    """Run ``fault`` under load against one ``kbatch serve``; returns the figures.
+    """Run ``fault`` under load against ``members`` ``kbatch serve`` processes of one group
+    (static ids ``<group>-<i>`` when more than one); returns the figures.
+
+    ``ready_after``: every member's ``/readyz`` must answer 200 again once everything is
+    answered (within 60 s).
 
     Raises:
-        AssertionError: serve died, or the acknowledged requests were not all answered in
+        AssertionError: a member died, or the acknowledged requests were not all answered in
             ``answer_timeout_s`` (the message says how many were missing).
     """
     topics = Topics.unique(name)
     await create_topics(cc, topics)
     serve_extra = [*extra, *(["--exactly-once"] if exactly_once else [])]
-    server = start_serve(tmp_path, cc, topics, model_dir, extra=serve_extra)
+    servers = [
+        start_serve(
+            tmp_path,
+            cc,
+            topics,
+            model_dir,
+            name=f"serve-{i}",
+            extra=[*serve_extra, *(["--group-instance-id", f"{topics.group}-{i}"] * (members > 1))],
+        )
+        for i in range(members)
+    ]
     load = Workload(
         cc.bootstrap,
         topics.requests,
@@ -148,8 +184,9 @@ async def run_scenario(
         read_committed=exactly_once,
     )
     try:
-        await asyncio.to_thread(server.wait_ready, 120)
-        before = revocations(server)
+        for server in servers:
+            await asyncio.to_thread(server.wait_ready, 120)
+        before = sum(revocations(server) for server in servers)
         load.start()
         await asyncio.to_thread(
             poll_until, lambda: load.seen_count() >= rate_per_s * warm_s, 60, "replies under load"
@@ -161,11 +198,16 @@ async def run_scenario(
         await asyncio.to_thread(time.sleep, after_s)  # the load runs on after the fault
         await asyncio.to_thread(load.stop_producing)
         await asyncio.to_thread(load.wait_seen, answer_timeout_s)
-        assert server.proc is not None and server.proc.poll() is None, server.log_tail()
-        rebalances = revocations(server) - before
+        for server in servers:
+            assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+            if ready_after:
+                await asyncio.to_thread(server.wait_ready, 60)
+        rebalances = sum(revocations(server) for server in servers) - before
+        recovered = sum(recoveries(server) for server in servers)
     finally:
         load.stop()
-        server.stop()
+        for server in servers:
+            server.stop()
         await asyncio.to_thread(cc.heal_all)
     history = load.history
     await close_history(history, cc.bootstrap, topics.replies, PARTITIONS)
@@ -191,6 +233,7 @@ async def run_scenario(
         stall_s=round(longest_gap(seen, fault_start, max(seen, default=fault_end)), 2),
         recover_s=round(max(0.0, max(answered_at, default=fault_end) - fault_end), 2),
         rebalances=rebalances,
+        recoveries=recovered,
         latency_p99_s=float(summary["latency_p99_s"]),
         verdict=verdict,
     )

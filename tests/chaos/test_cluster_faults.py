@@ -37,7 +37,7 @@ from tests.chaos.nodes import (
     restart,
     wait_fully_replicated,
 )
-from tests.chaos.scenario import Topics, run_scenario, settle
+from tests.chaos.scenario import Topics, network_cut, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -89,13 +89,13 @@ async def test_sigkill_of_the_group_coordinator_loses_nothing(
 async def test_a_short_network_cut_then_heal_loses_nothing(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
-    def cut(cc: ChaosCluster, topics: Topics) -> None:
-        cc.proxies.cut()
-        time.sleep(SHORT_CUT_S)  # the fault's length, not a synchronisation
-        cc.proxies.heal()
-
     result = await run_scenario(
-        "network-cut-20s", chaos_cluster, tmp_path, tiny_embed_dir, cut, answer_timeout_s=240
+        "network-cut-20s",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        network_cut(SHORT_CUT_S),
+        answer_timeout_s=240,
     )
     assert result.lost == 0
     # Longer than --session-timeout-ms (10 s): the member is dropped and rejoins once.
@@ -183,3 +183,28 @@ async def test_one_node_of_three_down_is_warnings_not_errors(
     assert sent > 0 and received > 0  # the cluster served throughout
     assert errors == []
     assert len(warnings) <= 10, warnings  # once a minute per line, not once per retry
+
+
+EOS_CUT_S = 8.0
+"""Longer than the scenario's ``--send-timeout-ms`` (3 s), shorter than its session timeout
+(10 s): sends and commits get no verdict, the member stays in its group."""
+
+
+async def test_a_cut_past_the_send_deadline_under_exactly_once_recovers_in_place(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Issue 36 item 1: a transaction without a verdict stopped the member (exit 1). Now its
+    # producer is replaced and its partition rewound to the committed offset, in place.
+    result = await run_scenario(
+        "eos-cut-past-send-deadline",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        network_cut(EOS_CUT_S),
+        exactly_once=True,
+        extra=["--send-timeout-ms", "3000"],
+        ready_after=True,
+        answer_timeout_s=240,
+    )
+    assert (result.lost, result.duplicates, result.g1a) == (0, 0, 0)
+    assert result.recoveries >= 1  # the fault did reach a transaction

@@ -1,7 +1,9 @@
 """The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
 ``chaos_long`` marker): a partition leader's SIGKILL and SIGSTOP, a 120 s network cut, +200 ms
-on every packet, a bandwidth limit, and the transaction coordinator's SIGKILL under
-``--exactly-once``."""
+on every packet, a bandwidth limit, the transaction coordinator's SIGKILL under
+``--exactly-once``, issue 36's freeze of a reply leader past the send deadline followed by the
+transaction coordinator's SIGKILL against two ``--exactly-once`` members, and acks slower than
+the send deadline (at-least-once: nothing repeated)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tests.chaos.nodes import (
     thaw,
     transaction_coordinator,
 )
-from tests.chaos.scenario import Topics, run_scenario, settle
+from tests.chaos.scenario import Topics, network_cut, run_scenario, settle
 from tests.integration.harness import poll_until
 
 pytestmark = [pytest.mark.chaos_long, pytest.mark.timeout(900)]
@@ -46,6 +48,30 @@ def kill_and_restart(
     poll_until(moved, 60, f"the role to leave node {node_id}", every_s=0.5)
     restart(node)
     settle(cc, topics)
+
+
+def freeze_leader_of(
+    cc: ChaosCluster, topics: Topics, topic: str, seconds: float, partition: int = 0
+) -> None:
+    """SIGSTOP the leader of ``topic``'s ``partition`` for ``seconds``, SIGCONT it, wait until
+    fully replicated again."""
+    node = cc.cluster.node(asyncio.run(partition_leader(cc.bootstrap, topic, partition)))
+    freeze(node)
+    try:
+        time.sleep(seconds)  # the fault's length, not a synchronisation
+    finally:
+        thaw(node)
+    settle(cc, topics)
+
+
+def kill_txn_coordinator(cc: ChaosCluster, topics: Topics) -> None:
+    """SIGKILL the transaction coordinator of request partition 0's transactional id, restart
+    it once the role moved (see :func:`kill_and_restart`)."""
+    txn_id = transactional_id("kbatch", topics.group, (topics.requests, 0))
+    node = asyncio.run(transaction_coordinator(cc.bootstrap, txn_id))
+    kill_and_restart(
+        cc, topics, node, lambda: asyncio.run(transaction_coordinator(cc.bootstrap, txn_id)) != node
+    )
 
 
 async def test_sigkill_of_the_request_partitions_leader_loses_nothing(
@@ -72,14 +98,7 @@ async def test_sigstop_of_the_request_partitions_leader_loses_nothing(
     # A frozen node answers nothing but keeps its sockets open: clients wait for timeouts
     # instead of seeing a refused connection (Jepsen's pause nemesis).
     def freeze_leader(cc: ChaosCluster, topics: Topics) -> None:
-        leader = asyncio.run(partition_leader(cc.bootstrap, topics.requests, 0))
-        node = cc.cluster.node(leader)
-        freeze(node)
-        try:
-            time.sleep(FREEZE_S)  # the fault's length, not a synchronisation
-        finally:
-            thaw(node)
-        settle(cc, topics)
+        freeze_leader_of(cc, topics, topics.requests, FREEZE_S)
 
     result = await run_scenario(
         "sigstop-request-leader", chaos_cluster, tmp_path, tiny_embed_dir, freeze_leader
@@ -105,13 +124,13 @@ async def test_a_120_s_network_cut_then_heal_loses_nothing(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
     # Parallel Consumer's broker-disconnect test: a long cut, then every record processed.
-    def cut(cc: ChaosCluster, topics: Topics) -> None:
-        cc.proxies.cut()
-        time.sleep(LONG_CUT_S)  # the fault's length, not a synchronisation
-        cc.proxies.heal()
-
     result = await run_scenario(
-        "network-cut-120s", chaos_cluster, tmp_path, tiny_embed_dir, cut, answer_timeout_s=300
+        "network-cut-120s",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        network_cut(LONG_CUT_S),
+        answer_timeout_s=300,
     )
     assert result.lost == 0
 
@@ -133,24 +152,71 @@ async def test_sigkill_of_the_transaction_coordinator_under_exactly_once(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
     # Kafka's transactions_test.py (hard bounce of brokers): zero duplicates; Jepsen: no G1a.
-    def kill_coordinator(cc: ChaosCluster, topics: Topics) -> None:
-        txn_id = transactional_id("kbatch", topics.group, (topics.requests, 0))
-        node = asyncio.run(transaction_coordinator(cc.bootstrap, txn_id))
-        kill_and_restart(
-            cc,
-            topics,
-            node,
-            lambda: asyncio.run(transaction_coordinator(cc.bootstrap, txn_id)) != node,
-        )
-
     result = await run_scenario(
         "kill-txn-coordinator",
         chaos_cluster,
         tmp_path,
         tiny_embed_dir,
-        kill_coordinator,
+        kill_txn_coordinator,
         exactly_once=True,
     )
     assert result.lost == 0
     assert result.duplicates == 0
     assert result.g1a == 0
+
+
+SLOW_ACK_DELAY_S = 6.0
+"""Per packet and direction: a produce round trip takes 12 s, past a 5 s send deadline."""
+
+EOS_FREEZE_S = 40.0
+"""Issue 36 item 1: longer than the default ``--send-timeout-ms`` (30 s), so replies and
+commits of the frozen leader's partitions get no verdict in time."""
+
+
+async def test_freeze_then_kill_of_reply_leader_and_txn_coordinator_under_exactly_once(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Issue 36 item 1: two --exactly-once members with static ids; the leader of a reply
+    # partition frozen 40 s, then the transaction coordinator of request partition 0 killed
+    # and restarted. Every acknowledged request answered exactly once to a read_committed
+    # reader, no aborted reply seen, no member exit, both ready again.
+    def freeze_then_kill(cc: ChaosCluster, topics: Topics) -> None:
+        freeze_leader_of(cc, topics, topics.replies, EOS_FREEZE_S)
+        kill_txn_coordinator(cc, topics)
+
+    result = await run_scenario(
+        "eos-freeze-reply-leader-then-kill-txn-coordinator",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        freeze_then_kill,
+        exactly_once=True,
+        members=2,
+        ready_after=True,
+        answer_timeout_s=300,
+    )
+    assert (result.lost, result.duplicates, result.g1a) == (0, 0, 0)
+
+
+async def test_acks_slower_than_the_send_deadline_repeat_nothing(
+    chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
+) -> None:
+    # Issue 36 item 5 (at-least-once): once the send deadline passed, kbatch sent the replies
+    # again beside the producer's own retry of the first copy, and both landed: keys answered
+    # twice without a crash or a rebalance. Here every packet takes 6 s each way for 15 s, so
+    # every reply's ack comes after the 5 s deadline while its first copy is being written.
+    def slow(cc: ChaosCluster, topics: Topics) -> None:
+        cc.proxies.set_delay(SLOW_ACK_DELAY_S)
+        time.sleep(15)  # the fault's length, not a synchronisation
+        cc.proxies.set_delay(0.0)
+
+    result = await run_scenario(
+        "acks-past-send-deadline",
+        chaos_cluster,
+        tmp_path,
+        tiny_embed_dir,
+        slow,
+        extra=["--send-timeout-ms", "5000", "--session-timeout-ms", "45000"],
+        answer_timeout_s=300,
+    )
+    assert (result.lost, result.duplicates, result.rebalances) == (0, 0, 0)

@@ -44,6 +44,8 @@ LOCKED = "replies.app-locked"  # allowed by the pattern, but no ACL lets kbatch 
 FOREIGN = "billing.events"  # outside the pattern (kbatch could not write it either)
 OTHER_CLIENT = "replies.other-client"  # another client's reply topic
 SOURCE, OUTPUT = "sec.history", "sec.scored"  # backfill
+EOS_REQUESTS, EOS_GROUP = "sec.eos.requests", "sec-eos"  # --exactly-once
+DESCRIBE_ONLY = "replies.app-describe-only"  # allowed by the pattern; kbatch may only describe it
 
 
 def free_port_triple() -> int:
@@ -79,6 +81,11 @@ def kbatch_acls() -> list[Acl]:
         Acl(u, "READ", "group", "sec-backfill"),
         Acl(u, "WRITE", "topic", OUTPUT),
         Acl(u, "WRITE", "topic", f"{SOURCE}.dlq"),
+        # --exactly-once (serve's transactional ids: kbatch-<group>-<topic>-<partition>)
+        Acl(u, "READ", "topic", EOS_REQUESTS),
+        Acl(u, "READ", "group", EOS_GROUP),
+        Acl(u, "WRITE", "transactional_id", f"kbatch-{EOS_GROUP}-", "prefixed"),
+        Acl(u, "DESCRIBE", "topic", DESCRIBE_ONLY),  # not WRITE: issue 36 item 2
     ]
 
 
@@ -120,7 +127,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     async def setup() -> None:
         topics = {t: 1 for t in (REPLIES, DLQ, MTLS_REPLIES, APP_REPLIES, LOCKED, FOREIGN)}
         topics |= {OTHER_CLIENT: 1, SOURCE: 2, OUTPUT: 2, f"{SOURCE}.dlq": 1}
-        topics |= {REQUESTS: 2, MTLS_REQUESTS: 1}
+        topics |= {REQUESTS: 2, MTLS_REQUESTS: 1, EOS_REQUESTS: 1, DESCRIBE_ONLY: 1}
         await ensure_topics(broker.bootstrap, topics, 1, security_kwargs(admin))
         await create_acls(admin, kbatch_acls() + client_acls())
 
@@ -185,11 +192,19 @@ async def produce(secured: Secured, topic: str, records: list[tuple[bytes, str |
         await producer.stop()
 
 
-async def read_all(secured: Secured, topic: str, want: int, timeout_s: float = 60) -> list[Any]:
+async def read_all(
+    secured: Secured,
+    topic: str,
+    want: int,
+    timeout_s: float = 60,
+    isolation_level: str = "read_uncommitted",
+) -> list[Any]:
     """Every record of ``topic`` as the admin, once at least ``want`` are there (or the time
     is up)."""
     consumer = AIOKafkaConsumer(
-        **client_kwargs(secured.broker.client_settings("admin")), enable_auto_commit=False
+        **client_kwargs(secured.broker.client_settings("admin")),
+        enable_auto_commit=False,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     try:
@@ -391,3 +406,69 @@ def test_secured_serve_request_load_backfill_and_what_kbatch_may_not_write(
         for server in (sasl, mtls):
             if server.proc is not None and server.proc.poll() is None:
                 server.stop()
+
+
+async def committed_offset(secured: Secured, group: str, topic: str) -> int | None:
+    """``group``'s committed offset of ``topic``'s partition 0, asked as the admin."""
+    consumer = AIOKafkaConsumer(
+        **client_kwargs(secured.broker.client_settings("admin")),
+        group_id=group,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        offset: int | None = await consumer.committed(TopicPartition(topic, 0))
+        return offset
+    finally:
+        await consumer.stop()
+
+
+def test_exactly_once_dead_letters_a_reply_topic_kbatch_may_describe_but_not_write(
+    secured: Secured, tiny: Path, tmp_path: Path
+) -> None:
+    # Issue 36 item 2: the denied topic entered the transaction (AddPartitionsToTxn refused),
+    # which failed whole, at every try: the partition never moved. Now the request is
+    # dead-lettered as under at-least-once, its neighbours are answered, the transaction
+    # commits, and nothing is aborted.
+    port = free_port()
+    server = SecureServe(
+        [
+            KBATCH, "serve", "--no-create-topics", "--exactly-once",
+            "--request-topic", EOS_REQUESTS, "--reply-topic", REPLIES, "--dlq-topic", DLQ,
+            "--group-id", EOS_GROUP, "--allowed-reply-topics", ALLOWED,
+            "--model", str(tiny), "--metrics-port", str(port), "--torch-threads", "1",
+            "--commit-interval-ms", "200",
+        ],
+        tmp_path / "serve-eos.log",
+        port,
+        env=secured.env("kbatch", PYTHONUNBUFFERED="1"),
+    )  # fmt: skip
+    server.launch()
+    try:
+        server.wait_ready(180)
+        keys = [b"eos-before", b"eos-denied", b"eos-after"]
+        asyncio.run(
+            produce(
+                secured,
+                EOS_REQUESTS,
+                [(b"eos-before", None), (b"eos-denied", DESCRIBE_ONLY), (b"eos-after", None)],
+            )
+        )
+        poll_until(
+            lambda: asyncio.run(committed_offset(secured, EOS_GROUP, EOS_REQUESTS)) == len(keys),
+            90,
+            "the transaction holding all three to commit",
+        )
+        replies = asyncio.run(read_all(secured, REPLIES, 100, 5, "read_committed"))
+        answered = [r.key for r in replies if r.key in keys]
+        assert answered == [b"eos-before", b"eos-after"], server.log_tail()
+        dead = asyncio.run(read_all(secured, DLQ, 100, 5, "read_committed"))
+        denied = [r for r in dead if r.key == b"eos-denied"]
+        assert len(denied) == 1
+        assert H.last_value(denied[0].headers, H.ERROR_CODE) == b"reply_topic_not_allowed"
+        assert asyncio.run(read_all(secured, DESCRIBE_ONLY, 1, timeout_s=2)) == []
+        metrics = server.metrics()
+        assert not any(k.startswith("kbatch_transaction_recoveries_total") and v for k, v in
+                       metrics.items())  # fmt: skip
+    finally:
+        server.stop()

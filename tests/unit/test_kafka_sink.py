@@ -160,18 +160,77 @@ async def test_a_retriable_failure_is_retried_until_acknowledged(
     await asyncio.wait_for(ack, 1)
 
 
-async def test_no_acknowledgement_in_time_hands_the_record_to_the_retries(
-    sink: tuple[KafkaSink, FakeProducer],
+async def until(condition: Any, timeout_s: float = 2.0) -> None:
+    """Let the loop run until ``condition()`` holds (fails after ``timeout_s`` seconds)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < give_up, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_no_acknowledgement_in_time_sends_no_second_copy(
+    sink: tuple[KafkaSink, FakeProducer], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Issue 36 item 5: the deadline re-sent the record while the producer still retried the
+    # first copy, which landed too: one reply written twice without a crash or a rebalance.
     s, producer = sink
     (ack,) = await s.send([record(b"a")])
-    await asyncio.sleep(0.3)  # send_timeout_ms = 200: sent again
-    assert len(producer.deliveries) >= 2
-    producer.deliveries[0].set_result(None)  # the late first answer is ignored
-    await asyncio.sleep(0)
-    assert not ack.done()
-    producer.deliveries[-1].set_result(None)
+    await until(lambda: "not acknowledged within" in caplog.text)  # send_timeout_ms = 200
+    await turns()
+    assert len(producer.deliveries) == 1 and not ack.done()  # the producer retries it itself
+    producer.deliveries[0].set_result(None)  # the late answer acknowledges it
     await asyncio.wait_for(ack, 1)
+    assert len(producer.deliveries) == 1
+
+
+class TimingOutBatchProducer(FakeProducer):
+    """``send_batch`` of the first batch waits for ``gate``, then raises what aiokafka raises
+    when the partition's queue did not drain in time (``KafkaTimeoutError``)."""
+
+    async def send_batch(
+        self, batch: FakeBuilder, topic: str, *, partition: int
+    ) -> asyncio.Future[None]:
+        if not self.batches and "timed out" not in self.raise_for:
+            self.raise_for["timed out"] = KafkaTimeoutError()
+            assert self.gate is not None
+            await self.gate.wait()
+            raise KafkaTimeoutError()
+        return await super().send_batch(batch, topic, partition=partition)
+
+
+@pytest.mark.parametrize("transactional", [True, False])
+async def test_a_batch_refused_after_its_deadline_keeps_the_partitions_flush_going(
+    transactional: bool,
+) -> None:
+    # Issue 36: the deadline failed the records' ack, then send_batch raised for the same
+    # batch and the ack was failed again (InvalidStateError): the partition's flush task
+    # died and the batches queued behind it were never handed to the producer.
+    s = KafkaSink(
+        KafkaClientSettings(),
+        SinkSettings(send_timeout_ms=100),
+        default_topic="kbatch.replies",
+        transactional_id="t" if transactional else None,
+    )
+    producer = TimingOutBatchProducer()
+    s._producer = producer  # type: ignore[assignment]
+    producer.metadata["kbatch.replies"] = {0}
+    producer.gate = asyncio.Event()
+    (first,) = await s.send([record(b"a")])
+    await turns()
+    (second,) = await s.send([record(b"b")])  # queued behind the first batch
+    if transactional:  # the deadline: no verdict, the partition's transaction is aborted
+        with pytest.raises(SinkClosedError):
+            await asyncio.wait_for(first, 2)
+    producer.gate.set()  # now the producer refuses the first batch as well
+    await until(lambda: any(keys == [b"b"] for _, _, keys in producer.batches))
+    await until(lambda: not s._flushers)
+    if not transactional:  # never taken by the producer: sent again, safely
+        await until(lambda: producer.sent == [("kbatch.replies", b"a")])
+        for d in producer.deliveries:
+            d.set_result(None)
+        await asyncio.wait_for(asyncio.gather(first, second), 2)
+        assert producer.sent == [("kbatch.replies", b"a")]  # one copy
 
 
 async def test_a_permanent_failure_is_a_delivery_error(
