@@ -79,7 +79,6 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_kbatch_bf16_vs_kbatch", "kbatch_bf16", "kbatch"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
-    ("ratio_kbatch_vs_raw_tokenize", "kbatch", "raw_tokenize"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""
 
