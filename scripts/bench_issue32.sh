@@ -7,12 +7,15 @@
 #   scripts/bench_issue32.sh OUT_DIR [ROUNDS]
 #
 # 1. quota:   kbatch serve in a 1-CPU cgroup (scripts/cgroup_run.sh; needs root), MiniLM fp32
-#             through Kafka; the latency phase of both at 0.7 x the first old run's drain rate.
+#             through Kafka; the latency phase of all at 0.7 x the first old run's drain rate;
+#             also "big" (today's default on an 8-core node: 8 torch and 8 Rayon threads) and
+#             "one" (one torch thread per quota core, no burst).
 # 2. colo:    no quota (broker and load client on the same cores); the frontier at
 #             0.3/0.5/0.7/0.9 of each variant's own drain.
 # 3. host:    serve's CPU ms per request on a simulated H200 (sim:1,0.445, real tokenizer)
 #             against a raw aiokafka consume -> tokenize -> reply loop, at 100 and 1,000 req/s.
 # 4. sim:     the simulated H200 frontier (50/100/200/400 req/s), old against new.
+# SKIP=quota,colo,host,sim leaves sections out.
 set -euo pipefail
 out=${1:?usage: bench_issue32.sh OUT_DIR [ROUNDS]}
 rounds=${2:-2}
@@ -36,32 +39,46 @@ run() {  # run NAME ENV... -- ARGS...
 }
 
 minilm=(--variants kbatch --n 1500 --latency-s 8 --latency-warmup-s 2)
+want() { [[ ",${SKIP:-}," != *",$1,"* ]]; }
+
 # 1. quota: the first old run sets the common rate
+if want quota; then
 run quota_old_1 "${old_env[@]}" -- "${minilm[@]}" --threads 2 --serve-prefix "${quota[*]}"
 rate=$(python3 -c "import json,sys; print(round(0.7*json.load(open(sys.argv[1]))['kbatch']['seq_per_s'],1))" "$out/quota_old_1.json")
 echo "common rate for the quota runs: $rate/s" | tee -a "$out/uptime.log" >&2
-run quota_new_1 "${new_env[@]}" -- "${minilm[@]}" --threads auto --serve-prefix "${quota[*]}" --latency-rates "$rate"
+quota_run() {  # quota_run NAME ENV-ARRAY-NAME THREADS
+  local -n envs=$2
+  run "$1" "${envs[@]}" -- "${minilm[@]}" --threads "$3" --serve-prefix "${quota[*]}" \
+    --latency-rates "$rate"
+}
+big_env=(env RAYON_NUM_THREADS=8 TOKENIZERS_PARALLELISM=true)
+quota_run quota_new_1 new_env auto
+quota_run quota_big_1 big_env 8    # today's default on an 8-core node under the same quota
+quota_run quota_one_1 new_env 1    # one thread per quota core, no burst
 for r in $(seq 2 "$rounds"); do
-  run "quota_old_$r" "${old_env[@]}" -- "${minilm[@]}" --threads 2 --serve-prefix "${quota[*]}" --latency-rates "$rate"
-  run "quota_new_$r" "${new_env[@]}" -- "${minilm[@]}" --threads auto --serve-prefix "${quota[*]}" --latency-rates "$rate"
+  quota_run "quota_old_$r" old_env 2
+  quota_run "quota_new_$r" new_env auto
+  quota_run "quota_big_$r" big_env 8
+  quota_run "quota_one_$r" new_env 1
 done
 # (quota_old_1's own 0.7x phase is at the same rate)
+fi
 
 # 2. co-located, no quota
-for r in $(seq 1 "$rounds"); do
+want colo && for r in $(seq 1 "$rounds"); do
   run "colo_old_$r" "${old_env[@]}" -- "${minilm[@]}" --threads 2 --latency-fractions 0.3,0.5,0.9
   run "colo_new_$r" "${new_env[@]}" -- "${minilm[@]}" --threads auto --latency-fractions 0.3,0.5,0.9
 done
 
 # 3. host CPU per request, kbatch (new defaults) against the raw loop, same run
-for r in $(seq 1 "$rounds"); do
+want host && for r in $(seq 1 "$rounds"); do
   run "host_$r" "${new_env[@]}" -- --model sim:1,0.445 --variants kbatch,raw_tokenize --n 3000 \
     --threads auto --latency-s 10 --latency-warmup-s 2 --latency-rates 100,1000 \
     --max-latency-rate 1000
 done
 
 # 4. the simulated H200 frontier, old against new
-for r in $(seq 1 "$rounds"); do
+want sim && for r in $(seq 1 "$rounds"); do
   run "sim_old_$r" "${old_env[@]}" -- --model sim:1,0.445 --variants kbatch --n 5000 \
     --threads 2 --latency-s 8 --latency-warmup-s 2 --latency-rates 50,100,200,400
   run "sim_new_$r" "${new_env[@]}" -- --model sim:1,0.445 --variants kbatch --n 5000 \

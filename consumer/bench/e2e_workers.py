@@ -21,7 +21,10 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
   texts tokenized in one ``encode_batch`` of the model's fast tokenizer (truncated to its
   maximum length), and each answered with a 384-float embedding reply packed with msgpack
   (what ``kbatch serve --model sim:…`` answers), the sends awaited, then a commit. No model,
-  no batching policy, no dedup, no metrics.
+  no batching policy, no dedup, no metrics. It tokenizes without a Rayon pool
+  (``TOKENIZERS_PARALLELISM=false``), as ``kbatch serve`` does on an accelerator host of this
+  size (docs/CPU.md): with Rayon's default pool the loop also pays for its spin-waiting
+  threads (~0.08 ms a request at 1,000/s here), which would flatter kbatch.
 
 Both produce with ``acks=all``, idempotence and ``linger_ms=2`` as kbatch's reply sink does,
 but with aiokafka's defaults otherwise: a 16 KiB ``max_batch_size`` (the sink's is 256 KiB),
@@ -38,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -244,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.worker == "raw_tokenize":
         if args.model is None:
             raise SystemExit("raw_tokenize needs --model")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before the first encode_batch
         asyncio.run(_serve(args, _tokenize_scorer(args.model)))
     else:
         asyncio.run(_serve(args, _per_record(_raw_scorer())))

@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["CpuBudget", "QuotaReading", "cgroup_quota_cores", "read_cpu_budget"]
+__all__ = [
+    "QUOTA_BURST",
+    "CpuBudget",
+    "QuotaReading",
+    "cgroup_quota_cores",
+    "decide_budget",
+    "read_cpu_budget",
+]
 
 BudgetSource = Literal["affinity", "cgroup", "setting"]
 """What set the budget: the affinity set, the cgroup quota, or ``--cpu-budget``."""
@@ -49,6 +56,19 @@ class QuotaReading:
         return self.quota_us / self.period_us
 
 
+QUOTA_BURST = 2
+"""How many times its CFS quota a process's threads may span, in cores (capped by the affinity
+set): a quota is a time average (``quota_us`` per 100 ms period), so a pool wider than the
+quota finishes a batch sooner and is throttled only when the period's quota runs out.
+
+Measured on this project's 2-core machine with ``kbatch serve`` in a 1-CPU cgroup (MiniLM fp32,
+BENCHMARKS.md "CPU budget"): two torch threads answered 65.8 requests/s at p99 137 and 150 ms,
+one thread at 951 and 4,012 ms, for drains within run-to-run spread (94-144 against 150-153
+seq/s). Unbounded it is the failure peers report (40 torch threads under a 4-CPU limit;
+text-embeddings-inference 6.3× slower under a 2-CPU quota with its threads uncapped): each
+period's quota is spent in a fraction of it, then every thread waits out the rest."""
+
+
 @dataclass(frozen=True)
 class CpuBudget:
     """The cores this process may use and why.
@@ -66,6 +86,15 @@ class CpuBudget:
     quota: QuotaReading | None
     setting_cores: float | None
     source: BudgetSource
+
+    @property
+    def thread_cores(self) -> float:
+        """How many cores the thread pools may span: ``cores``, or under a cgroup quota up to
+        :data:`QUOTA_BURST` × ``cores`` (capped by the affinity set; a replica's
+        ``--cpu-budget`` share under a quota bursts the same way)."""
+        if self.quota is not None:
+            return min(float(self.affinity_cores), QUOTA_BURST * self.cores)
+        return self.cores
 
     def describe(self) -> str:
         """One line for the start-up log, e.g. ``1 core (cgroup quota 1.00 core in

@@ -41,12 +41,14 @@ texts tokenizes in a few ms on one thread, and 8 threads keep up with any one de
 def host_reserve_cores(share_cores: float) -> int:
     """Whole cores kept off torch's intra-op pool for the host path on a CPU-only host.
 
-    ``share_cores`` < 2: 0 (one core cannot be split; torch gets it and shares it). Otherwise
-    ``clamp(ceil(share / 8), 1, 4)``: 1 core up to 8 (the event loop uses at most one core and
-    the tokenizer ~0.03 core at 114 requests/s), 2 up to 16, and at most 4 (64+ cores: the
-    tokenizer's pool grows with the host path's share).
+    ``share_cores`` ≤ 2: 0. Measured on this project's 2-core machine with the broker and the
+    load client on the same cores (BENCHMARKS.md "CPU budget"): one torch thread and a core
+    kept drained 0.9× two threads and did not lower p99 at the same fractions of drain, so two
+    cores keep nothing. Above 2: ``clamp(ceil(share / 8), 1, 4)`` — 1 core up to 8 (the event
+    loop uses at most one core, the tokenizer ~0.03 core at 114 requests/s), 2 up to 16, at
+    most 4; vLLM's CPU backend keeps one core by default. Not measured here (no such host).
     """
-    if share_cores < 2:
+    if share_cores <= 2:
         return 0
     return max(1, min(4, math.ceil(share_cores / 8)))
 
@@ -100,6 +102,8 @@ class ThreadPlan:
             else "no core kept for the host path"
         )
         where = "accelerator host" if self.accelerator else "CPU host"
+        if self.budget.thread_cores > self.budget.cores and not self.accelerator:
+            where += f", threads may span {self.budget.thread_cores:g} cores under the quota"
         return (
             f"{self.share_cores:g} of {self.budget.cores:g} cores ({where}): {torch} "
             f"(+{self.torch_interop_threads} inter-op), tokenizer {self.tokenizer_threads}, {kept}"
@@ -115,10 +119,12 @@ def plan_threads(
 ) -> ThreadPlan:
     """Size every pool of one process from the budget (pure).
 
-    CPU host, share ``S = budget / replicas``: torch gets ``max(1, floor(S) - reserve)`` threads
-    with ``reserve = host_reserve_cores(S)``; the tokenizer's Rayon pool gets
-    ``max(1, reserve)``. Accelerator host: torch 1 thread, the tokenizer
-    ``clamp(floor(S) - 1, 1, 8)`` (one core for the event loop). ``torch_threads``
+    CPU host, share ``S = budget / replicas``: torch gets ``max(1, floor(T) - reserve)``
+    threads, where ``T = budget.thread_cores / replicas`` (``S``, or up to
+    :data:`~consumer.cpu.budget.QUOTA_BURST` × ``S`` under a cgroup quota) and
+    ``reserve = host_reserve_cores(S)``; the tokenizer's Rayon pool gets ``max(1, reserve)``.
+    Accelerator host: torch 1 thread, the tokenizer ``clamp(floor(S) - 1, 1, 8)`` (one core
+    for the event loop). ``torch_threads``
     (``--torch-threads``) overrides torch's count and nothing else.
 
     Raises:
@@ -130,13 +136,14 @@ def plan_threads(
         raise ValueError(f"--torch-threads {torch_threads}: at least 1")
     share = budget.cores / replicas
     whole = max(1, math.floor(share))
+    span = max(1, math.floor(budget.thread_cores / replicas))
     if accelerator:
         reserve = 1 if whole >= 2 else 0
         torch_n = 1
         tokenizer = max(1, min(GPU_TOKENIZER_MAX_THREADS, whole - 1))
     else:
         reserve = host_reserve_cores(share)
-        torch_n = max(1, whole - reserve)
+        torch_n = max(1, span - reserve)
         tokenizer = max(1, reserve)
     return ThreadPlan(
         budget=budget,

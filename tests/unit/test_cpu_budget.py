@@ -150,7 +150,8 @@ def test_a_budget_needs_positive_inputs() -> None:
     ("cores", "accelerator", "torch", "tokenizer", "reserve"),
     [
         (1, False, 1, 1, 0),  # one core: nothing to keep, torch shares it
-        (2, False, 1, 1, 1),
+        (2, False, 2, 1, 0),  # measured: keeping a core of two cost drain (BENCHMARKS.md)
+        (3, False, 2, 1, 1),
         (4, False, 3, 1, 1),
         (16, False, 14, 2, 2),
         (64, False, 60, 4, 4),
@@ -179,6 +180,30 @@ def test_plan_under_replicas_plans_each_share() -> None:
     assert (plan.torch_threads, plan.tokenizer_threads) == (3, 1)
 
 
+@pytest.mark.parametrize(
+    ("affinity", "quota", "setting", "replicas", "torch", "tokenizer"),
+    [
+        (2, 1.0, None, 1, 2, 1),  # this project's machine in a 1-CPU cgroup: 2 threads burst
+        (64, 2.0, None, 1, 4, 1),  # a 2-CPU limit on a 64-core node: 4 threads, not 64
+        (64, 16.0, None, 1, 30, 2),  # 2 x 16 cores to span, 2 kept
+        (64, None, None, 1, 60, 4),  # no quota: no burst
+        (2, 1.0, 0.5, 1, 1, 1),  # one of two replicas under the quota: its share bursts to 1
+        (16, None, 4.0, 1, 3, 1),  # --cpu-budget without a quota: no burst
+    ],
+)
+def test_threads_may_span_twice_a_quota_never_more_than_the_affinity_set(
+    affinity: int,
+    quota: float | None,
+    setting: float | None,
+    replicas: int,
+    torch: int,
+    tokenizer: int,
+) -> None:
+    budget = decide_budget(affinity, None if quota is None else _quota(quota), setting)
+    plan = plan_threads(budget, replicas=replicas)
+    assert (plan.torch_threads, plan.tokenizer_threads) == (torch, tokenizer)
+
+
 def test_torch_threads_setting_overrides_only_torch() -> None:
     plan = plan_threads(decide_budget(16, None, None), torch_threads=5)
     assert plan.torch_threads == 5 and plan.torch_threads_set
@@ -187,8 +212,8 @@ def test_torch_threads_setting_overrides_only_torch() -> None:
 
 
 def test_host_reserve_is_capped() -> None:
-    assert [host_reserve_cores(c) for c in (1, 1.9, 2, 8, 9, 16, 17, 33, 256)] == [
-        0, 0, 1, 1, 2, 2, 3, 4, 4,
+    assert [host_reserve_cores(c) for c in (1, 1.9, 2, 2.5, 8, 9, 16, 17, 33, 256)] == [
+        0, 0, 0, 1, 1, 2, 2, 3, 4, 4,
     ]  # fmt: skip
 
 
