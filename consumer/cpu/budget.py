@@ -62,11 +62,12 @@ set): a quota is a time average (``quota_us`` per 100 ms period), so a pool wide
 quota finishes a batch sooner and is throttled only when the period's quota runs out.
 
 Measured on this project's 2-core machine with ``kbatch serve`` in a 1-CPU cgroup (MiniLM fp32,
-BENCHMARKS.md "CPU budget"): two torch threads answered 65.8 requests/s at p99 137 and 150 ms,
-one thread at 951 and 4,012 ms, for drains within run-to-run spread (94-144 against 150-153
-seq/s). Unbounded it is the failure peers report (40 torch threads under a 4-CPU limit;
-text-embeddings-inference 6.3× slower under a 2-CPU quota with its threads uncapped): each
-period's quota is spent in a fraction of it, then every thread waits out the rest."""
+BENCHMARKS.md "CPU budget"): two torch threads answered 65.8 requests/s at p99 137 and 150 ms
+and 100.7/s at 499 and 616 ms; one thread 951 and 4,012 ms, then 4,409 and 4,870 ms; eight
+threads (an 8-core node's old default) 2,849 and 3,754 ms at 100.7/s. Unbounded it is the
+failure peers report (40 torch threads under a 4-CPU limit; text-embeddings-inference 6.3×
+slower under a 2-CPU quota with its threads uncapped): each period's quota is spent in a
+fraction of it, then every thread waits out the rest."""
 
 
 @dataclass(frozen=True)
