@@ -105,7 +105,7 @@ def cpu_share_per_replica(budget_cores: float, replicas: int) -> float:
     """
     if replicas < 1 or not budget_cores > 0:
         raise ValueError(f"need replicas >= 1 and budget > 0, got {replicas}, {budget_cores}")
-    return round(budget_cores / replicas, 3)
+    return budget_cores / replicas
 
 
 def replica_instance_id(base: str | None, index: int) -> str | None:
@@ -157,14 +157,15 @@ def exit_action(code: int, *, stopping: bool, ever_ready: bool) -> ExitAction:
     """What the supervisor does when a replica exits with ``code``.
 
     ``done`` while a stop (SIGTERM/SIGINT) is in progress: the replica drained (its code
-    counts); ``abort`` for a start-up failure (exit 1) of a replica never ready since the
-    supervisor started: the whole host stops and exits 1 (a bad setting or no broker: restarting
-    would not help); else ``restart`` (a crash, a kill, an OOM: the group has moved its
-    partitions meanwhile, and the restarted replica rejoins).
+    counts); ``abort`` for a start-up failure (exit 1, or 2: a setting the replica's own
+    command line refused) of a replica never ready since the supervisor started: the whole host
+    stops and exits 1 (a bad setting or no broker: restarting would not help); else ``restart``
+    (a crash, a kill, an OOM: the group has moved its partitions meanwhile, and the restarted
+    replica rejoins).
     """
     if stopping:
         return "done"
-    if code == 1 and not ever_ready:
+    if code in (1, 2) and not ever_ready:
         return "abort"
     return "restart"
 
@@ -331,7 +332,7 @@ class Supervisor:
             *self.argv0, "serve",
             "--config", str(self._settings_file),
             "--replicas", "1",
-            "--cpu-budget", f"{self.cpu_share:g}",
+            "--cpu-budget", f"{self.cpu_share:.6g}",
             "--metrics-host", "127.0.0.1",
             "--metrics-port", str(r.port),
         ]  # fmt: skip
@@ -396,7 +397,7 @@ class Supervisor:
                 log.info("replica %d (pid %d) exited with %d", r.index, r.proc.pid, code)
                 return
             if action == "abort":
-                r.final_code = code
+                r.final_code = 1  # the host's start-up failure, whatever the replica said
                 log.error("replica %d (pid %d) failed to start; stopping", r.index, r.proc.pid)
                 self._aborted = True
                 self.request_stop(signal.SIGTERM)
@@ -509,7 +510,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         log.info(
-            "supervising %d replicas of group %s (a CPU budget of %g cores each)",
+            "supervising %d replicas of group %s (a CPU budget of %.3g core(s) each)",
             s.replicas, s.effective_group_id, self.cpu_share,
         )  # fmt: skip
         watcher = asyncio.create_task(self._watch(), name="replicas-watch")

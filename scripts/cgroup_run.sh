@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run a command inside a CPU-limited cgroup: scripts/cgroup_run.sh NAME [CPUS] -- COMMAND...
+# Run a command inside a CPU-limited cgroup: scripts/cgroup_run.sh NAME [CPUS] [--] COMMAND...
 #
 # Creates (or reuses) the cgroup NAME with a CFS quota of CPUS cores (default 1: quota 100000 µs
 # per 100000 µs period), moves this shell into it and execs COMMAND, so COMMAND and everything it
@@ -12,8 +12,8 @@ set -euo pipefail
 name=${1:?usage: cgroup_run.sh NAME [CPUS] -- COMMAND...}
 shift
 cpus=1
-if [[ $# -gt 0 && $1 != "--" ]]; then cpus=$1; shift; fi
-[[ ${1:-} == "--" ]] && shift
+if [[ $# -gt 0 && $1 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then cpus=$1; shift; fi  # CPUS is optional
+if [[ ${1:-} == "--" ]]; then shift; fi
 [[ $# -gt 0 ]] || { echo "cgroup_run.sh: no command" >&2; exit 2; }
 period=100000
 quota=$(python3 -c "import sys; print(int(float(sys.argv[1]) * $period))" "$cpus")

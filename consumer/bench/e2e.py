@@ -147,9 +147,10 @@ class E2EBenchOptions:
     """The frontier at absolute rates (requests/s) every variant is offered alike (e.g. up to
     naive's drain rate, to compare at the same load)."""
     max_latency_rate_per_s: float | None = 600.0
-    threads: int | None = 2
-    """Torch intra-op threads of every process (None: each one's own default: ``kbatch
-    serve``'s CPU budget plan, torch's default for ``naive``)."""
+    threads: int | None = None
+    """Torch intra-op threads of every process (None, ``--threads auto``: each one's own
+    default: ``kbatch serve``'s CPU budget plan, torch's default for ``naive``, the whole
+    budget for ``engine``)."""
     serve_prefix: tuple[str, ...] = ()
     """A command that runs ``kbatch serve`` (e.g. ``scripts/cgroup_run.sh kbatch-1cpu``,
     ``taskset -c 1``): the serve process and only it runs under it."""
@@ -692,7 +693,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         "model": opts.serve_model or str(opts.model_dir),
         "texts": len(opts.texts),
         **_token_stats(opts.model_dir, opts.texts),
-        "torch_threads": opts.threads,
+        "torch_threads": opts.threads or "auto",
         "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,
         "target_p99_ms": opts.target_p99_ms,

@@ -414,7 +414,7 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     "--threads",
     "torch_threads",
     type=ThreadsParam(),
-    default="2",
+    default="auto",
     show_default=True,
     help="Torch intra-op threads of every process, or 'auto': each process's own default "
     "(kbatch serve's CPU budget plan, docs/CPU.md; torch's default for naive).",
@@ -422,8 +422,9 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 @click.option(
     "--serve-prefix",
     default="",
-    help="Run each kbatch serve under this command, e.g. 'scripts/cgroup_run.sh kbatch-1cpu' "
-    "(a 1-CPU cgroup) or 'taskset -c 1'; the broker, the load client and the baselines do not.",
+    help="Run each kbatch serve under this command, e.g. 'scripts/cgroup_run.sh kbatch-1cpu 1 "
+    "--' (a 1-CPU cgroup) or 'taskset -c 1'; the broker, the load client and the baselines "
+    "do not.",
 )
 @group_option(BatchPolicyConfig, "max_wait_ms", note="Of kbatch, passthrough and engine.")
 @group_option(BatchPolicyConfig, "target_p99_ms", note="Of the kbatch variants and the engine.")
@@ -485,11 +486,13 @@ def e2e(
     log_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """naive vs kbatch vs engine vs passthrough vs raw_loop, through a real broker.
+    """naive vs kbatch (and its eos, onnx, bf16 forms) vs engine vs passthrough vs the raw
+    loops (raw_loop; raw_tokenize: consume, tokenize, reply), through a real broker.
 
     Throughput drains N pre-filled requests per variant; latency comes from an open-loop run
-    at --load-fraction of each variant's throughput. See consumer/bench/e2e.py for the exact
-    definitions.
+    at --load-fraction of each variant's throughput; each --latency-fractions/--latency-rates
+    point also reports the consumer's cpu_ms_per_request (its processes' CPU over the phase
+    per request sent). See consumer/bench/e2e.py for the exact definitions.
     """
     import asyncio
     import json

@@ -90,23 +90,33 @@ class CpuBudget:
 
     @property
     def thread_cores(self) -> float:
-        """How many cores the thread pools may span: ``cores``, or under a cgroup quota up to
-        :data:`QUOTA_BURST` × ``cores`` (capped by the affinity set; a replica's
-        ``--cpu-budget`` share under a quota bursts the same way)."""
-        if self.quota is not None:
-            return min(float(self.affinity_cores), QUOTA_BURST * self.cores)
-        return self.cores
+        """How many cores the thread pools may span: ``cores``; when the cgroup quota set the
+        budget, ``floor(QUOTA_BURST × quota)`` if that is more (capped by the affinity set):
+        a 1-CPU quota spans 2 cores, 1.5 spans 3, 0.5 stays at 1. ``--cpu-budget`` (also a
+        replica's share) is taken as given: no burst."""
+        if self.source != "cgroup" or self.quota is None:
+            return self.cores
+        burst = math.floor(QUOTA_BURST * self.quota.cores)
+        return min(float(self.affinity_cores), max(self.cores, float(burst)))
 
     def describe(self) -> str:
-        """One line for the start-up log, e.g. ``1 core (cgroup quota 1.00 core in
-        /sys/fs/cgroup/cpu/x/cpu.cfs_quota_us; affinity 2)``."""
+        """One line for the start-up log, e.g. ``1 core, set by the cgroup quota (affinity 2;
+        cgroup quota 1.00 in /sys/fs/cgroup/cpu/x/cpu.cfs_quota_us)``."""
         parts = [f"affinity {self.affinity_cores}"]
         if self.quota is not None:
             parts.append(f"cgroup quota {self.quota.cores:.2f} in {self.quota.path}")
         if self.setting_cores is not None:
             parts.append(f"--cpu-budget {self.setting_cores:g}")
         unit = "core" if self.cores == 1 else "cores"
-        return f"{self.cores:g} {unit} from the {self.source} ({'; '.join(parts)})"
+        by = _SOURCE_WORDS[self.source]
+        return f"{self.cores:g} {unit}, set by {by} ({'; '.join(parts)})"
+
+
+_SOURCE_WORDS: dict[BudgetSource, str] = {
+    "affinity": "the affinity set",
+    "cgroup": "the cgroup quota",
+    "setting": "--cpu-budget",
+}
 
 
 def decide_budget(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from consumer.cpu.budget import CpuBudget
@@ -68,7 +68,10 @@ class ThreadPlan:
             the tokenizer thread, no pool at all).
         host_reserve_cores: cores kept off torch's pool for the event loop, the tokenizer and
             the Kafka client.
-        torch_threads_set: ``--torch-threads`` was given (it overrides the rule).
+        torch_from: what set ``torch_threads``: ``plan``, ``--torch-threads`` (or
+            ``KBATCH_TORCH_THREADS``), or the operator's ``OMP_NUM_THREADS``.
+        tokenizer_from: what set ``tokenizer_threads``: ``plan``, or the operator's
+            ``RAYON_NUM_THREADS`` / ``TOKENIZERS_PARALLELISM``.
     """
 
     budget: CpuBudget
@@ -78,7 +81,13 @@ class ThreadPlan:
     torch_interop_threads: int
     tokenizer_threads: int
     host_reserve_cores: int
-    torch_threads_set: bool
+    torch_from: str = "plan"
+    tokenizer_from: str = "plan"
+
+    @property
+    def torch_threads_set(self) -> bool:
+        """Something other than the rule set torch's threads."""
+        return self.torch_from != "plan"
 
     def pools(self) -> dict[str, int]:
         """Pool name → threads, as ``kbatch_threads{pool}`` shows them (the event loop is one
@@ -93,8 +102,8 @@ class ThreadPlan:
     def describe(self) -> str:
         """One start-up line, e.g. ``torch 1 (+1 inter-op), tokenizer 1, 1 core kept for the
         event loop, tokenizer and Kafka``."""
-        given = " (--torch-threads)" if self.torch_threads_set else ""
-        torch = f"torch {self.torch_threads}{given}"
+        torch = f"torch {self.torch_threads}" + _from(self.torch_from)
+        tokenizer = f"tokenizer {self.tokenizer_threads}" + _from(self.tokenizer_from)
         kept = (
             f"{self.host_reserve_cores} core{'s' if self.host_reserve_cores != 1 else ''} kept "
             "for the event loop, tokenizer and Kafka"
@@ -105,9 +114,31 @@ class ThreadPlan:
         if self.budget.thread_cores > self.budget.cores and not self.accelerator:
             where += f", threads may span {self.budget.thread_cores:g} cores under the quota"
         return (
-            f"{self.share_cores:g} of {self.budget.cores:g} cores ({where}): {torch} "
-            f"(+{self.torch_interop_threads} inter-op), tokenizer {self.tokenizer_threads}, {kept}"
+            f"a share of {self.share_cores:g} of {self.budget.cores:g} cores ({where}): {torch} "
+            f"(+{self.torch_interop_threads} inter-op), {tokenizer}, {kept}"
         )
+
+
+def _from(source: str) -> str:
+    return "" if source == "plan" else f" ({source})"
+
+
+def _env_count(environ: Mapping[str, str], name: str) -> int | None:
+    """A positive thread count the operator put in ``name``, else None (unset, kbatch's own,
+    or not a positive integer)."""
+    if name in _SET_BY_KBATCH:
+        return None
+    try:
+        n = int(environ.get(name, ""))
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+_SET_BY_KBATCH: set[str] = set()
+"""The variables :func:`apply_native_env` set in this process (not the operator's)."""
+
+_FALSE = frozenset({"0", "false", "off", "no"})
 
 
 def plan_threads(
@@ -116,6 +147,7 @@ def plan_threads(
     replicas: int = 1,
     accelerator: bool = False,
     torch_threads: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> ThreadPlan:
     """Size every pool of one process from the budget (pure).
 
@@ -126,7 +158,10 @@ def plan_threads(
     when nothing is kept as many threads as torch (they take turns on the same cores).
     Accelerator host: torch 1 thread, the tokenizer ``clamp(floor(S) - 1, 1, 8)`` (one core
     for the event loop). ``torch_threads``
-    (``--torch-threads``) overrides torch's count and nothing else.
+    (``--torch-threads``) overrides torch's count and nothing else. The operator's environment
+    (``environ``, e.g. ``os.environ``) overrides the rule next: ``OMP_NUM_THREADS`` torch's
+    count (as torch's own default reads it), ``RAYON_NUM_THREADS`` the tokenizer's, and
+    ``TOKENIZERS_PARALLELISM=false`` makes the tokenizer serial.
 
     Raises:
         ValueError: ``replicas`` < 1 or ``torch_threads`` < 1.
@@ -149,15 +184,27 @@ def plan_threads(
         # 1-CPU cgroup: a serial tokenizer queued big poll chunks, p99 966-1,449 ms against
         # 499-616 with a pool as wide as torch's)
         tokenizer = reserve if reserve else torch_n
+    env = environ or {}
+    torch_from, tokenizer_from = "plan", "plan"
+    if torch_threads is not None:
+        torch_n, torch_from = torch_threads, "--torch-threads"
+    elif (omp := _env_count(env, "OMP_NUM_THREADS")) is not None:
+        torch_n, torch_from = omp, "OMP_NUM_THREADS"
+    parallelism = "TOKENIZERS_PARALLELISM"
+    if parallelism not in _SET_BY_KBATCH and env.get(parallelism, "").lower() in _FALSE:
+        tokenizer, tokenizer_from = 1, f"{parallelism}={env[parallelism]}"
+    elif (rayon := _env_count(env, "RAYON_NUM_THREADS")) is not None:
+        tokenizer, tokenizer_from = rayon, "RAYON_NUM_THREADS"
     return ThreadPlan(
         budget=budget,
         share_cores=share,
         accelerator=accelerator,
-        torch_threads=torch_threads or torch_n,
+        torch_threads=torch_n,
         torch_interop_threads=1,
         tokenizer_threads=tokenizer,
         host_reserve_cores=reserve,
-        torch_threads_set=torch_threads is not None,
+        torch_from=torch_from,
+        tokenizer_from=tokenizer_from,
     )
 
 
@@ -182,9 +229,11 @@ def apply_native_env(
         wanted["TOKENIZERS_PARALLELISM"] = "false"
     applied: dict[str, str] = {}
     for name, value in wanted.items():
-        if name not in env:
+        if name not in env or name in _SET_BY_KBATCH:
             env[name] = value
             applied[name] = value
+            if environ is None:  # the process's own: not the operator's next time
+                _SET_BY_KBATCH.add(name)
     return applied
 
 

@@ -17,6 +17,7 @@ costs nothing.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -147,10 +148,19 @@ def load_model(
         read_cpu_budget(settings.cpu_budget),
         accelerator=device != "cpu" or parse_sim(settings.model) is not None,
         torch_threads=settings.torch_threads,
+        environ=os.environ,
     )
     env = apply_native_env(plan)  # before the tokenizer's first use and torch's first op
     threads = configure_threads(plan.torch_threads, plan.torch_interop_threads)
     log.info("CPU budget %s; threads: %s", plan.budget.describe(), plan.describe())
+    if plan.torch_threads > plan.budget.thread_cores:
+        log.warning(
+            "torch's %d threads (%s) exceed the %g cores the CPU budget lets them span: "
+            "they will take turns (docs/CPU.md)",
+            plan.torch_threads,
+            plan.torch_from,
+            plan.budget.thread_cores,
+        )
     if env:
         log.debug("thread pool environment: %s", env)
     autocast = DTYPE_AUTOCAST[settings.dtype]

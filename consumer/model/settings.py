@@ -99,7 +99,7 @@ class ModelSettings(BaseModel):
         None,
         ge=1,
         description="CPU threads for torch and ONNX Runtime (default: from the CPU budget, "
-        "with cores kept for the event loop, tokenizer and Kafka: docs/CPU.md).",
+        "docs/CPU.md).",
     )
     cpu_budget: float | None = Field(
         None,

@@ -87,7 +87,7 @@ async def test_serve_in_a_one_cpu_cgroup_reads_its_budget_from_the_quota(
     assert metrics["kbatch_cpu_budget_cores"] == 1  # the quota, not the machine's cores
     assert metrics['kbatch_threads{pool="torch"}'] == 2  # may span 2 x the quota (QUOTA_BURST)
     assert metrics['kbatch_threads{pool="tokenizer"}'] == 2  # nothing kept: takes turns
-    assert "CPU budget 1 core from the cgroup" in log, log[-2000:]
+    assert "CPU budget 1 core, set by the cgroup quota" in log, log[-2000:]
     assert "threads may span 2 cores under the quota" in log
 
 

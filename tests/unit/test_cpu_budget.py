@@ -134,6 +134,7 @@ def test_the_budget_is_the_smallest_of_affinity_quota_and_setting(
     budget = decide_budget(affinity, None if quota is None else _quota(quota), setting)
     assert (budget.cores, budget.source) == (cores, source)
     assert budget.describe().startswith(f"{cores:g} core")
+    assert "set by" in budget.describe()
 
 
 def test_a_budget_needs_positive_inputs() -> None:
@@ -187,7 +188,11 @@ def test_plan_under_replicas_plans_each_share() -> None:
         (64, 2.0, None, 1, 4, 4),  # a 2-CPU limit on a 64-core node: 4 threads, not 64
         (64, 16.0, None, 1, 30, 2),  # 2 x 16 cores to span, 2 kept
         (64, None, None, 1, 60, 4),  # no quota: no burst
-        (2, 1.0, 0.5, 1, 1, 1),  # one of two replicas under the quota: its share bursts to 1
+        (2, 1.0, 0.5, 1, 1, 1),  # one of two replicas under the quota: a share, no burst
+        (64, 0.5, None, 1, 1, 1),  # twice half a core is one core
+        (64, 0.25, None, 1, 1, 1),  # rounded up to a budget of 1, never spanning more
+        (64, 1.5, None, 1, 3, 3),  # budget 2, threads span 3
+        (64, 2.0, 1.0, 1, 1, 1),  # --cpu-budget under a larger quota: as given
         (16, None, 4.0, 1, 3, 1),  # --cpu-budget without a quota: no burst
     ],
 )
@@ -202,6 +207,24 @@ def test_threads_may_span_twice_a_quota_never_more_than_the_affinity_set(
     budget = decide_budget(affinity, None if quota is None else _quota(quota), setting)
     plan = plan_threads(budget, replicas=replicas)
     assert (plan.torch_threads, plan.tokenizer_threads) == (torch, tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("environ", "torch", "tokenizer", "said"),
+    [
+        ({}, 14, 2, ""),
+        ({"OMP_NUM_THREADS": "4"}, 4, 2, "torch 4 (OMP_NUM_THREADS)"),
+        ({"OMP_NUM_THREADS": "lots"}, 14, 2, ""),  # not a count: the rule
+        ({"RAYON_NUM_THREADS": "6"}, 14, 6, "tokenizer 6 (RAYON_NUM_THREADS)"),
+        ({"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "6"}, 14, 1, "=false)"),
+    ],
+)
+def test_the_operators_environment_overrides_the_rule(
+    environ: dict[str, str], torch: int, tokenizer: int, said: str
+) -> None:
+    plan = plan_threads(decide_budget(16, None, None), environ=environ)
+    assert (plan.torch_threads, plan.tokenizer_threads) == (torch, tokenizer)
+    assert said in plan.describe()
 
 
 def test_torch_threads_setting_overrides_only_torch() -> None:
@@ -270,3 +293,28 @@ def test_the_tokenizer_pool_follows_the_plan_when_set_after_import(
         capture_output=True, text=True, check=True, env=env,
     )  # fmt: skip
     assert int(out.stdout.strip()) == pool_threads
+
+
+def test_kbatchs_own_variables_are_not_read_back_as_the_operators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second model load in one process (tests, backfill after serve) plans afresh: what
+    the first load set is not taken for the operator's override."""
+    import os
+
+    import consumer.cpu.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "_SET_BY_KBATCH", set())
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        monkeypatch.setenv(name, "0")  # registered with monkeypatch, so restored afterwards
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "")
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    first = plan_threads(decide_budget(16, None, None), environ=os.environ)
+    apply_native_env(first)
+    assert os.environ["OMP_NUM_THREADS"] == "14"
+    second = plan_threads(decide_budget(4, None, None), environ=os.environ)
+    assert (second.torch_threads, second.torch_from) == (3, "plan")
+    apply_native_env(second)
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"

@@ -26,7 +26,7 @@ from consumer.replicas import (
 
 @pytest.mark.parametrize(
     ("budget", "replicas", "share"),
-    [(8, 2, 4), (2, 2, 1), (2, 4, 0.5), (16, 3, 5.333), (1, 1, 1)],
+    [(8, 2, 4), (2, 2, 1), (2, 4, 0.5), (16, 3, 16 / 3), (0.002, 5, 0.0004), (1, 1, 1)],
 )
 def test_the_cpu_budget_is_split_evenly_over_replicas(
     budget: float, replicas: int, share: float
@@ -71,6 +71,7 @@ def test_restart_state_counts_consecutive_failures_and_forgets_after_a_stable_ru
         (-15, True, False, "done"),
         (1, False, False, "abort"),  # a start-up failure: restarting would not help
         (1, False, True, "restart"),  # it served once (e.g. broker down later): keep trying
+        (2, False, False, "abort"),  # a setting its command line refused (usage error)
         (-9, False, True, "restart"),  # SIGKILL, OOM killer
         (0, False, True, "restart"),  # exited without being asked to
         (-11, False, False, "restart"),
