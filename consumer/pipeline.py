@@ -55,7 +55,7 @@ from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
 from consumer.reply_policy import ReplyTopicPolicy
-from consumer.task_options import NEW_TASKS, check_task_options
+from consumer.task_options import NEW_TASKS, check_task_options, window_rule
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
 from schemas.records import (
@@ -356,7 +356,8 @@ class Pipeline:
             return None
         # Copies share a computation when the model sees the same input: same key, same prompt;
         # their other options are shaped from it per copy (ReplyBuilder).
-        key = pending.dedup_key = dedup_key(pending.record.key or b"", prompt_name)
+        windows, variant = window_rule(profile.task, request.truncate, request.redact)
+        key = pending.dedup_key = dedup_key(pending.record.key or b"", prompt_name or variant)
         item_id = next(self._ids)
         decision = self.dedup.begin(key, pending.record.tp, now, item_id)
         if decision.kind is DedupKind.DONE:
@@ -383,6 +384,7 @@ class Pipeline:
             group=pending.record.tp,
             documents=None if request.documents is None else tuple(request.documents),
             lane=pending.lane,
+            windows=windows,
         )
 
     # ---- outcomes → replies -------------------------------------------------------------------

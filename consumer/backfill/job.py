@@ -52,6 +52,7 @@ from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
+from consumer.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
 from schemas.models import ErrorInfo, Reply
@@ -136,6 +137,8 @@ class BackfillJob:
         profile = replies.profile
         prompt_name = options.prompt_name or profile.default_prompt_name
         self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
+        # contract 1.3: token-classify records run in windows (no per-record truncate here)
+        self._windows = window_rule(profile.task, None, None)[0]
         self._engine: EngineLike | None = None
         self._tracker = OffsetTracker()
         self._ids = itertools.count()
@@ -268,7 +271,14 @@ class BackfillJob:
             self._pending[item_id] = _Pending(r, generation, got.encoding)
             text = self._prompt + got.text
             items.append(
-                InferenceItem(item_id, text, arrival_s=now, group=r.tp, documents=got.documents)
+                InferenceItem(
+                    item_id,
+                    text,
+                    arrival_s=now,
+                    group=r.tp,
+                    documents=got.documents,
+                    windows=self._windows,
+                )
             )
         if items:
             await self.engine.submit(items)

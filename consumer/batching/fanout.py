@@ -1,5 +1,5 @@
-"""Rerank's fan-out (contract 1.2): one request of N documents runs as N pair items, one
-outcome comes back.
+"""Fan-out: one request runs as several sequences, one outcome comes back — rerank's pairs
+(contract 1.2) and the windows of a long text (contract 1.3).
 
 Pure (asyncio only for the awaits it passes through). :class:`FanOutEngine` sits between the
 owner (serve's pipeline, backfill's job) and the :class:`~consumer.batching.engine.Engine`:
@@ -10,6 +10,14 @@ owner (serve's pipeline, backfill's job) and the :class:`~consumer.batching.engi
   bucketed, budgeted and truncated on its own, so a request's pairs may run in different
   batches. Items without documents pass through (under an engine id of their own too).
   Returns each submitted item's tokens: the sum over its pairs.
+- windows (contract 1.3): an item with ``windows`` set is split by the ``windower`` (in a
+  worker thread: it tokenizes) into one item per window
+  (:class:`~consumer.batching.types.Window`, tokenized already), each with its own engine id,
+  the request's deadline, group and lane; a text over the windower's caps is answered
+  ``input_too_long`` (after ``submit`` returns), never cut. When every window has its outcome
+  the item's one outcome is ``ok`` with ``result = {TOKENS: (scores of window 0, 1, …)}``
+  (token-classify: :func:`consumer.task_options.shape_task_result` merges them), else the
+  first window's error; ``n_tokens``, ``truncated`` and timing as for pairs.
 - ``on_outcomes``: when every pair of an item has its outcome, the item's one outcome goes to
   the owner: ``ok`` with ``result = {"scores": [...]}`` in document order when all pairs are
   ok; else the first pair's error (an ``error`` before an ``expired``). ``n_tokens`` is the sum
@@ -25,14 +33,24 @@ Everything else (``start``, ``flush``, ``drain``, ``stop``, ``warm``, ``healthy`
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.batching.types import InferenceItem, ItemOutcome, Rejected
+from consumer.entities import TOKENS
 
-__all__ = ["FanOutEngine", "gather_outcomes"]
+__all__ = ["FanOutEngine", "Windower", "gather_outcomes", "gather_windows"]
+
+
+class Windower(Protocol):
+    """Splits long texts into windows (:class:`consumer.model.windows.TokenWindows`)."""
+
+    def split(self, items: Sequence[InferenceItem]) -> list[list[InferenceItem] | Rejected]:
+        """Each item's window items (``window`` set), or its ``input_too_long`` rejection."""
+        ...
 
 
 @dataclass(slots=True)
@@ -42,6 +60,7 @@ class _Gather:
     item: InferenceItem
     outcomes: list[ItemOutcome | None] = field(default_factory=list)
     left: int = 0
+    route: Callable[[Sequence[ItemOutcome]], None] | None = None  # None: the owner's
 
 
 def gather_outcomes(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcome:
@@ -49,6 +68,27 @@ def gather_outcomes(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcom
 
     A pair's ``ok`` result is ``{"score": float}``.
     """
+    return _gather(
+        item_id, outcomes, lambda results: {"scores": [float(r["score"]) for r in results]}
+    )
+
+
+def gather_windows(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcome:
+    """One item's outcome from its windows' outcomes (in window order); see the module doc.
+
+    A window's ``ok`` result holds its token scores under ``TOKENS``; the item's holds the
+    tuple of them, in window order.
+    """
+    return _gather(item_id, outcomes, lambda results: {TOKENS: tuple(r[TOKENS] for r in results)})
+
+
+def _gather(
+    item_id: int,
+    outcomes: Sequence[ItemOutcome],
+    combine: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> ItemOutcome:
+    """The item's outcome: ``combine`` of the parts' results when all are ok, else the first
+    error (before an expiry); tokens summed, ``truncated`` any, timing the slowest part's."""
     first = outcomes[0]
     failed = [o for o in outcomes if o.status == "error"] or [
         o for o in outcomes if o.status == "expired"
@@ -58,14 +98,14 @@ def gather_outcomes(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcom
     if failed:
         bad = failed[0]
         return replace(bad, item_id=item_id, n_tokens=n_tokens, truncated=truncated, result=None)
-    scores: list[float] = []
+    results: list[dict[str, Any]] = []
     for o in outcomes:
         assert o.result is not None
-        scores.append(float(o.result["score"]))
+        results.append(o.result)
     return ItemOutcome(
         item_id=item_id,
         status="ok",
-        result={"scores": scores},
+        result=combine(results),
         error_code=None,
         error_message=None,
         truncated=truncated,
@@ -79,17 +119,24 @@ def gather_outcomes(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcom
 
 
 class FanOutEngine:
-    """An engine wrapper that runs rerank items as pairs (see the module docstring).
+    """An engine wrapper that runs rerank items as pairs and long texts as windows (see the
+    module docstring).
 
     Args:
         on_outcomes: the owner's callback; gets each submitted item's one outcome.
+        windower: splits items with ``windows`` set; None: such items run as one sequence.
 
     Build it first, give its :meth:`on_outcomes` to the ``Engine``, then :meth:`bind` the
     engine; hand the wrapper to the owner as its engine.
     """
 
-    def __init__(self, on_outcomes: Callable[[Sequence[ItemOutcome]], None]) -> None:
+    def __init__(
+        self,
+        on_outcomes: Callable[[Sequence[ItemOutcome]], None],
+        windower: Windower | None = None,
+    ) -> None:
         self._owner_on_outcomes = on_outcomes
+        self._windower = windower
         self._engine: Any = None
         self._ids = itertools.count()
         self._gathers: dict[int, _Gather] = {}  # submitted item id → its pairs' outcomes
@@ -105,18 +152,42 @@ class FanOutEngine:
             raise AttributeError(name)
         return getattr(self._engine, name)
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
-        """Submit ``items`` as pairs; each item's tokens (the sum over its pairs), in order."""
+    async def submit(
+        self,
+        items: Sequence[InferenceItem],
+        on_outcomes: Callable[[Sequence[ItemOutcome]], None] | None = None,
+    ) -> list[int]:
+        """Submit ``items`` as pairs and windows; each item's tokens (the sum over its parts),
+        in order (a refused item: its length as the windower measured it).
+
+        ``on_outcomes``: where these items' outcomes go (serve's backfill jobs, ids from
+        ``new_routed_id``), else the owner's callback.
+        """
+        windowed: dict[int, list[InferenceItem] | Rejected] = {}
+        to_split = [it for it in items if it.windows and self._windower is not None]
+        if to_split:
+            assert self._windower is not None
+            splits = await asyncio.to_thread(self._windower.split, to_split)
+            windowed = {id(it): s for it, s in zip(to_split, splits, strict=True)}
         expanded: list[InferenceItem] = []
-        spans: list[tuple[int, int]] = []
+        spans: list[tuple[int, int] | int] = []  # parts in ``expanded``, or a refused length
+        refused: list[ItemOutcome] = []
         for item in items:
             docs = item.documents
-            subs = (
-                [replace(item, documents=None, text_pair=d) for d in docs]
-                if docs
-                else [replace(item)]
-            )
-            gather = _Gather(item, [None] * len(subs), len(subs))
+            split = windowed.get(id(item))
+            if isinstance(split, Rejected):
+                refused.append(_refused(split))
+                spans.append(split.n_tokens)
+                continue
+            if item.item_id in self._gathers:
+                raise ValueError(f"item id already in flight: {item.item_id}")
+            if split is not None:
+                subs = split
+            elif docs:
+                subs = [replace(item, documents=None, text_pair=d) for d in docs]
+            else:
+                subs = [replace(item)]
+            gather = _Gather(item, [None] * len(subs), len(subs), on_outcomes)
             self._gathers[item.item_id] = gather
             start = len(expanded)
             for index, sub in enumerate(subs):
@@ -124,8 +195,19 @@ class FanOutEngine:
                 self._pairs[sub.item_id] = (item.item_id, index)
                 expanded.append(sub)
             spans.append((start, len(expanded)))
-        n_tokens = await self._engine.submit(expanded)
-        return [sum(n_tokens[a:b]) for a, b in spans]
+        if refused:
+            route = on_outcomes or self._owner_on_outcomes
+            asyncio.get_running_loop().call_soon(route, refused)
+        n_tokens = await self._engine.submit(expanded) if expanded else []
+        return [s if isinstance(s, int) else sum(n_tokens[s[0] : s[1]]) for s in spans]
+
+    def new_routed_id(self) -> int:
+        """The engine's (ids for items submitted with their own ``on_outcomes``)."""
+        return int(self._engine.new_routed_id())
+
+    async def flush(self) -> None:
+        """The engine's: run the partial batches now."""
+        await self._engine.flush()
 
     def cancel_group(self, group: object) -> list[int]:
         """Cancel ``group``'s queued pairs; the ids of the items they belong to (forgotten)."""
@@ -141,6 +223,7 @@ class FanOutEngine:
     def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None:
         """The engine's callback: the items whose last pair this call completes, together."""
         done: list[ItemOutcome] = []
+        routed: dict[Callable[[Sequence[ItemOutcome]], None], list[ItemOutcome]] = {}
         for outcome in outcomes:
             item_id, index = self._pairs.pop(outcome.item_id, (None, 0))
             gather = None if item_id is None else self._gathers.get(item_id)
@@ -152,8 +235,35 @@ class FanOutEngine:
                 del self._gathers[item_id]
                 finished = [o for o in gather.outcomes if o is not None]
                 if gather.item.documents:
-                    done.append(gather_outcomes(item_id, finished))
+                    one = gather_outcomes(item_id, finished)
+                elif gather.item.windows:
+                    one = gather_windows(item_id, finished)
                 else:
-                    done.append(replace(finished[0], item_id=item_id))
+                    one = replace(finished[0], item_id=item_id)
+                if gather.route is None:
+                    done.append(one)
+                else:
+                    routed.setdefault(gather.route, []).append(one)
         if done:
             self._owner_on_outcomes(done)
+        for route, some in routed.items():
+            route(some)
+
+
+def _refused(rejected: Rejected) -> ItemOutcome:
+    """The ``input_too_long`` outcome of an item over the windower's caps (never computed)."""
+    item = rejected.item
+    return ItemOutcome(
+        item_id=item.item_id,
+        status="error",
+        result=None,
+        error_code=rejected.error_code,
+        error_message=rejected.error_message,
+        truncated=False,
+        n_tokens=rejected.n_tokens,
+        queue_ms=0.0,
+        infer_ms=0.0,
+        batch_size=0,
+        padded_len=0,
+        group=item.group,
+    )

@@ -53,6 +53,10 @@ class InferenceItem:
         text_pair: the second sequence of a pair item (a cross-encoder's document): tokenized
             as ``(text, text_pair)``, truncated longest-first.
         lane: ``live`` (default) or ``bulk`` (see :data:`Lane`).
+        windows: contract 1.3: :class:`consumer.batching.fanout.FanOutEngine` splits the text
+            into overlapping windows (:class:`Window`) when it is longer than one, each window
+            one sequence; False: one sequence, cut or refused by ``truncate``.
+        window: set on one window of a split item (by the fan-out), else None.
     """
 
     item_id: int
@@ -64,6 +68,8 @@ class InferenceItem:
     documents: tuple[str, ...] | None = None
     text_pair: str | None = None
     lane: Lane = "live"
+    windows: bool = False
+    window: Window | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +88,25 @@ class TokenAlignment:
     offsets: list[tuple[int, int]]
     special: list[bool]
     is_subword: list[bool]
+
+
+@dataclass(slots=True)
+class Window:
+    """One window of a text longer than the model's maximum length (contract 1.3).
+
+    Attributes:
+        index: 0-based position among the text's windows.
+        count: how many windows the text has.
+        input_ids: the window's token ids, special tokens included (at most the model's
+            maximum length): the tokenizer's overflow windows, as transformers'
+            ``return_overflowing_tokens=True, stride=…``; the engine does not tokenize again.
+        alignment: the window's tokens' spans in the whole text (token-classify).
+    """
+
+    index: int
+    count: int
+    input_ids: list[int]
+    alignment: TokenAlignment | None = None
 
 
 @dataclass(slots=True)

@@ -94,7 +94,7 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
     (reply,) = replies(sink)
     assert reply.status == "error" and reply.error is not None
     assert reply.error.code is ErrorCode.INVALID_OPTION
-    assert reply.model.contract == "1.2"
+    assert reply.model.contract == "1.3"
 
 
 @pytest.mark.parametrize(

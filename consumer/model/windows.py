@@ -1,0 +1,152 @@
+"""Long texts in overlapping windows (contract 1.3), split off the event loop.
+
+:class:`TokenWindows` is the splitter :class:`consumer.batching.fanout.FanOutEngine` calls (in a
+worker thread) for items with ``windows`` set: the text is tokenized once, with the model's
+fast tokenizer truncating to ``max_length`` with ``stride`` and returning the overflow — exactly
+what transformers' ``tokenizer(text, truncation=True, return_overflowing_tokens=True,
+stride=stride)`` does, and so what ``pipeline("token-classification", stride=stride)`` runs
+the model on. Window ``k`` holds content tokens ``[k × step, k × step + width)`` with
+``width = max_length − special tokens`` and ``step = width − stride``, plus the special
+tokens; consecutive windows share ``stride`` tokens. A window may end (and the next begin) in
+the middle of a word: the pipeline's windows do too.
+
+Each window becomes one item (:class:`~consumer.batching.types.Window`: ids and the tokens'
+spans in the whole text), so the engine buckets, budgets and batches it as any sequence and
+does not tokenize it again. A text that fits one window is one window.
+
+Caps: a text of more than ``max_windows`` windows is refused ``input_too_long`` (whatever
+``truncate`` says: windows exist so that nothing is cut), and so is a text longer than the
+character pre-limit (``16`` characters per token of the ``max_windows`` windows; no word-piece
+tokenizer packs more), which is never tokenized whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from consumer.batching.fanout import FanOutEngine
+from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
+from consumer.model.tokenize import HFTokenizer
+from schemas.errors import ErrorCode
+from schemas.models import Task
+
+__all__ = ["DEFAULT_MAX_WINDOWS", "TokenWindows", "default_stride", "fan_out_for"]
+
+DEFAULT_MAX_WINDOWS = 64
+"""Windows per request at most (``--max-windows``): 64 × 512 tokens ≈ 150 pages of English."""
+
+
+def default_stride(width: int) -> int:
+    """The default overlap in tokens for windows of ``width`` content tokens: one eighth
+    (63 for a 512-token BERT, whose windows hold 510)."""
+    return max(0, width // 8)
+
+
+class TokenWindows:
+    """Splits items into windows (see the module docstring).
+
+    Args:
+        tokenizer: the engine's tokenizer (its vocabulary, ``max_length`` and alignment rule).
+        stride: tokens shared by consecutive windows, ``0 ≤ stride < width``; None:
+            :func:`default_stride`.
+        max_windows: windows per text at most; more is ``input_too_long``.
+
+    Raises:
+        ValueError: ``stride`` out of range, or ``max_windows`` < 1.
+
+    Thread-safety: :meth:`split` may be called from one worker thread at a time.
+    """
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        *,
+        stride: int | None = None,
+        max_windows: int = DEFAULT_MAX_WINDOWS,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._split = Tokenizer.from_str(tokenizer.backend_json)
+        self._split.no_padding()
+        self.max_length = tokenizer.max_length
+        specials = self._split.post_processor.num_special_tokens_to_add(False)
+        self.width = self.max_length - specials
+        self.stride = default_stride(self.width) if stride is None else stride
+        if not 0 <= self.stride < self.width:
+            raise ValueError(
+                f"window stride must be in 0..{self.width - 1} (a window holds {self.width} "
+                f"tokens besides the special ones), got {self.stride}"
+            )
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+        self.max_windows = max_windows
+        self.step = self.width - self.stride
+        self.max_chars = 16 * (max_windows * self.step + self.stride + specials)
+        self._split.enable_truncation(max_length=self.max_length, stride=self.stride)
+
+    def split(self, items: Sequence[InferenceItem]) -> list[list[InferenceItem] | Rejected]:
+        """Each item's windows (items in order; each window a copy of the item with
+        ``window`` set and ``windows`` False), or ``input_too_long`` over the caps."""
+        out: list[list[InferenceItem] | Rejected] = []
+        texts = [it.text[: self.max_chars] for it in items]
+        encodings = self._split.encode_batch(texts) if texts else []
+        for item, enc in zip(items, encodings, strict=True):
+            parts = [enc, *enc.overflowing]
+            if len(parts) > self.max_windows or len(item.text) > self.max_chars:
+                out.append(self._too_long(item, len(parts)))
+                continue
+            align = self._tokenizer.alignment
+            out.append(
+                [
+                    replace(
+                        item,
+                        windows=False,
+                        window=Window(
+                            index,
+                            len(parts),
+                            list(part.ids),
+                            self._tokenizer.align(item.text, part) if align else None,
+                        ),
+                    )
+                    for index, part in enumerate(parts)
+                ]
+            )
+        return out
+
+    def _too_long(self, item: InferenceItem, n_windows: int) -> Rejected:
+        if len(item.text) > self.max_chars:
+            why = f"more than {self.max_chars} characters"
+        else:
+            why = f"{n_windows} windows of {self.max_length} tokens (stride {self.stride})"
+        return Rejected(
+            item,
+            n_tokens=self.max_windows * self.step + self.stride + 1,
+            error_code=ErrorCode.INPUT_TOO_LONG,
+            error_message=f"input has {why}; at most {self.max_windows} windows per request",
+        )
+
+
+def fan_out_for(
+    task: Task,
+    tokenizer: Any,
+    on_outcomes: Callable[[Sequence[ItemOutcome]], None],
+    *,
+    stride: int | None = None,
+    max_windows: int = DEFAULT_MAX_WINDOWS,
+) -> FanOutEngine | None:
+    """The fan-out serve and backfill put in front of the engine, or None when ``task`` needs
+    none: rerank (pairs) and token-classify (windows, when ``tokenizer`` is an
+    :class:`~consumer.model.tokenize.HFTokenizer`).
+
+    Raises:
+        ValueError: ``stride`` or ``max_windows`` out of range (:class:`TokenWindows`).
+    """
+    if task == "rerank":
+        return FanOutEngine(on_outcomes)
+    if task == "token-classify" and isinstance(tokenizer, HFTokenizer):
+        windows = TokenWindows(tokenizer, stride=stride, max_windows=max_windows)
+        return FanOutEngine(on_outcomes, windower=windows)
+    return None

@@ -1,0 +1,181 @@
+"""Contract 1.3's token-classify windows through kbatch's own path (splitter → fan-out →
+engine buckets → padded batches → runner → reply shaping), on tiny models built here:
+
+- entities = ``transformers.pipeline("token-classification", aggregation_strategy=A,
+  stride=S)`` for every strategy the pipeline allows with a stride (same labels and spans,
+  scores within 1e-5), on texts of 1 to 10 windows with Unicode, windows that end in the
+  middle of a word and entities across a window edge;
+- redaction coverage: a model that tags every token, texts of 1 to 20 windows: nothing of the
+  input but whitespace is left outside a ``[LABEL]``, for every strategy, both tag kinds
+  (``B-``: an entity per token or word; ``I-``: one entity per window, which the overlap merge
+  partly drops) and with or without overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from consumer.batching.config import BatchPolicyConfig
+from consumer.batching.engine import Engine
+from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.model.loader import load_runner
+from consumer.model.tokenize import HFTokenizer
+from consumer.model.windows import TokenWindows, fan_out_for
+from consumer.task_options import TaskOptions, shape_task_result
+from schemas.models import Aggregation
+from tests.fixtures.task_models import build_tag_everything_classifier, build_tiny_token_classifier
+
+MAX_LENGTH = 32  # a window: [CLS] + 30 tokens + [SEP]
+STRIDE = 6
+WORDS = (
+    *("Sarah", "Connor", "met", "John", "in", "Los", "Angeles", "near", "Zürich", "and"),
+    *("東京", ";", "the", "naïve", "café", "served", "photosynthesis", "unbelievably"),
+    *("uncommon", "tokenization", "—", "Ωmega", "straße", "résumé", "🙂", "Kafka"),
+)
+POLICY = BatchPolicyConfig(
+    max_wait_ms=5.0, max_batch_tokens=512, bucket_edges=(16, 32), adaptive_wait=False
+)
+
+
+def texts_of_windows(tokenizer: HFTokenizer, stride: int, counts: Sequence[int]) -> list[str]:
+    """One text per count, of exactly that many windows: random words of :data:`WORDS`,
+    added until the splitter makes that many windows, then a random few more that keep it."""
+    splitter = TokenWindows(tokenizer, stride=stride, max_windows=64)
+
+    def windows(words: list[str]) -> int:
+        (split,) = splitter.split([InferenceItem(0, " ".join(words))])
+        assert isinstance(split, list)
+        return len(split)
+
+    out: list[str] = []
+    for want in counts:
+        rng = random.Random(want)
+        words = [rng.choice(WORDS)]
+        while windows(words) < want:
+            words.append(rng.choice(WORDS))
+        for _ in range(rng.randint(0, 12)):
+            more = [*words, rng.choice(WORDS)]
+            if windows(more) > want:
+                break
+            words = more
+        out.append(" ".join(words))
+    return out
+
+
+async def run_windows(model_dir: Path, texts: Sequence[str], stride: int) -> dict[int, ItemOutcome]:
+    """Every text as a windowed token-classify item through the fan-out and the engine."""
+    runner = load_runner(model_dir, task="token-classify", device="cpu", max_length=MAX_LENGTH)
+    tokenizer = HFTokenizer(model_dir, max_length=MAX_LENGTH, alignment=True)
+    outcomes: dict[int, ItemOutcome] = {}
+
+    def collect(done: Sequence[ItemOutcome]) -> None:
+        outcomes.update((o.item_id, o) for o in done)
+
+    fanout = fan_out_for("token-classify", tokenizer, collect, stride=stride, max_windows=64)
+    assert fanout is not None
+    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
+    fanout.bind(engine)
+    await engine.start()
+    await fanout.submit(
+        [InferenceItem(i, t, arrival_s=0.0, windows=True) for i, t in enumerate(texts)]
+    )
+    assert await engine.drain(timeout_s=120)
+    await engine.stop()
+    assert sorted(outcomes) == list(range(len(texts)))
+    assert all(o.status == "ok" for o in outcomes.values())
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def ner_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_token_classifier(tmp_path_factory.mktemp("tiny-ner-windows"))
+
+
+@pytest.fixture(scope="module")
+def parity_texts(ner_dir: Path) -> list[str]:
+    tokenizer = HFTokenizer(ner_dir, max_length=MAX_LENGTH, alignment=True)
+    return texts_of_windows(tokenizer, STRIDE, range(1, 11))
+
+
+@pytest.fixture(scope="module")
+def parity_outcomes(ner_dir: Path, parity_texts: list[str]) -> dict[int, ItemOutcome]:
+    return asyncio.run(run_windows(ner_dir, parity_texts, STRIDE))
+
+
+@pytest.mark.parametrize("aggregation", ["simple", "first", "max", "average"])
+def test_window_entities_equal_the_pipeline_with_stride(
+    ner_dir: Path,
+    parity_texts: list[str],
+    parity_outcomes: dict[int, ItemOutcome],
+    aggregation: Aggregation,
+) -> None:
+    from transformers import pipeline
+
+    reference = pipeline(
+        "token-classification", model=str(ner_dir), aggregation_strategy=aggregation,
+        stride=STRIDE, device="cpu",
+    )  # fmt: skip
+    reference.tokenizer.model_max_length = MAX_LENGTH
+    splitter = TokenWindows(
+        HFTokenizer(ner_dir, max_length=MAX_LENGTH, alignment=True), stride=STRIDE
+    )
+    edge_entities = mid_word_edges = found = 0
+    for i, text in enumerate(parity_texts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = reference(text)
+        outcome = parity_outcomes[i]
+        shaped = shape_task_result(outcome.result or {}, TaskOptions(aggregation=aggregation))
+        got = shaped["entities"]
+        assert [(e["label"], e["start"], e["end"]) for e in got] == [
+            (e["entity_group"], e["start"], e["end"]) for e in expected
+        ], text
+        assert np.allclose([e["score"] for e in got], [float(e["score"]) for e in expected],
+                           atol=1e-5)  # fmt: skip
+        assert all(e["text"] == text[e["start"] : e["end"]] for e in got)
+        assert not outcome.truncated
+        found += len(got)
+        # What the texts exercise: windows ending inside a word, entities across an edge.
+        (windows,) = splitter.split([InferenceItem(0, text, windows=True)])
+        assert isinstance(windows, list) and len(windows) == i + 1
+        for w in windows[:-1]:
+            assert w.window is not None and w.window.alignment is not None
+            edge = max(end for _, end in w.window.alignment.offsets)
+            mid_word_edges += edge < len(text) and not text[edge].isspace()
+            edge_entities += any(e["start"] < edge < e["end"] for e in got)
+    assert mid_word_edges > 0 and edge_entities > 0 and found > 20
+
+
+# ---- redaction coverage -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["B-PER", "I-PER"])
+def tag_all_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tag_everything_classifier(
+        tmp_path_factory.mktemp(f"tag-all-{request.param}"), label=request.param
+    )
+
+
+@pytest.mark.parametrize("stride", [0, STRIDE])
+def test_redaction_leaves_no_character_of_the_input_unscanned(
+    tag_all_dir: Path, stride: int
+) -> None:
+    tokenizer = HFTokenizer(tag_all_dir, max_length=MAX_LENGTH, alignment=True)
+    texts = texts_of_windows(tokenizer, stride, range(1, 21))
+    outcomes = asyncio.run(run_windows(tag_all_dir, texts, stride))
+    for aggregation in ("simple", "first", "max", "average", "none"):
+        for i, text in enumerate(texts):
+            shaped = shape_task_result(
+                outcomes[i].result or {}, TaskOptions(aggregation=aggregation, redact=True)
+            )
+            left = re.sub(r"\[(B-|I-)?PER\]", "", shaped["redacted"])
+            assert left.isspace() or left == "", (aggregation, i + 1, left[:80])
+            assert shaped["entities"] and not text.isspace()
