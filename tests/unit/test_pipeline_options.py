@@ -261,3 +261,24 @@ async def test_priority_picks_the_lane_and_a_retry_with_another_priority_is_the_
         if s.name == "kbatch_lane_replies_total" and s.labels["status"] == "ok"
     }
     assert lane_ok == {"bulk": 1.0, "live": 2.0}  # each reply counts in its request's priority
+
+
+async def test_token_classify_runs_in_windows_unless_truncate_without_redact() -> None:
+    """Contract 1.3: windows by default and for every redaction (``truncate: true`` too);
+    only ``truncate: true`` without ``redact`` keeps 1.2's first window — and that copy of a
+    key never answers one that wants the whole text (its own dedup variant)."""
+    profile = ModelProfile(task="token-classify", dim=0, normalizes=False, prompts={})
+    pipeline, _, engine = await make(profile, task="token-classify")
+    await pipeline.take(
+        [
+            request(0, b"a"),
+            request(1, b"b", truncate=False),
+            request(2, b"c", truncate=True, redact=True),
+            request(3, b"d", truncate=True),
+            request(4, b"d", truncate=True, redact=True),  # same key, wants the whole text
+            request(5, b"a", truncate=True, redact=True),  # joins key a's windowed computation
+        ]
+    )
+    assert [(i.item_id, i.windows) for i in engine.items] == [
+        (0, True), (1, True), (2, True), (3, False), (4, True),
+    ]  # fmt: skip
