@@ -57,9 +57,11 @@ def window_rule(task: Task, truncate: bool | None, redact: bool | None) -> tuple
     absent or false (windows cut nothing) and, with ``redact``, whatever ``truncate`` says:
     a redaction never leaves text unscanned. Only ``truncate: true`` without ``redact`` keeps
     1.2's first window (``truncated: true``), under its own dedup variant
-    (:data:`FIRST_WINDOW`). Other tasks: no windows (one sequence, as before).
+    (:data:`FIRST_WINDOW`). rerank alike (``redact`` is None there): a document longer than
+    one window is scored per window (MaxP) unless ``truncate: true`` asks for 1.2's cut pair.
+    Other tasks: no windows (one sequence, as before).
     """
-    if task != "token-classify":
+    if task not in ("token-classify", "rerank"):
         return False, None
     if truncate is True and not redact:
         return False, FIRST_WINDOW
@@ -135,7 +137,9 @@ def shape_task_result(result: Mapping[str, Any], options: TaskOptions) -> Mappin
     """The contract ``result`` for ``options`` from a 1.2 runner result; other results
     unchanged.
 
-    - rerank ``{"scores": [...]}``: plus ``top`` (``top_n`` best, highest first, ties by index);
+    - rerank ``{"scores": [...]}``: plus ``top`` (``top_n`` best, highest first, ties by index;
+      since 1.3 with the ``window`` a windowed document's score comes from, from the
+      runner's ``windows``);
     - sparse (the runner's full vector under ``SPARSE``): ``indices``/``values``/``dim``/
       ``format`` (:func:`schemas.sparse.sparse_result`);
     - token-classify (the runner's per-token scores under ``TOKENS``: one
@@ -162,7 +166,16 @@ def shape_task_result(result: Mapping[str, Any], options: TaskOptions) -> Mappin
             encoding_format=options.encoding_format or "float",
         )
     scores = result.get("scores")
-    if isinstance(scores, list) and options.top_n is not None:
-        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options.top_n]
-        return {"scores": scores, "top": [{"index": i, "score": scores[i]} for i in order]}
-    return result
+    if not isinstance(scores, list):
+        return result
+    if options.top_n is None:
+        return {"scores": scores} if "windows" in result else result
+    where = result.get("windows") or [None] * len(scores)
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options.top_n]
+    top: list[dict[str, Any]] = []
+    for i in order:
+        entry: dict[str, Any] = {"index": i, "score": scores[i]}
+        if where[i] is not None:
+            entry["window"] = where[i]
+        top.append(entry)
+    return {"scores": scores, "top": top}

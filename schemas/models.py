@@ -42,6 +42,7 @@ __all__ = [
     "TASK_OPTIONS",
     "Aggregation",
     "ClassifyResult",
+    "DocumentWindow",
     "EmbedResult",
     "EncodingFormat",
     "Entity",
@@ -379,14 +380,29 @@ class ClassifyResult(BaseModel):
         return self
 
 
+class DocumentWindow(BaseModel):
+    """Contract 1.3: the window of a document longer than one that its score comes from (the
+    best window's, MaxP): ``index`` among the document's ``count`` windows, ``start``/``end``
+    its span in the document in characters (code points, end exclusive)."""
+
+    model_config = _FROZEN_STRICT
+
+    index: Annotated[int, Field(ge=0)]
+    count: Annotated[int, Field(ge=2)]
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+
+
 class RankedDocument(BaseModel):
     """One entry of a rerank result's ``top``: the document's ``index`` in the request's
-    ``documents`` and its ``score``."""
+    ``documents``, its ``score`` and, since 1.3, for a document scored in windows, the
+    ``window`` the score comes from."""
 
     model_config = _FROZEN_STRICT
 
     index: Annotated[int, Field(ge=0)]
     score: FiniteFloat
+    window: DocumentWindow | None = None
 
 
 class RerankResult(BaseModel):

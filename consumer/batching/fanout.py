@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from consumer.batching.types import InferenceItem, ItemOutcome, Rejected
+from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS
 
 __all__ = ["FanOutEngine", "Windower", "gather_outcomes", "gather_windows"]
@@ -61,16 +61,46 @@ class _Gather:
     outcomes: list[ItemOutcome | None] = field(default_factory=list)
     left: int = 0
     route: Callable[[Sequence[ItemOutcome]], None] | None = None  # None: the owner's
+    windows: list[Window | None] | None = None  # the parts' windows (split items)
 
 
-def gather_outcomes(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcome:
+def gather_outcomes(
+    item_id: int,
+    outcomes: Sequence[ItemOutcome],
+    windows: Sequence[Window | None] | None = None,
+) -> ItemOutcome:
     """One item's outcome from its pairs' outcomes (in document order); see the module doc.
 
-    A pair's ``ok`` result is ``{"score": float}``.
+    A pair's ``ok`` result is ``{"score": float}``. With ``windows`` (each pair's
+    :class:`~consumer.batching.types.Window`, contract 1.3) a document's score is its best
+    window's (MaxP; the first on a tie), and ``result["windows"]`` says, per document, which
+    window that was (``{"index", "count", "start", "end"}``; None for a one-window document).
     """
-    return _gather(
-        item_id, outcomes, lambda results: {"scores": [float(r["score"]) for r in results]}
-    )
+    if windows is None or all(w is None for w in windows):
+        return _gather(
+            item_id, outcomes, lambda results: {"scores": [float(r["score"]) for r in results]}
+        )
+    return _gather(item_id, outcomes, lambda results: _max_p(results, windows))
+
+
+def _max_p(results: list[dict[str, Any]], windows: Sequence[Window | None]) -> dict[str, Any]:
+    """Each document's best window's score and where that window is (see gather_outcomes)."""
+    best: dict[int, tuple[float, Window | None]] = {}
+    for index, (result, window) in enumerate(zip(results, windows, strict=True)):
+        doc = index if window is None else window.document
+        score = float(result["score"])
+        if doc not in best or score > best[doc][0]:
+            best[doc] = (score, window)
+    ordered = [best[d] for d in sorted(best)]
+    return {
+        "scores": [score for score, _ in ordered],
+        "windows": [
+            None
+            if w is None or w.count == 1
+            else {"index": w.index, "count": w.count, "start": w.start, "end": w.end}
+            for _, w in ordered
+        ],
+    }
 
 
 def gather_windows(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcome:
@@ -187,7 +217,8 @@ class FanOutEngine:
                 subs = [replace(item, documents=None, text_pair=d) for d in docs]
             else:
                 subs = [replace(item)]
-            gather = _Gather(item, [None] * len(subs), len(subs), on_outcomes)
+            parts = [sub.window for sub in subs] if split is not None else None
+            gather = _Gather(item, [None] * len(subs), len(subs), on_outcomes, parts)
             self._gathers[item.item_id] = gather
             start = len(expanded)
             for index, sub in enumerate(subs):
@@ -235,7 +266,7 @@ class FanOutEngine:
                 del self._gathers[item_id]
                 finished = [o for o in gather.outcomes if o is not None]
                 if gather.item.documents:
-                    one = gather_outcomes(item_id, finished)
+                    one = gather_outcomes(item_id, finished, gather.windows)
                 elif gather.item.windows:
                     one = gather_windows(item_id, finished)
                 else:

@@ -100,13 +100,20 @@ class Window:
         input_ids: the window's token ids, special tokens included (at most the model's
             maximum length): the tokenizer's overflow windows, as transformers'
             ``return_overflowing_tokens=True, stride=…``; the engine does not tokenize again.
+            None: the item's text (a rerank pair: ``text_pair``, the window's characters)
+            is tokenized as any item.
         alignment: the window's tokens' spans in the whole text (token-classify).
+        document: rerank: the index of the document the window belongs to.
+        start / end: rerank: the window's span in its document, in characters.
     """
 
     index: int
     count: int
-    input_ids: list[int]
+    input_ids: list[int] | None
     alignment: TokenAlignment | None = None
+    document: int = 0
+    start: int = 0
+    end: int = 0
 
 
 @dataclass(slots=True)

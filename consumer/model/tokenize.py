@@ -96,10 +96,15 @@ def _too_long(item: InferenceItem, n_tokens: int, why: str, max_length: int) -> 
     )
 
 
+def _split(item: InferenceItem) -> bool:
+    """Whether ``item`` is a window split into ids already."""
+    return item.window is not None and item.window.input_ids is not None
+
+
 def _windowed(item: InferenceItem) -> TokenizedItem:
     """A window of a long text (:class:`~consumer.batching.types.Window`): its ids as split."""
     window = item.window
-    assert window is not None
+    assert window is not None and window.input_ids is not None
     ids = window.input_ids
     return TokenizedItem(item, ids, len(ids), False, None, window.alignment)
 
@@ -192,9 +197,9 @@ class HFTokenizer:
         """
         if not items:
             return []
-        if any(it.window is not None for it in items):  # windows come tokenized (contract 1.3)
-            rest = iter(self.tokenize([it for it in items if it.window is None]))
-            return [_windowed(it) if it.window is not None else next(rest) for it in items]
+        if any(_split(it) for it in items):  # windows come tokenized (contract 1.3)
+            rest = iter(self.tokenize([it for it in items if not _split(it)]))
+            return [_windowed(it) if _split(it) else next(rest) for it in items]
         texts = [_input(it, self.max_chars) for it in items]
         cut_chars = [_longer_than(it, self.max_chars) for it in items]
         encodings = _encode_batch(self._full, texts, self.alignment)

@@ -34,7 +34,7 @@ from consumer.model.tokenize import HFTokenizer
 from schemas.errors import ErrorCode
 from schemas.models import Task
 
-__all__ = ["DEFAULT_MAX_WINDOWS", "TokenWindows", "default_stride", "fan_out_for"]
+__all__ = ["DEFAULT_MAX_WINDOWS", "PairWindows", "TokenWindows", "default_stride", "fan_out_for"]
 
 DEFAULT_MAX_WINDOWS = 64
 """Windows per request at most (``--max-windows``): 64 × 512 tokens ≈ 150 pages of English."""
@@ -138,15 +138,118 @@ def fan_out_for(
     max_windows: int = DEFAULT_MAX_WINDOWS,
 ) -> FanOutEngine | None:
     """The fan-out serve and backfill put in front of the engine, or None when ``task`` needs
-    none: rerank (pairs) and token-classify (windows, when ``tokenizer`` is an
-    :class:`~consumer.model.tokenize.HFTokenizer`).
+    none: rerank (pairs; document windows, :class:`PairWindows`) and token-classify
+    (windows, :class:`TokenWindows`) — windows when ``tokenizer`` is an
+    :class:`~consumer.model.tokenize.HFTokenizer`.
 
     Raises:
         ValueError: ``stride`` or ``max_windows`` out of range (:class:`TokenWindows`).
     """
     if task == "rerank":
-        return FanOutEngine(on_outcomes)
+        if not isinstance(tokenizer, HFTokenizer):
+            return FanOutEngine(on_outcomes)
+        pairs = PairWindows(tokenizer, stride=stride, max_windows=max_windows)
+        return FanOutEngine(on_outcomes, windower=pairs)
     if task == "token-classify" and isinstance(tokenizer, HFTokenizer):
         windows = TokenWindows(tokenizer, stride=stride, max_windows=max_windows)
         return FanOutEngine(on_outcomes, windower=windows)
     return None
+
+
+class PairWindows:
+    """Splits rerank items into (query, document window) pairs (contract 1.3, MaxP).
+
+    A document whose pair fits ``max_length`` is one pair, as in 1.2. A longer one is cut
+    into windows of whole words of at most ``width = max_length − pair special tokens −
+    min(query tokens, max_length // 2)`` tokens, consecutive windows sharing about
+    ``min(stride, width // 2)`` tokens (moved back to a word's start): each window is the
+    document's characters ``[start, end)`` and one pair ``(query, document[start:end])``,
+    tokenized by the engine as any pair — so its score is ``CrossEncoder.predict`` of that
+    pair. Windows start at word starts because a word's pieces depend on the word's start.
+
+    Args:
+        tokenizer: the engine's tokenizer.
+        stride: the overlap in tokens (as :class:`TokenWindows`; None: :func:`default_stride`).
+        max_windows: windows per document at most; more is ``input_too_long``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        *,
+        stride: int | None = None,
+        max_windows: int = DEFAULT_MAX_WINDOWS,
+    ) -> None:
+        self._plain = Tokenizer.from_str(tokenizer.backend_json)
+        self._plain.no_padding()
+        self._plain.no_truncation()
+        self.max_length = tokenizer.max_length
+        self._specials = self._plain.post_processor.num_special_tokens_to_add(True)
+        single = self._plain.post_processor.num_special_tokens_to_add(False)
+        self.stride = default_stride(self.max_length - single) if stride is None else stride
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+        self.max_windows = max_windows
+
+    def split(self, items: Sequence[InferenceItem]) -> list[list[InferenceItem] | Rejected]:
+        """Each rerank item's pairs (``window`` set: document index, span) or its
+        ``input_too_long``; an item without documents is one item, unchanged."""
+        return [self._item(it) for it in items]
+
+    def _item(self, item: InferenceItem) -> list[InferenceItem] | Rejected:
+        docs = item.documents or ()
+        if not docs:
+            return [replace(item, windows=False)]
+        query, *encodings = self._plain.encode_batch([item.text, *docs], add_special_tokens=False)
+        q = len(query.ids)
+        width = self.max_length - self._specials - min(q, self.max_length // 2)
+        pairs: list[InferenceItem] = []
+        for d, (doc, enc) in enumerate(zip(docs, encodings, strict=True)):
+            if q + len(enc.ids) + self._specials <= self.max_length or width < 2:
+                spans = [(0, len(doc))]
+            else:
+                spans = _word_windows(enc, width, min(self.stride, width // 2))
+            if len(spans) > self.max_windows:
+                return Rejected(
+                    item,
+                    n_tokens=q + len(enc.ids) + self._specials,
+                    error_code=ErrorCode.INPUT_TOO_LONG,
+                    error_message=f"document {d} has {len(spans)} windows of {width} tokens; "
+                    f"at most {self.max_windows} windows per document",
+                )
+            for k, (start, end) in enumerate(spans):
+                window = Window(k, len(spans), None, None, d, start, end)
+                pair = doc if len(spans) == 1 else doc[start:end]
+                pairs.append(
+                    replace(item, documents=None, text_pair=pair, windows=False, window=window)
+                )
+        return pairs
+
+
+def _word_windows(enc: Any, width: int, overlap: int) -> list[tuple[int, int]]:
+    """Character spans of windows of at most ``width`` of ``enc``'s tokens, each starting at
+    a word's first token, consecutive ones sharing about ``overlap`` tokens; a word longer
+    than ``width`` tokens is cut where the window ends."""
+    words: list[int | None] = list(enc.word_ids)
+    offsets: list[tuple[int, int]] = list(enc.offsets)
+    n = len(words)
+
+    def inside_word(i: int) -> bool:
+        return 0 < i < n and words[i] is not None and words[i] == words[i - 1]
+
+    spans: list[tuple[int, int]] = []
+    a = 0
+    while True:
+        b = min(a + width, n)
+        c = b
+        while c > a + 1 and inside_word(c):
+            c -= 1
+        if c > a + 1 or not inside_word(b):
+            b = c
+        spans.append((offsets[a][0], offsets[b - 1][1]))
+        if b >= n:
+            return spans
+        nxt = max(b - overlap, a + 1)
+        while nxt > a + 1 and inside_word(nxt):
+            nxt -= 1
+        a = nxt

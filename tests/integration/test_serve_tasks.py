@@ -55,6 +55,7 @@ def start(
     bootstrap: str,
     model: Path,
     task: str,
+    extra: tuple[str, ...] = (),
 ) -> ServeProcess:
     requests, replies, dlq, servers = serve_task
     server = ServeProcess.start(
@@ -66,7 +67,7 @@ def start(
         group_id=unique_group(task),
         model=str(model),
         task=task,
-        extra=["--max-wait-ms", "5"],
+        extra=["--max-wait-ms", "5", *extra],
     )
     servers.append(server)
     server.wait_ready()
@@ -179,21 +180,26 @@ async def test_token_classify_and_redaction_through_kafka(
     from transformers import pipeline
 
     model = build_tiny_token_classifier(tmp_path / "ner")
-    start(serve_task, tmp_path, kafka_bootstrap, model, "token-classify")
+    windows = ("--window-stride", "16", "--max-windows", "4")
+    start(serve_task, tmp_path, kafka_bootstrap, model, "token-classify", windows)
     requests, replies, _, _ = serve_task
-    long_text = "Wolfgang lives in Berlin. " * 40  # over 128 tokens: truncated
+    long_text = "Wolfgang lives in Berlin. " * 40  # 3 windows of 128 tokens (stride 16)
+    huge_text = long_text * 3  # 7 windows: over --max-windows 4
     await produce(
         kafka_bootstrap,
         requests,
         [
             request("t", TEXT, redact=True),
             request("first", TEXT, aggregation="first"),
-            request("long", long_text),
-            request("refused", long_text, truncate=False),  # input_too_long
+            request("long", long_text, redact=True),  # contract 1.3: windows
+            request("whole", long_text, truncate=False),  # windows cut nothing: not refused
+            request("cut", long_text, truncate=True),  # 1.2's first window
+            request("cut-redact", long_text, truncate=True, redact=True),  # never cut
+            request("huge", huge_text),  # input_too_long
             Req(b"dims", request("dims", TEXT, dimensions=4).value),  # an embed option
         ],
     )
-    by_key = await replies_by_key(kafka_bootstrap, replies, 5)
+    by_key = await replies_by_key(kafka_bootstrap, replies, 8)
     for key, strategy in ((b"t", "simple"), (b"first", "first")):
         expected = pipeline(
             "token-classification", model=str(model), aggregation_strategy=strategy, device="cpu"
@@ -209,10 +215,24 @@ async def test_token_classify_and_redaction_through_kafka(
     assert isinstance(redacted.result, TokenClassifyResult)
     assert redacted.result.redacted is not None
     assert all(f"[{e.label}]" in redacted.result.redacted for e in redacted.result.entities)
-    (long_reply,) = by_key[b"long"]
-    assert long_reply.truncated and isinstance(long_reply.result, TokenClassifyResult)
-    assert max(e.end for e in long_reply.result.entities) < len(long_text)
-    (refused,) = by_key[b"refused"]
-    assert refused.error is not None and refused.error.code is ErrorCode.INPUT_TOO_LONG
+    reference = pipeline(
+        "token-classification", model=str(model), aggregation_strategy="simple", stride=16,
+        device="cpu",
+    )  # fmt: skip
+    reference.tokenizer.model_max_length = 128  # the model's (its position table), as kbatch's
+    strided = reference(long_text)
+    assert max(e["end"] for e in strided) > len(long_text) * 3 // 4  # the tail is scanned
+    for key in (b"long", b"whole", b"cut-redact"):
+        (reply,) = by_key[key]
+        assert not reply.truncated and isinstance(reply.result, TokenClassifyResult), reply
+        got = reply.result.entities
+        assert [(e.label, e.start, e.end) for e in got] == [
+            (e["entity_group"], e["start"], e["end"]) for e in strided
+        ]
+    (cut,) = by_key[b"cut"]
+    assert cut.truncated and isinstance(cut.result, TokenClassifyResult)
+    assert max(e.end for e in cut.result.entities) < max(e["end"] for e in strided) * 3 // 4
+    (huge,) = by_key[b"huge"]
+    assert huge.error is not None and huge.error.code is ErrorCode.INPUT_TOO_LONG
     (dims,) = by_key[b"dims"]
     assert dims.error is not None and dims.error.code is ErrorCode.INVALID_OPTION

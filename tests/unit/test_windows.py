@@ -118,6 +118,9 @@ def test_the_window_rule_of_token_classify(
 ) -> None:
     assert window_rule("token-classify", truncate, redact) == expected
     assert window_rule("embed", truncate, redact) == (False, None)
+    assert window_rule("sparse", truncate, redact) == (False, None)
+    if redact is None:  # rerank: windows (MaxP) unless truncate: true
+        assert window_rule("rerank", truncate, None) == expected
 
 
 @pytest.fixture(scope="module")

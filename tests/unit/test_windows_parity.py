@@ -179,3 +179,68 @@ def test_redaction_leaves_no_character_of_the_input_unscanned(
             left = re.sub(r"\[(B-|I-)?PER\]", "", shaped["redacted"])
             assert left.isspace() or left == "", (aggregation, i + 1, left[:80])
             assert shaped["entities"] and not text.isspace()
+
+
+# ---- rerank: MaxP -----------------------------------------------------------------------------
+
+
+async def run_rerank(model_dir: Path, query: str, docs: Sequence[str]) -> ItemOutcome:
+    runner = load_runner(model_dir, task="rerank", device="cpu", max_length=MAX_LENGTH)
+    tokenizer = HFTokenizer(model_dir, max_length=MAX_LENGTH)
+    outcomes: list[ItemOutcome] = []
+    fanout = fan_out_for("rerank", tokenizer, outcomes.extend, stride=STRIDE, max_windows=64)
+    assert fanout is not None
+    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
+    fanout.bind(engine)
+    await engine.start()
+    await fanout.submit([InferenceItem(0, query, documents=tuple(docs), windows=True)])
+    assert await engine.drain(timeout_s=120)
+    await engine.stop()
+    (outcome,) = outcomes
+    assert outcome.status == "ok", outcome.error_message
+    return outcome
+
+
+def test_a_long_document_scores_its_best_window_as_cross_encoder_predict(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    from consumer.model.windows import PairWindows
+    from tests.fixtures.task_models import build_tiny_cross_encoder
+
+    model_dir = build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-ce-windows"))
+    tokenizer = HFTokenizer(model_dir, max_length=MAX_LENGTH, alignment=True)
+    query = "where did Sarah meet John?"
+    docs = [text[: len(text) - k % 3] for k, text in enumerate(texts_of_windows(
+        tokenizer, STRIDE, range(1, 11)))]  # fmt: skip
+    outcome = asyncio.run(run_rerank(model_dir, query, docs))
+    assert outcome.result is not None and not outcome.truncated
+    shaped = shape_task_result(outcome.result, TaskOptions(top_n=len(docs)))
+    reference = CrossEncoder(str(model_dir), device="cpu", max_length=MAX_LENGTH)
+    (pairs,) = PairWindows(tokenizer, stride=STRIDE).split(
+        [InferenceItem(0, query, documents=tuple(docs), windows=True)]
+    )
+    assert isinstance(pairs, list)
+    windowed = 0
+    for d, doc in enumerate(docs):
+        spans = [p.window for p in pairs if p.window is not None and p.window.document == d]
+        windowed += len(spans) > 1
+        scores = reference.predict([(query, doc[w.start : w.end]) for w in spans])
+        best = int(np.argmax(scores))
+        assert abs(shaped["scores"][d] - float(scores[best])) < 1e-5
+        (entry,) = [e for e in shaped["top"] if e["index"] == d]
+        if len(spans) > 1:
+            window = spans[best]
+            assert entry["window"] == {
+                "index": best,
+                "count": len(spans),
+                "start": window.start,
+                "end": window.end,
+            }
+        else:
+            assert "window" not in entry and spans[0].end == len(doc)
+        # every word of the document is in some window (nothing past the first is lost)
+        covered = set().union(*(range(w.start, w.end) for w in spans))
+        assert all(i in covered for i, c in enumerate(doc) if not c.isspace())
+    assert windowed >= 8
