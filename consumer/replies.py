@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
+from consumer.chunking import CHUNKS, shape_chunks
 from consumer.kafka.records import InRecord
 from consumer.options import EmbedOptions, ModelProfile, shape_result
 from consumer.task_options import NEW_TASKS, TaskOptions, shape_task_result
@@ -88,6 +89,11 @@ class ReplyBuilder:
             outcome = replace(
                 outcome, result=dict(shape_task_result(outcome.result, TaskOptions.of(request)))
             )
+            options = self._NO_OPTIONS
+        elif outcome.status == "ok" and outcome.result is not None and CHUNKS in outcome.result:
+            output = request.chunking.output if request.chunking is not None else "pooled"
+            shaped = shape_chunks(outcome.result, options, output, self.profile)
+            outcome = replace(outcome, result=dict(shaped))
             options = self._NO_OPTIONS
         return self._record(parsed, self._wire(outcome, dedup, request.meta, options))
 

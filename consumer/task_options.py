@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from consumer.entities import TOKENS, aggregate_windows, redact_windows
 from consumer.options import OptionError
-from schemas.models import TASK_OPTIONS, Aggregation, EncodingFormat, Request, Task
+from schemas.models import TASK_OPTIONS, Aggregation, Chunking, EncodingFormat, Request, Task
 from schemas.sparse import SPARSE, sparse_result
 
 __all__ = [
@@ -50,7 +50,12 @@ holds a NUL) of a token-classify computation of the first window only: it never 
 that wants the whole text."""
 
 
-def window_rule(task: Task, truncate: bool | None, redact: bool | None) -> tuple[bool, str | None]:
+def window_rule(
+    task: Task,
+    truncate: bool | None,
+    redact: bool | None,
+    chunking: Chunking | None = None,
+) -> tuple[bool, str | None]:
     """Whether a request runs in windows (contract 1.3), and its dedup-key variant.
 
     token-classify runs in windows whenever the text is longer than one — with ``truncate``
@@ -59,8 +64,12 @@ def window_rule(task: Task, truncate: bool | None, redact: bool | None) -> tuple
     1.2's first window (``truncated: true``), under its own dedup variant
     (:data:`FIRST_WINDOW`). rerank alike (``redact`` is None there): a document longer than
     one window is scored per window (MaxP) unless ``truncate: true`` asks for 1.2's cut pair.
+    embed: chunks when the request asks for ``chunking``, under a dedup variant naming
+    ``max_tokens`` and ``overlap`` (what the model sees; ``output`` is shaped per copy).
     Other tasks: no windows (one sequence, as before).
     """
+    if task == "embed" and chunking is not None:
+        return True, f"\x00chunks:{chunking.max_tokens}:{chunking.overlap}"
     if task not in ("token-classify", "rerank"):
         return False, None
     if truncate is True and not redact:

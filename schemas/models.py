@@ -41,8 +41,12 @@ __all__ = [
     "TASKS",
     "TASK_OPTIONS",
     "Aggregation",
+    "ChunkOutput",
+    "ChunkedEmbedResult",
+    "Chunking",
     "ClassifyResult",
     "DocumentWindow",
+    "EmbedChunk",
     "EmbedResult",
     "EncodingFormat",
     "Entity",
@@ -138,9 +142,39 @@ TASK_OPTIONS: Final[Mapping[str, Task]] = {
     "top_k": "sparse",
     "aggregation": "token-classify",
     "redact": "token-classify",
+    "chunking": "embed",
 }
-"""Contract 1.2's request options (fields of :class:`Request`), each → the one task it belongs
-to: the one list of them (the request codec, ``consumer.task_options``)."""
+"""Contract 1.2's request options (fields of :class:`Request`) and 1.3's ``chunking``, each →
+the one task it belongs to: the one list of them (the request codec,
+``consumer.task_options``)."""
+
+
+ChunkOutput = Literal["pooled", "chunks"]
+"""What a chunked embed request gets back (contract 1.3): one pooled vector, or each chunk's."""
+
+
+class Chunking(BaseModel):
+    """Contract 1.3, embed: split the text into chunks of at most ``max_tokens`` tokens
+    (special tokens and the prompt included; absent: the model's maximum) sharing about
+    ``overlap`` tokens, embed each, and answer one ``pooled`` vector (the token-weighted mean
+    of the chunks' vectors, re-normalised when the model normalises) or every chunk's vector
+    with its ``start``/``end`` characters (``output: "chunks"``)."""
+
+    model_config = _FROZEN_STRICT
+
+    max_tokens: Annotated[int, Field(ge=4)] | None = Field(
+        default=None,
+        description="Tokens per chunk at most, special tokens and prompt included; absent: "
+        "the model's maximum; more than it is invalid_option.",
+    )
+    overlap: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Tokens consecutive chunks share (about: chunks start at words)."
+    )
+    output: ChunkOutput = Field(
+        default="pooled",
+        description='"pooled": one vector, the token-weighted mean of the chunks\' vectors; '
+        '"chunks": result.chunks, every chunk\'s vector with its start/end characters.',
+    )
 
 
 def _text_or_query(schema: dict[str, Any]) -> None:
@@ -258,6 +292,13 @@ class Request(BaseModel):
         "replaced by [LABEL].",
     )
 
+    # ---- contract 1.3 ---------------------------------------------------------------------
+    chunking: Chunking | None = Field(
+        default=None,
+        description="embed: embed the text in chunks (max_tokens, overlap) and answer one "
+        'pooled vector or, with output "chunks", each chunk\'s (contract 1.3).',
+    )
+
     priority: Priority | None = Field(
         default=None,
         description='Any task: "live" (default) or "bulk". Bulk requests are computed in the '
@@ -361,6 +402,46 @@ class EmbedResult(BaseModel):
         elif not isinstance(self.embedding, bytes) or len(self.embedding) != size:
             raise ValueError(f"a {self.format} embedding of dim {self.dim} is {size} bytes")
         return self
+
+
+class EmbedChunk(BaseModel):
+    """One chunk of a chunked embed answer (contract 1.3): its ``embedding`` (as
+    :class:`EmbedResult`'s, in the result's ``format``) and its span ``[start, end)`` in the
+    request's text, in characters (code points)."""
+
+    model_config = _FROZEN_STRICT
+
+    embedding: list[FiniteFloat] | _EmbeddingBytes
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+
+
+class ChunkedEmbedResult(BaseModel):
+    """A chunked embed answer with ``output: "chunks"`` (contract 1.3): every chunk's vector,
+    in text order, each of ``dim`` dimensions sent as ``format``."""
+
+    model_config = _FROZEN_STRICT
+
+    chunks: Annotated[list[EmbedChunk], Field(min_length=1)]
+    dim: Annotated[int, Field(ge=1)]
+    format: EncodingFormat = "float"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chunks_as_embeddings(cls, data: Any) -> Any:
+        # each chunk's embedding checked (base64, size for the format) as an EmbedResult's
+        if not (isinstance(data, dict) and isinstance(data.get("chunks"), list)):
+            return data
+        chunks = []
+        for chunk in data["chunks"]:
+            if isinstance(chunk, dict) and "embedding" in chunk:
+                one = EmbedResult.model_validate(
+                    {"embedding": chunk["embedding"], "dim": data.get("dim"),
+                     "format": data.get("format", "float")}
+                )  # fmt: skip
+                chunk = {**chunk, "embedding": one.embedding}
+            chunks.append(chunk)
+        return {**data, "chunks": chunks}
 
 
 class ClassifyResult(BaseModel):
@@ -578,7 +659,13 @@ class Reply(BaseModel):
     v: Version = CONTRACT_VERSION
     status: Status
     result: (
-        EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult | None
+        EmbedResult
+        | ChunkedEmbedResult
+        | ClassifyResult
+        | RerankResult
+        | SparseResult
+        | TokenClassifyResult
+        | None
     ) = None
     error: ErrorInfo | None = None
     model: ModelInfo
@@ -638,13 +725,21 @@ class Reply(BaseModel):
         return wire
 
 
-ResultModel = EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult
+ResultModel = (
+    EmbedResult
+    | ChunkedEmbedResult
+    | ClassifyResult
+    | RerankResult
+    | SparseResult
+    | TokenClassifyResult
+)
 
 
 def result_from_map(result: Mapping[str, Any]) -> ResultModel:
     """The typed result for a contract ``result`` map (e.g. ``ItemOutcome.result``).
 
-    ``embedding`` gives an ``EmbedResult``, ``scores`` as a list a ``RerankResult``,
+    ``embedding`` gives an ``EmbedResult``, ``chunks`` a ``ChunkedEmbedResult`` (1.3),
+    ``scores`` as a list a ``RerankResult``,
     ``indices`` a ``SparseResult``, ``entities`` a ``TokenClassifyResult``; anything else is
     validated as a ``ClassifyResult`` (``{"label", "score", "scores"}``). Keys outside the
     contract (the runner's ``pooled``, ``tokens``) are ignored.
@@ -654,6 +749,8 @@ def result_from_map(result: Mapping[str, Any]) -> ResultModel:
     """
     if "embedding" in result:
         return EmbedResult.model_validate(result)
+    if "chunks" in result:
+        return ChunkedEmbedResult.model_validate(result)
     if isinstance(result.get("scores"), list):
         return RerankResult.model_validate(result)
     if "indices" in result:

@@ -37,12 +37,20 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS
 
-__all__ = ["FanOutEngine", "Windower", "gather_outcomes", "gather_windows"]
+CHUNKS: Final = "chunks"
+"""Key of a chunked embed item's gathered result (contract 1.3; not the contract's)."""
+
+PART_IDS: Final = 1 << 62
+"""The fan-out's engine ids for parts (pairs, windows) count up from here: never an owner's
+(serve's and backfill's count up from 0, routed ones are negative), so an outcome below it is
+an item submitted as it is, passed through."""
+
+__all__ = ["CHUNKS", "PART_IDS", "FanOutEngine", "Windower", "gather_outcomes", "gather_windows"]
 
 
 class Windower(Protocol):
@@ -103,13 +111,31 @@ def _max_p(results: list[dict[str, Any]], windows: Sequence[Window | None]) -> d
     }
 
 
-def gather_windows(item_id: int, outcomes: Sequence[ItemOutcome]) -> ItemOutcome:
+def gather_windows(
+    item_id: int,
+    outcomes: Sequence[ItemOutcome],
+    windows: Sequence[Window | None] | None = None,
+) -> ItemOutcome:
     """One item's outcome from its windows' outcomes (in window order); see the module doc.
 
-    A window's ``ok`` result holds its token scores under ``TOKENS``; the item's holds the
-    tuple of them, in window order.
+    token-classify: a window's ``ok`` result holds its token scores under ``TOKENS``; the
+    item's holds the tuple of them. embed chunks (contract 1.3): the item's result holds,
+    under ``CHUNKS``, one ``(result, n_tokens, start, end)`` per chunk — the runner's
+    result, the chunk's tokens and its span in the text (:mod:`consumer.chunking` shapes it).
     """
-    return _gather(item_id, outcomes, lambda results: {TOKENS: tuple(r[TOKENS] for r in results)})
+    spans = [(0, 0) if w is None else (w.start, w.end) for w in windows or [None] * len(outcomes)]
+
+    def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+        if TOKENS in results[0]:
+            return {TOKENS: tuple(r[TOKENS] for r in results)}
+        return {
+            CHUNKS: tuple(
+                (r, o.n_tokens, start, end)
+                for r, o, (start, end) in zip(results, outcomes, spans, strict=True)
+            )
+        }
+
+    return _gather(item_id, outcomes, combine)
 
 
 def _gather(
@@ -168,7 +194,7 @@ class FanOutEngine:
         self._owner_on_outcomes = on_outcomes
         self._windower = windower
         self._engine: Any = None
-        self._ids = itertools.count()
+        self._ids = itertools.count(PART_IDS)
         self._gathers: dict[int, _Gather] = {}  # submitted item id → its pairs' outcomes
         self._pairs: dict[int, tuple[int, int]] = {}  # engine id → (item id, pair index)
 
@@ -200,8 +226,10 @@ class FanOutEngine:
             splits = await asyncio.to_thread(self._windower.split, to_split)
             windowed = {id(it): s for it, s in zip(to_split, splits, strict=True)}
         expanded: list[InferenceItem] = []
-        spans: list[tuple[int, int] | int] = []  # parts in ``expanded``, or a refused length
+        # parts in ``expanded``; a refused length (≥ 0); -1 - index in ``plain``
+        spans: list[tuple[int, int] | int] = []
         refused: list[ItemOutcome] = []
+        plain: list[InferenceItem] = []
         for item in items:
             docs = item.documents
             split = windowed.get(id(item))
@@ -211,12 +239,14 @@ class FanOutEngine:
                 continue
             if item.item_id in self._gathers:
                 raise ValueError(f"item id already in flight: {item.item_id}")
+            if split is None and not docs:
+                spans.append(-1 - len(plain))  # as it is: the engine's own outcome
+                plain.append(item)
+                continue
             if split is not None:
                 subs = split
-            elif docs:
-                subs = [replace(item, documents=None, text_pair=d) for d in docs]
             else:
-                subs = [replace(item)]
+                subs = [replace(item, documents=None, text_pair=d) for d in docs or ()]
             parts = [sub.window for sub in subs] if split is not None else None
             gather = _Gather(item, [None] * len(subs), len(subs), on_outcomes, parts)
             self._gathers[item.item_id] = gather
@@ -230,7 +260,16 @@ class FanOutEngine:
             route = on_outcomes or self._owner_on_outcomes
             asyncio.get_running_loop().call_soon(route, refused)
         n_tokens = await self._engine.submit(expanded) if expanded else []
-        return [s if isinstance(s, int) else sum(n_tokens[s[0] : s[1]]) for s in spans]
+        n_plain: list[int] = []
+        if plain:
+            routed = () if on_outcomes is None else (on_outcomes,)
+            n_plain = await self._engine.submit(plain, *routed)
+        return [
+            sum(n_tokens[s[0] : s[1]])
+            if isinstance(s, tuple)
+            else (s if s >= 0 else n_plain[-1 - s])
+            for s in spans
+        ]
 
     def new_routed_id(self) -> int:
         """The engine's (ids for items submitted with their own ``on_outcomes``)."""
@@ -244,6 +283,9 @@ class FanOutEngine:
         """Cancel ``group``'s queued pairs; the ids of the items they belong to (forgotten)."""
         cancelled: list[int] = []
         for engine_id in self._engine.cancel_group(group):
+            if engine_id < PART_IDS:  # an item submitted as it is
+                cancelled.append(engine_id)
+                continue
             item_id, _ = self._pairs.pop(engine_id, (None, 0))
             if item_id is not None and self._gathers.pop(item_id, None) is not None:
                 cancelled.append(item_id)
@@ -256,6 +298,9 @@ class FanOutEngine:
         done: list[ItemOutcome] = []
         routed: dict[Callable[[Sequence[ItemOutcome]], None], list[ItemOutcome]] = {}
         for outcome in outcomes:
+            if outcome.item_id < PART_IDS:  # an item submitted as it is
+                done.append(outcome)
+                continue
             item_id, index = self._pairs.pop(outcome.item_id, (None, 0))
             gather = None if item_id is None else self._gathers.get(item_id)
             if item_id is None or gather is None:
@@ -267,10 +312,8 @@ class FanOutEngine:
                 finished = [o for o in gather.outcomes if o is not None]
                 if gather.item.documents:
                     one = gather_outcomes(item_id, finished, gather.windows)
-                elif gather.item.windows:
-                    one = gather_windows(item_id, finished)
                 else:
-                    one = replace(finished[0], item_id=item_id)
+                    one = gather_windows(item_id, finished, gather.windows)
                 if gather.route is None:
                     done.append(one)
                 else:

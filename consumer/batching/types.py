@@ -57,6 +57,8 @@ class InferenceItem:
             into overlapping windows (:class:`Window`) when it is longer than one, each window
             one sequence; False: one sequence, cut or refused by ``truncate``.
         window: set on one window of a split item (by the fan-out), else None.
+        chunking: embed (contract 1.3): how to chunk ``text`` (:class:`ChunkPlan`); the
+            fan-out's windower makes one item per chunk.
     """
 
     item_id: int
@@ -70,6 +72,7 @@ class InferenceItem:
     lane: Lane = "live"
     windows: bool = False
     window: Window | None = None
+    chunking: ChunkPlan | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +91,22 @@ class TokenAlignment:
     offsets: list[tuple[int, int]]
     special: list[bool]
     is_subword: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """How an embed request's text is chunked (contract 1.3, ``chunking``).
+
+    Attributes:
+        max_tokens: tokens per chunk at most, special tokens and prompt included; None: the
+            model's maximum length.
+        overlap: tokens consecutive chunks share (about: chunks start at word starts).
+        prompt: the prompt put in front of every chunk (the text itself has none).
+    """
+
+    max_tokens: int | None
+    overlap: int
+    prompt: str = ""
 
 
 @dataclass(slots=True)

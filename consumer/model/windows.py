@@ -34,7 +34,14 @@ from consumer.model.tokenize import HFTokenizer
 from schemas.errors import ErrorCode
 from schemas.models import Task
 
-__all__ = ["DEFAULT_MAX_WINDOWS", "PairWindows", "TokenWindows", "default_stride", "fan_out_for"]
+__all__ = [
+    "DEFAULT_MAX_WINDOWS",
+    "ChunkWindows",
+    "PairWindows",
+    "TokenWindows",
+    "default_stride",
+    "fan_out_for",
+]
 
 DEFAULT_MAX_WINDOWS = 64
 """Windows per request at most (``--max-windows``): 64 × 512 tokens ≈ 150 pages of English."""
@@ -138,8 +145,9 @@ def fan_out_for(
     max_windows: int = DEFAULT_MAX_WINDOWS,
 ) -> FanOutEngine | None:
     """The fan-out serve and backfill put in front of the engine, or None when ``task`` needs
-    none: rerank (pairs; document windows, :class:`PairWindows`) and token-classify
-    (windows, :class:`TokenWindows`) — windows when ``tokenizer`` is an
+    none: rerank (pairs; document windows, :class:`PairWindows`), token-classify (windows,
+    :class:`TokenWindows`) and embed (chunks, :class:`ChunkWindows`; requests without
+    ``chunking`` pass through untouched) — windows when ``tokenizer`` is an
     :class:`~consumer.model.tokenize.HFTokenizer`.
 
     Raises:
@@ -150,6 +158,8 @@ def fan_out_for(
             return FanOutEngine(on_outcomes)
         pairs = PairWindows(tokenizer, stride=stride, max_windows=max_windows)
         return FanOutEngine(on_outcomes, windower=pairs)
+    if task == "embed" and isinstance(tokenizer, HFTokenizer):
+        return FanOutEngine(on_outcomes, windower=ChunkWindows(tokenizer, max_windows=max_windows))
     if task == "token-classify" and isinstance(tokenizer, HFTokenizer):
         windows = TokenWindows(tokenizer, stride=stride, max_windows=max_windows)
         return FanOutEngine(on_outcomes, windower=windows)
@@ -224,6 +234,77 @@ class PairWindows:
                     replace(item, documents=None, text_pair=pair, windows=False, window=window)
                 )
         return pairs
+
+
+class ChunkWindows:
+    """Splits embed items with ``chunking`` into chunks (contract 1.3).
+
+    A text of at most ``width = max_tokens − special tokens − prompt tokens`` tokens is one
+    chunk (the whole text); a longer one is cut into windows of whole words of at most
+    ``width`` tokens, consecutive ones sharing about ``overlap`` tokens. Each chunk is one
+    item ``prompt + text[start:end]``, tokenized by the engine as any text, so its vector is
+    sentence-transformers' ``encode`` of that chunk's text (with the prompt).
+
+    Args:
+        tokenizer: the engine's tokenizer.
+        max_windows: chunks per text at most; more is ``input_too_long``.
+    """
+
+    def __init__(self, tokenizer: HFTokenizer, *, max_windows: int = DEFAULT_MAX_WINDOWS) -> None:
+        self._plain = Tokenizer.from_str(tokenizer.backend_json)
+        self._plain.no_padding()
+        self._plain.no_truncation()
+        self.max_length = tokenizer.max_length
+        self._specials = self._plain.post_processor.num_special_tokens_to_add(False)
+        self.max_windows = max_windows
+
+    def split(self, items: Sequence[InferenceItem]) -> list[list[InferenceItem] | Rejected]:
+        """Each item's chunks (``window`` set: span in the text), or its rejection:
+        ``invalid_option`` for a ``max_tokens`` over the model's maximum or leaving no room
+        for text after the prompt, or an ``overlap`` of a whole chunk; ``input_too_long``
+        over ``max_windows``. An item without ``chunking`` is one item, unchanged."""
+        return [self._item(it) for it in items]
+
+    def _item(self, item: InferenceItem) -> list[InferenceItem] | Rejected:
+        plan = item.chunking
+        if plan is None:
+            return [replace(item, windows=False)]
+        max_tokens = plan.max_tokens or self.max_length
+        prompt = len(self._plain.encode(plan.prompt, add_special_tokens=False).ids)
+        width = max_tokens - self._specials - prompt
+        problem = None
+        if max_tokens > self.max_length:
+            problem = f"chunking.max_tokens {max_tokens} is over the model's {self.max_length}"
+        elif width < 1:
+            problem = f"chunking.max_tokens {max_tokens} leaves no token for text after the "
+            problem += f"{self._specials} special and {prompt} prompt tokens"
+        elif plan.overlap >= width:
+            problem = f"chunking.overlap {plan.overlap} must be below a chunk's {width} tokens"
+        if problem is not None:
+            return Rejected(item, 0, ErrorCode.INVALID_OPTION, problem)
+        enc = self._plain.encode(item.text, add_special_tokens=False)
+        if len(enc.ids) <= width:
+            spans = [(0, len(item.text))]
+        else:
+            spans = _word_windows(enc, width, plan.overlap)
+        if len(spans) > self.max_windows:
+            return Rejected(
+                item,
+                n_tokens=len(enc.ids) + self._specials,
+                error_code=ErrorCode.INPUT_TOO_LONG,
+                error_message=f"input makes {len(spans)} chunks of {max_tokens} tokens; "
+                f"at most {self.max_windows} per request",
+            )
+        return [
+            replace(
+                item,
+                text=plan.prompt + item.text[start:end],
+                windows=False,
+                chunking=None,
+                window=Window(k, len(spans), None, None, 0, start, end),
+            )
+            for k, (start, end) in enumerate(spans)
+        ]
 
 
 def _word_windows(enc: Any, width: int, overlap: int) -> list[tuple[int, int]]:

@@ -133,6 +133,7 @@ def test_full_request_decodes_every_field(encoding: Encoding) -> None:
         "top_k": 16,
         "aggregation": "first",
         "redact": True,
+        "chunking": {"max_tokens": 128, "overlap": 16, "output": "chunks"},
         "priority": "bulk",
     }
     request = decode_request(enc(raw, encoding), encoding)

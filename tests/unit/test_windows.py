@@ -199,3 +199,25 @@ def test_redaction_covers_what_the_merge_drops() -> None:
     assert redact(text, merged) == "aa bb [PER]"  # what the merged entities alone give
     assert redact_windows((first, second)) == "[PER]"
     assert redact_windows((first,)) == redact(text, aggregate_windows((first,)))
+
+
+def test_chunking_the_model_cannot_honour_is_invalid_option(hf_tokenizer: HFTokenizer) -> None:
+    from consumer.batching.types import ChunkPlan
+    from consumer.model.windows import ChunkWindows
+
+    splitter = ChunkWindows(hf_tokenizer, max_windows=2)
+    plans = {
+        "over the model's 24": ChunkPlan(25, 0),
+        "no token for text": ChunkPlan(6, 0, "represent this sentence: "),
+        "overlap 10 must be below": ChunkPlan(12, 10),
+    }
+    for why, plan in plans.items():
+        (refused,) = splitter.split([InferenceItem(0, LONG, windows=True, chunking=plan)])
+        assert isinstance(refused, Rejected) and refused.error_code == ErrorCode.INVALID_OPTION
+        assert why in refused.error_message
+    (too_many,) = splitter.split([InferenceItem(0, LONG, chunking=ChunkPlan(24, 0))])
+    assert isinstance(too_many, Rejected) and too_many.error_code == ErrorCode.INPUT_TOO_LONG
+    (one,) = splitter.split([InferenceItem(0, "short text", chunking=ChunkPlan(None, 0, "q: "))])
+    assert isinstance(one, list) and [
+        (i.text, i.window.start, i.window.end) for i in one if i.window
+    ] == [("q: short text", 0, 10)]

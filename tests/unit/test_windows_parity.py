@@ -5,6 +5,10 @@ engine buckets → padded batches → runner → reply shaping), on tiny models 
   stride=S)`` for every strategy the pipeline allows with a stride (same labels and spans,
   scores within 1e-5), on texts of 1 to 10 windows with Unicode, windows that end in the
   middle of a word and entities across a window edge;
+- embed chunks: each chunk's vector = sentence-transformers' ``encode`` of its text (with the
+  prompt), the pooled vector their token-weighted mean (re-normalised when the model
+  normalises), texts of 1 to 10 chunks;
+- rerank MaxP: a document's score = ``CrossEncoder.predict`` of its best window's pair;
 - redaction coverage: a model that tags every token, texts of 1 to 20 windows: nothing of the
   input but whitespace is left outside a ``[LABEL]``, for every strategy, both tag kinds
   (``B-``: an entity per token or word; ``I-``: one entity per window, which the overlap merge
@@ -25,10 +29,13 @@ import pytest
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
-from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.batching.fanout import CHUNKS
+from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
+from consumer.chunking import shape_chunks
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
 from consumer.model.windows import TokenWindows, fan_out_for
+from consumer.options import EmbedOptions, ModelProfile
 from consumer.task_options import TaskOptions, shape_task_result
 from schemas.models import Aggregation
 from tests.fixtures.task_models import build_tag_everything_classifier, build_tiny_token_classifier
@@ -244,3 +251,75 @@ def test_a_long_document_scores_its_best_window_as_cross_encoder_predict(
         covered = set().union(*(range(w.start, w.end) for w in spans))
         assert all(i in covered for i, c in enumerate(doc) if not c.isspace())
     assert windowed >= 8
+
+
+# ---- embed: chunks ----------------------------------------------------------------------------
+
+
+async def run_chunks(
+    model_dir: Path, texts: Sequence[str], plan: ChunkPlan
+) -> dict[int, ItemOutcome]:
+    runner = load_runner(model_dir, task="embed", device="cpu")
+    tokenizer = HFTokenizer(model_dir)
+    outcomes: dict[int, ItemOutcome] = {}
+
+    def collect(done: Sequence[ItemOutcome]) -> None:
+        outcomes.update((o.item_id, o) for o in done)
+
+    fanout = fan_out_for("embed", tokenizer, collect, max_windows=64)
+    assert fanout is not None
+    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
+    fanout.bind(engine)
+    await engine.start()
+    items = [InferenceItem(i, t, windows=True, chunking=plan) for i, t in enumerate(texts)]
+    await fanout.submit([*items, InferenceItem(len(texts), texts[0])])  # one plain request
+    assert await engine.drain(timeout_s=120)
+    await engine.stop()
+    assert all(o.status == "ok" for o in outcomes.values())
+    return outcomes
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_each_chunk_equals_encode_of_its_text_and_the_pool_is_their_token_weighted_mean(
+    tmp_path_factory: pytest.TempPathFactory, normalize: bool
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from tests.fixtures.tiny_models import PROMPTS, build_tiny_embedder
+
+    model_dir = build_tiny_embedder(
+        tmp_path_factory.mktemp(f"tiny-embed-{normalize}"), normalize=normalize, prompts=PROMPTS
+    )
+    tokenizer = HFTokenizer(model_dir, max_length=MAX_LENGTH)
+    texts = texts_of_windows(tokenizer, 0, range(1, 11))
+    plan = ChunkPlan(max_tokens=MAX_LENGTH, overlap=4, prompt=PROMPTS["query"])
+    outcomes = asyncio.run(run_chunks(model_dir, texts, plan))
+    reference = SentenceTransformer(str(model_dir), device="cpu")
+    profile = ModelProfile(task="embed", dim=32, normalizes=normalize, prompts=PROMPTS)
+    several = 0
+    for i, text in enumerate(texts):
+        raw = outcomes[i].result or {}
+        chunks = shape_chunks(raw, EmbedOptions(), "chunks", profile)["chunks"]
+        several += len(chunks) > 1
+        pieces = [text[c["start"] : c["end"]] for c in chunks]
+        expected = reference.encode(pieces, prompt_name="query")
+        assert np.allclose([c["embedding"] for c in chunks], expected, atol=1e-5)
+        assert all(p.strip() for p in pieces) and chunks[-1]["end"] == len(text.rstrip())
+        covered = set().union(*(range(c["start"], c["end"]) for c in chunks))
+        assert all(k in covered for k, ch in enumerate(text) if not ch.isspace())
+        # pooled: the chunks' vectors weighted by their tokens, re-normalised if normalising
+        weights = [len(tokenizer.encode([PROMPTS["query"] + p])[0]) for p in pieces]
+        assert weights == [n for _, n, _, _ in raw[CHUNKS]]
+        assert max(weights) <= MAX_LENGTH
+        mean = np.average(expected, axis=0, weights=weights)
+        if normalize:
+            mean = mean / np.linalg.norm(mean)
+        pooled = shape_chunks(raw, EmbedOptions(), "pooled", profile)
+        assert np.allclose(pooled["embedding"], mean, atol=1e-5)
+        f16 = shape_chunks(raw, EmbedOptions(encoding_format="f16le", dimensions=8), "chunks",
+                           profile)  # fmt: skip
+        assert f16["dim"] == 8 and all(len(c["embedding"]) == 16 for c in f16["chunks"])
+    assert several >= 8
+    plain = outcomes[len(texts)].result or {}
+    assert CHUNKS not in plain and np.allclose(plain["embedding"], reference.encode(texts[0]),
+                                               atol=1e-5)  # fmt: skip
