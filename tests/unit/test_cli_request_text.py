@@ -97,3 +97,22 @@ def test_priority_is_passed_to_the_client(monkeypatch: pytest.MonkeyPatch) -> No
     assert [k["priority"] for k in sent] == ["bulk", None]
     wrong = runner.invoke(request_command, ["t", "--priority", "urgent"])
     assert wrong.exit_code == 2 and len(sent) == 2
+
+
+def test_chunk_flags_become_the_chunking_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[dict[str, Any]] = []
+
+    class _Client(_RecordingClient):
+        async def request(self, text: str, key: object, **kwargs: Any) -> None:
+            sent.append(kwargs)
+            raise ClientError("recorded")
+
+    monkeypatch.setattr(client, "RequestReplyClient", _Client)
+    runner = CliRunner()
+    args = ["t", "--chunk-max-tokens", "128", "--chunk-overlap", "16", "--chunk-output", "chunks"]
+    assert runner.invoke(request_command, args).exit_code == 1
+    assert runner.invoke(request_command, ["t", "--chunk-output", "pooled"]).exit_code == 1
+    assert runner.invoke(request_command, ["t"]).exit_code == 1
+    assert [k["chunking"] for k in sent] == [
+        {"max_tokens": 128, "overlap": 16, "output": "chunks"}, {"output": "pooled"}, None
+    ]  # fmt: skip
