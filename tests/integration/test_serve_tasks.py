@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from consumer.batching.types import InferenceItem
 from consumer.kafka.admin import create_topics, delete_topics
+from consumer.model.tokenize import HFTokenizer
+from consumer.model.windows import PairWindows
 from producer_tools.client import RequestReplyClient
 from schemas.codec import Encoding
 from schemas.errors import ErrorCode
@@ -29,6 +32,10 @@ from tests.fixtures.task_models import (
 from tests.integration.harness import KBATCH, Req, ServeProcess, produce, read_topic, request
 
 DOCUMENTS = ["Consumers commit offsets to Kafka.", "Bananas are yellow.", "offsets", "x " * 30]
+LONG_DOC = " ".join(
+    f"Paragraph {i}: brokers, Zürich offsets and naïve consumers." for i in range(40)
+)
+"""Contract 1.3: a document of several 128-token windows."""
 TEXT = "Sarah Connor met John in Los Angeles."
 
 
@@ -100,9 +107,11 @@ async def test_rerank_through_kafka(
             request("r", query, Encoding.JSON, documents=DOCUMENTS, top_n=2),  # dedup copy
             request("no-docs", query),  # invalid_option
             request("wrong", query, documents=DOCUMENTS, top_k=3),  # a sparse option
+            request("long", query, documents=[DOCUMENTS[0], LONG_DOC], top_n=2),  # 1.3: MaxP
+            request("cut", query, documents=[LONG_DOC], truncate=True),  # 1.2: one cut pair
         ],
     )
-    by_key = await replies_by_key(kafka_bootstrap, replies, 4)
+    by_key = await replies_by_key(kafka_bootstrap, replies, 6)
     expected = CrossEncoder(str(model), device="cpu").predict([(query, d) for d in DOCUMENTS])
     plain, top = sorted(by_key[b"r"], key=lambda r: r.dedup)
     assert isinstance(plain.result, RerankResult) and isinstance(top.result, RerankResult)
@@ -116,6 +125,32 @@ async def test_rerank_through_kafka(
         (reply,) = by_key[key]
         assert reply.error is not None and reply.error.code is ErrorCode.INVALID_OPTION
     assert server.metrics()["kbatch_dedup_hits_total"] == 1
+    # contract 1.3: the long document scores its best window (CrossEncoder on that pair)
+    (long,) = by_key[b"long"]
+    assert isinstance(long.result, RerankResult) and long.result.top is not None
+    assert not long.truncated
+    (pairs,) = PairWindows(HFTokenizer(model)).split(
+        [InferenceItem(0, query, documents=(DOCUMENTS[0], LONG_DOC))]
+    )
+    assert isinstance(pairs, list) and len(pairs) > 3
+    windows = [p.window for p in pairs[1:] if p.window is not None]
+    scores = CrossEncoder(str(model), device="cpu").predict(
+        [(query, LONG_DOC[w.start : w.end]) for w in windows]
+    )
+    best = int(np.argmax(scores))
+    np.testing.assert_allclose(long.result.scores, [expected[0], scores[best]], atol=1e-5)
+    (entry,) = [e for e in long.result.top if e.index == 1]
+    assert entry.window is not None and (entry.window.index, entry.window.count) == (
+        best, len(windows)
+    )  # fmt: skip
+    assert (
+        LONG_DOC[entry.window.start : entry.window.end]
+        == LONG_DOC[windows[best].start : windows[best].end]
+    )
+    (cut,) = by_key[b"cut"]
+    assert cut.truncated and isinstance(cut.result, RerankResult)
+    cut_expected = CrossEncoder(str(model), device="cpu").predict([(query, LONG_DOC)])
+    np.testing.assert_allclose(cut.result.scores, cut_expected, atol=1e-5)
     # kbatch request: --document per document, --top-n
     out = subprocess.run(
         [KBATCH, "request", query, "--task", "rerank", "--top-n", "1",
