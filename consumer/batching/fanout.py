@@ -42,8 +42,9 @@ from typing import Any, Final, Protocol
 from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS
 
-CHUNKS: Final = "chunks"
-"""Key of a chunked embed item's gathered result (contract 1.3; not the contract's)."""
+CHUNKS: Final = "chunk_results"
+"""Key of a chunked embed item's gathered result (contract 1.3): not the contract's ``chunks``,
+which a shaped result holds (a shaped result must never look unshaped)."""
 
 PART_IDS: Final = 1 << 62
 """The fan-out's engine ids for parts (pairs, windows) count up from here: never an owner's
