@@ -221,3 +221,37 @@ def test_chunking_the_model_cannot_honour_is_invalid_option(hf_tokenizer: HFToke
     assert isinstance(one, list) and [
         (i.text, i.window.start, i.window.end) for i in one if i.window
     ] == [("q: short text", 0, 10)]
+
+
+async def test_cancelling_a_group_forgets_windowed_and_plain_items_alike() -> None:
+    collect = Collect()
+    fanout = FanOutEngine(collect, windower=FakeWindower(3))
+    engine = FakeEngine()
+    fanout.bind(engine)
+    await fanout.submit(
+        [InferenceItem(1, "long", windows=True, group="gone"), InferenceItem(2, "x", group="gone"),
+         InferenceItem(3, "long", windows=True, group="kept")]
+    )  # fmt: skip
+    assert sorted(fanout.cancel_group("gone")) == [1, 2]
+    fanout.on_outcomes([ok(w.item_id, "v") for w in engine.items if w.group == "kept"])
+    fanout.on_outcomes(
+        [ok(w.item_id, "late") for w in engine.items if w.window and w.group == "gone"]
+    )
+    assert [[o.item_id for o in call] for call in collect.calls] == [[3]]
+
+
+async def test_an_expired_or_failed_window_is_the_requests_answer() -> None:
+    collect = Collect()
+    fanout = FanOutEngine(collect, windower=FakeWindower(3))
+    engine = FakeEngine()
+    fanout.bind(engine)
+    await fanout.submit([InferenceItem(4, "long", windows=True)])
+    first, second, third = engine.items
+    expired = ItemOutcome(second.item_id, "expired", None, "deadline_exceeded", "late", False,
+                          4, 9.0, 0.0, 0, 0)  # fmt: skip
+    fanout.on_outcomes([ok(first.item_id, "a"), expired, ok(third.item_id, "c")])
+    ((done,),) = collect.calls
+    assert (done.item_id, done.status, done.error_code, done.result) == (
+        4, "expired", "deadline_exceeded", None
+    )  # fmt: skip
+    assert done.n_tokens == 12  # usage: every window's tokens
