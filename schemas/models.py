@@ -626,6 +626,17 @@ class Usage(BaseModel):
     tokens: Annotated[int, Field(ge=0)]
 
 
+ResultModel = (
+    EmbedResult
+    | ChunkedEmbedResult
+    | ClassifyResult
+    | RerankResult
+    | SparseResult
+    | TokenClassifyResult
+)
+"""Any ok reply's ``result`` (:func:`result_from_map`)."""
+
+
 class Reply(BaseModel):
     """The reply value (CONTRACT.md §Reply record).
 
@@ -658,15 +669,7 @@ class Reply(BaseModel):
 
     v: Version = CONTRACT_VERSION
     status: Status
-    result: (
-        EmbedResult
-        | ChunkedEmbedResult
-        | ClassifyResult
-        | RerankResult
-        | SparseResult
-        | TokenClassifyResult
-        | None
-    ) = None
+    result: ResultModel | None = None
     error: ErrorInfo | None = None
     model: ModelInfo
     truncated: bool = Field(
@@ -723,16 +726,6 @@ class Reply(BaseModel):
         if self.usage is not None:
             wire["usage"] = self.usage.model_dump()
         return wire
-
-
-ResultModel = (
-    EmbedResult
-    | ChunkedEmbedResult
-    | ClassifyResult
-    | RerankResult
-    | SparseResult
-    | TokenClassifyResult
-)
 
 
 def result_from_map(result: Mapping[str, Any]) -> ResultModel:

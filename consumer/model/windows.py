@@ -47,6 +47,14 @@ DEFAULT_MAX_WINDOWS = 64
 """Windows per request at most (``--max-windows``): 64 × 512 tokens ≈ 150 pages of English."""
 
 
+def _copy(tokenizer: HFTokenizer) -> Tokenizer:
+    """A private copy of ``tokenizer``'s fast tokenizer: no padding, no truncation."""
+    copy = Tokenizer.from_str(tokenizer.backend_json)
+    copy.no_padding()
+    copy.no_truncation()
+    return copy
+
+
 def default_stride(width: int) -> int:
     """The default overlap in tokens for windows of ``width`` content tokens: one eighth
     (63 for a 512-token BERT, whose windows hold 510)."""
@@ -76,8 +84,7 @@ class TokenWindows:
         max_windows: int = DEFAULT_MAX_WINDOWS,
     ) -> None:
         self._tokenizer = tokenizer
-        self._split = Tokenizer.from_str(tokenizer.backend_json)
-        self._split.no_padding()
+        self._split = _copy(tokenizer)
         self.max_length = tokenizer.max_length
         specials = self._split.post_processor.num_special_tokens_to_add(False)
         self.width = self.max_length - specials
@@ -190,9 +197,7 @@ class PairWindows:
         stride: int | None = None,
         max_windows: int = DEFAULT_MAX_WINDOWS,
     ) -> None:
-        self._plain = Tokenizer.from_str(tokenizer.backend_json)
-        self._plain.no_padding()
-        self._plain.no_truncation()
+        self._plain = _copy(tokenizer)
         self.max_length = tokenizer.max_length
         self._specials = self._plain.post_processor.num_special_tokens_to_add(True)
         single = self._plain.post_processor.num_special_tokens_to_add(False)
@@ -251,9 +256,7 @@ class ChunkWindows:
     """
 
     def __init__(self, tokenizer: HFTokenizer, *, max_windows: int = DEFAULT_MAX_WINDOWS) -> None:
-        self._plain = Tokenizer.from_str(tokenizer.backend_json)
-        self._plain.no_padding()
-        self._plain.no_truncation()
+        self._plain = _copy(tokenizer)
         self.max_length = tokenizer.max_length
         self._specials = self._plain.post_processor.num_special_tokens_to_add(False)
         self.max_windows = max_windows
