@@ -326,19 +326,8 @@ class FanOutEngine:
 
 
 def _refused(rejected: Rejected) -> ItemOutcome:
-    """The ``input_too_long`` outcome of an item over the windower's caps (never computed)."""
-    item = rejected.item
-    return ItemOutcome(
-        item_id=item.item_id,
-        status="error",
-        result=None,
-        error_code=rejected.error_code,
-        error_message=rejected.error_message,
-        truncated=False,
-        n_tokens=rejected.n_tokens,
-        queue_ms=0.0,
-        infer_ms=0.0,
-        batch_size=0,
-        padded_len=0,
-        group=item.group,
-    )
+    """The outcome of an item the windower refused (``input_too_long``, ``invalid_option``):
+    an error, never computed (no timing)."""
+    item, code, message = rejected.item, rejected.error_code, rejected.error_message
+    return ItemOutcome(item.item_id, "error", None, code, message, False, rejected.n_tokens,
+                       0.0, 0.0, 0, 0, item.group)  # fmt: skip
