@@ -41,10 +41,14 @@ from typing import Any, Final, Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS
+from schemas.errors import ErrorCode
 
 CHUNKS: Final = "chunk_results"
 """Key of a chunked embed item's gathered result (contract 1.3): not the contract's ``chunks``,
 which a shaped result holds (a shaped result must never look unshaped)."""
+
+NO_CHUNKS: Final = "this server cannot chunk texts (its model has no tokenizer): send no chunking"
+"""The ``invalid_option`` message of a ``chunking`` request to a fan-out without a windower."""
 
 PART_IDS: Final = 1 << 62
 """The fan-out's engine ids for parts (pairs, windows) count up from here: never an owner's
@@ -234,6 +238,8 @@ class FanOutEngine:
         for item in items:
             docs = item.documents
             split = windowed.get(id(item))
+            if split is None and item.chunking is not None:  # no windower: cannot chunk
+                split = Rejected(item, 0, ErrorCode.INVALID_OPTION, NO_CHUNKS)
             if isinstance(split, Rejected):
                 refused.append(_refused(split))
                 spans.append(split.n_tokens)

@@ -155,18 +155,21 @@ def fan_out_for(
     none: rerank (pairs; document windows, :class:`PairWindows`), token-classify (windows,
     :class:`TokenWindows`) and embed (chunks, :class:`ChunkWindows`; requests without
     ``chunking`` pass through untouched) — windows when ``tokenizer`` is an
-    :class:`~consumer.model.tokenize.HFTokenizer`.
+    :class:`~consumer.model.tokenize.HFTokenizer`; without one (the ``noop`` and ``sim:``
+    models) an embed request's ``chunking`` is answered ``invalid_option``.
 
     Raises:
         ValueError: ``stride`` or ``max_windows`` out of range (:class:`TokenWindows`).
     """
+    hf = isinstance(tokenizer, HFTokenizer)
     if task == "rerank":
-        if not isinstance(tokenizer, HFTokenizer):
+        if not hf:
             return FanOutEngine(on_outcomes)
         pairs = PairWindows(tokenizer, stride=stride, max_windows=max_windows)
         return FanOutEngine(on_outcomes, windower=pairs)
-    if task == "embed" and isinstance(tokenizer, HFTokenizer):
-        return FanOutEngine(on_outcomes, windower=ChunkWindows(tokenizer, max_windows=max_windows))
+    if task == "embed":  # without a tokenizer (noop, sim) chunking is refused
+        chunks = ChunkWindows(tokenizer, max_windows=max_windows) if hf else None
+        return FanOutEngine(on_outcomes, windower=chunks)
     if task == "token-classify" and isinstance(tokenizer, HFTokenizer):
         windows = TokenWindows(tokenizer, stride=stride, max_windows=max_windows)
         return FanOutEngine(on_outcomes, windower=windows)

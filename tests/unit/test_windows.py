@@ -4,6 +4,7 @@ redaction (fakes; no model)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -86,8 +87,6 @@ async def test_a_text_over_the_window_cap_is_input_too_long_and_never_computed()
     fanout.bind(engine)
     assert await fanout.submit([InferenceItem(1, "huge", windows=True)]) == [999]
     assert engine.items == [] and collect.calls == []  # answered after submit returns
-    import asyncio
-
     await asyncio.sleep(0)  # the call_soon'd answer (no timing involved: one loop turn)
     ((done,),) = collect.calls
     assert (done.item_id, done.status, done.error_code) == (1, "error", "input_too_long")
@@ -255,3 +254,21 @@ async def test_an_expired_or_failed_window_is_the_requests_answer() -> None:
         4, "expired", "deadline_exceeded", None
     )  # fmt: skip
     assert done.n_tokens == 12  # usage: every window's tokens
+
+
+async def test_chunking_without_a_tokenizer_is_invalid_option() -> None:
+    from consumer.batching.types import ChunkPlan
+    from consumer.model.tokenize import WordCountTokenizer
+    from consumer.model.windows import fan_out_for
+
+    collect = Collect()
+    fanout = fan_out_for("embed", WordCountTokenizer(16), collect)  # the noop model's
+    assert fanout is not None
+    engine = FakeEngine()
+    fanout.bind(engine)
+    chunked = InferenceItem(1, "text", windows=True, chunking=ChunkPlan(8, 0))
+    await fanout.submit([chunked, InferenceItem(2, "plain")])
+    assert [it.item_id for it in engine.items] == [2]  # only the plain one computed
+    await asyncio.sleep(0)  # the refusal is answered on the next loop turn
+    ((refused,),) = collect.calls
+    assert (refused.item_id, refused.error_code) == (1, "invalid_option")
