@@ -40,6 +40,7 @@ from consumer.kafka.transactions import TransactionalSink
 from consumer.lifecycle import Lifecycle
 from consumer.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.model.loader import load_model
+from consumer.model.windows import fan_out_for
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
 from consumer.supervisor_watch import supervisor_pid, watch_supervisor
@@ -128,8 +129,15 @@ async def serve(settings: ServeSettings) -> int:
         sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
     pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
-    # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
-    fanout = FanOutEngine(pipeline.on_outcomes) if settings.task == "rerank" else None
+    # rerank: each (query, document) pair is one engine item; token-classify: each window of a
+    # long text (contract 1.3). The fan-out gathers them.
+    fanout = fan_out_for(
+        settings.task,
+        tokenizer,
+        pipeline.on_outcomes,
+        stride=settings.window_stride,
+        max_windows=settings.max_windows,
+    )
     engine = Engine(
         runner,
         tokenizer,
@@ -216,7 +224,8 @@ async def serve(settings: ServeSettings) -> int:
                     await unstarted.stop()
             return 1
         if settings.run_jobs:
-            await _start_jobs(settings, engine, pipeline.flow, replies, stop, life)
+            jobs_engine = engine if fanout is None else fanout
+            await _start_jobs(settings, jobs_engine, pipeline.flow, replies, stop, life)
         frozen = freeze_startup_heap()
         log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
@@ -248,7 +257,7 @@ async def serve(settings: ServeSettings) -> int:
 
 async def _start_jobs(
     settings: ServeSettings,
-    engine: Engine,
+    engine: Engine | FanOutEngine,
     flow: FlowControl,
     replies: ReplyBuilder,
     stop: asyncio.Event,

@@ -18,6 +18,14 @@ other ``aggregation``/``redact`` options share one computation:
 An entity's ``text`` is the request text's ``[start, end)`` (the pipeline's ``word`` is the
 decoded tokens instead: lower-cased by an uncased tokenizer). :func:`redact` replaces each
 entity's span by ``[LABEL]``.
+
+Long texts (contract 1.3) come as windows, one :class:`TokenScores` each (the tokenizer's
+overflow windows, :mod:`consumer.model.windows`). :func:`aggregate_windows` is the pipeline
+with ``stride``: each window's entities as above, then ``aggregate_overlapping_entities``
+(sorted by start; of two overlapping entities the longer stays, on equal length the higher
+score). That merge may drop an entity that a longer one only partly covers, so redaction does
+not use the merged list alone: :func:`redact_windows` replaces the *union* of every window's
+entities, so a character that any window called an entity is never left in clear.
 """
 
 from __future__ import annotations
@@ -29,7 +37,16 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["IGNORED_LABELS", "TOKENS", "TokenScores", "aggregate", "redact"]
+__all__ = [
+    "IGNORED_LABELS",
+    "TOKENS",
+    "TokenScores",
+    "aggregate",
+    "aggregate_windows",
+    "merge_overlapping",
+    "redact",
+    "redact_windows",
+]
 
 TOKENS: Final = "tokens"
 """Key of the runner's token-classify result holding its :class:`TokenScores` (not part of the
@@ -181,6 +198,86 @@ def redact(text: str, entities: Sequence[dict[str, Any]]) -> str:
             continue
         parts.append(text[at:start])
         parts.append(f"[{e['label']}]")
+        at = end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def merge_overlapping(entities: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """transformers' ``aggregate_overlapping_entities``: ``entities`` sorted by ``start``
+    (stable); an entity starting inside the one kept before it replaces it when longer, or as
+    long with a higher score, else is dropped."""
+    if not entities:
+        return []
+    ordered = sorted(entities, key=lambda e: e["start"])
+    kept: list[dict[str, Any]] = []
+    previous = ordered[0]
+    for entity in ordered:
+        if previous["start"] <= entity["start"] < previous["end"]:
+            length = entity["end"] - entity["start"]
+            previous_length = previous["end"] - previous["start"]
+            if length > previous_length or (
+                length == previous_length and entity["score"] > previous["score"]
+            ):
+                previous = entity
+        else:
+            kept.append(previous)
+            previous = entity
+    kept.append(previous)
+    return kept
+
+
+def _window_entities(
+    windows: Sequence[TokenScores], strategy: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every window's entities, in window order; the merged entities)."""
+    if len(windows) == 1:
+        found = aggregate(windows[0], strategy)
+        return found, found
+    found = [e for w in windows for e in aggregate(w, strategy)]
+    return found, merge_overlapping(found)
+
+
+def aggregate_windows(
+    windows: Sequence[TokenScores], strategy: str = "simple"
+) -> list[dict[str, Any]]:
+    """The entities of a text split into ``windows`` (in text order): each window's
+    :func:`aggregate`, merged by :func:`merge_overlapping` when there are several — what
+    ``pipeline("token-classification", aggregation_strategy=strategy, stride=…)`` returns
+    (the pipeline refuses ``none`` with a stride; kbatch merges its tokens the same way).
+
+    Raises:
+        ValueError: an unknown ``strategy``.
+    """
+    return _window_entities(windows, strategy)[1]
+
+
+def redact_windows(windows: Sequence[TokenScores], strategy: str = "simple") -> str:
+    """The text with every character any window's entity covers replaced: each maximal run of
+    overlapping entity spans (of all windows, before the merge) becomes one ``[LABEL]``, the
+    label of the merged entity with the most characters in it (the first on a tie).
+
+    For one window this is :func:`redact` of :func:`aggregate` (a window's entities do not
+    overlap). ``windows`` index the same text.
+    """
+    found, kept = _window_entities(windows, strategy)
+    text = windows[0].text
+    runs: list[list[int]] = []
+    for start, end in sorted((int(e["start"]), int(e["end"])) for e in found):
+        if end <= start:
+            continue
+        if runs and start < runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    parts: list[str] = []
+    at = 0
+    for start, end in runs:
+        inside = [e for e in kept if e["start"] < end and start < e["end"]] or [
+            e for e in found if e["start"] < end and start < e["end"]
+        ]
+        best = max(inside, key=lambda e: min(end, e["end"]) - max(start, e["start"]))
+        parts += [text[at:start], f"[{best['label']}]"]
         at = end
     parts.append(text[at:])
     return "".join(parts)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumer.batching.engine import EngineClosedError
-from consumer.batching.types import InferenceItem, ItemOutcome, Lane
+from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome, Lane
 from consumer.checkpoint import Committed, TransactionalSinkLike, checkpoint_for
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
@@ -59,7 +59,7 @@ from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
 from consumer.replies import ReplyBuilder
 from consumer.reply_policy import ReplyTopicPolicy
-from consumer.task_options import NEW_TASKS, check_task_options
+from consumer.task_options import NEW_TASKS, check_task_options, window_rule
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
 from schemas.records import (
@@ -363,7 +363,10 @@ class Pipeline:
             return None
         # Copies share a computation when the model sees the same input: same key, same prompt;
         # their other options are shaped from it per copy (ReplyBuilder).
-        key = pending.dedup_key = dedup_key(pending.record.key or b"", prompt_name)
+        chunking = request.chunking
+        windows, variant = window_rule(profile.task, request.truncate, request.redact, chunking)
+        name = prompt_name if variant is None else (prompt_name or "") + variant
+        key = pending.dedup_key = dedup_key(pending.record.key or b"", name)
         item_id = next(self._ids)
         decision = self.dedup.begin(key, pending.record.tp, now, item_id)
         if decision.kind is DedupKind.DONE:
@@ -381,15 +384,21 @@ class Pipeline:
         deadline_s = None
         if request.deadline_ms is not None:
             deadline_s = now + (request.deadline_ms - now_ms) / 1000
+        plan = None
+        if chunking is not None:  # contract 1.3: the prompt goes in front of every chunk
+            prompt = prompted_text("", prompt_name, profile)
+            plan = ChunkPlan(chunking.max_tokens, chunking.overlap, prompt)
         return InferenceItem(
             item_id=item_id,
-            text=prompted_text(request.text, prompt_name, profile),
+            text=request.text if plan else prompted_text(request.text, prompt_name, profile),
             truncate=request.truncate,
             arrival_s=now,
             deadline_s=deadline_s,
             group=pending.record.tp,
             documents=None if request.documents is None else tuple(request.documents),
             lane=pending.lane,
+            windows=windows,
+            chunking=plan,
         )
 
     # ---- outcomes → replies -------------------------------------------------------------------

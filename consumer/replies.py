@@ -20,11 +20,13 @@ from dataclasses import replace
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
+from consumer.chunking import CHUNKS, shape_chunks
 from consumer.kafka.records import InRecord
 from consumer.options import EmbedOptions, ModelProfile, shape_result
 from consumer.task_options import NEW_TASKS, TaskOptions, shape_task_result
 from schemas.errors import ErrorCode
 from schemas.models import (
+    ChunkOutput,
     ErrorInfo,
     ModelInfo,
     Reply,
@@ -89,6 +91,11 @@ class ReplyBuilder:
                 outcome, result=dict(shape_task_result(outcome.result, TaskOptions.of(request)))
             )
             options = self._NO_OPTIONS
+        elif outcome.status == "ok" and outcome.result is not None and CHUNKS in outcome.result:
+            output = request.chunking.output if request.chunking is not None else "pooled"
+            shaped = shape_chunks(outcome.result, options, output, self.profile)
+            outcome = replace(outcome, result=dict(shaped))
+            options = self._NO_OPTIONS
         return self._record(parsed, self._wire(outcome, dedup, request.meta, options))
 
     def _wire(
@@ -139,11 +146,13 @@ class ReplyBuilder:
         meta: dict[str, Any] | None = None,
         options: EmbedOptions | None = None,
         task_options: TaskOptions | None = None,
+        chunk_output: ChunkOutput | None = None,
     ) -> Reply:
         """The contract's reply value for ``outcome`` (ok, error or expired), without a record
         around it (``kbatch backfill`` writes it to its own output records); ``options`` shape
         an embedding (:func:`consumer.options.shape_result`), ``task_options`` a 1.2 task's
-        result (:func:`consumer.task_options.shape_task_result`; default: no options).
+        result (:func:`consumer.task_options.shape_task_result`; default: no options),
+        ``chunk_output`` a chunked embedding's (:func:`consumer.chunking.shape_chunks`).
 
         Raises:
             ValueError: ``outcome.error_code`` is not a contract error code.
@@ -152,6 +161,10 @@ class ReplyBuilder:
             result: Mapping[str, Any] | None = outcome.result
             if result is not None and self._shapes_task:
                 result = shape_task_result(result, task_options or TaskOptions())
+            elif result is not None and CHUNKS in result:  # contract 1.3 chunking
+                result = shape_chunks(
+                    result, options or self._NO_OPTIONS, chunk_output or "pooled", self.profile
+                )
             elif result is not None and options is not None:
                 result = shape_result(result, options, self.profile)
             return Reply(

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from consumer.entities import TOKENS, aggregate, redact
+from consumer.entities import TOKENS, aggregate_windows, redact_windows
 from consumer.options import OptionError
-from schemas.models import TASK_OPTIONS, Aggregation, EncodingFormat, Request, Task
+from schemas.models import TASK_OPTIONS, Aggregation, Chunking, EncodingFormat, Request, Task
 from schemas.sparse import SPARSE, sparse_result
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "TaskOptions",
     "check_task_options",
     "shape_task_result",
+    "window_rule",
 ]
 
 NEW_TASKS: Final[frozenset[Task]] = frozenset({"rerank", "sparse", "token-classify"})
@@ -41,6 +42,39 @@ NEW_TASKS: Final[frozenset[Task]] = frozenset({"rerank", "sparse", "token-classi
 
 SPARSE_ENCODINGS: Final = ("float", "f32le", "f16le")
 """The ``encoding_format`` values a sparse result can take (``binary`` has no meaning there)."""
+
+
+FIRST_WINDOW: Final = "\x00first-window"
+"""Dedup-key variant (in :func:`consumer.options.dedup_key`'s prompt place; no prompt name
+holds a NUL) of a token-classify computation of the first window only: it never answers a copy
+that wants the whole text."""
+
+
+def window_rule(
+    task: Task,
+    truncate: bool | None,
+    redact: bool | None,
+    chunking: Chunking | None = None,
+) -> tuple[bool, str | None]:
+    """Whether a request runs in windows (contract 1.3), and its dedup-key variant.
+
+    token-classify runs in windows whenever the text is longer than one — with ``truncate``
+    absent or false (windows cut nothing) and, with ``redact``, whatever ``truncate`` says:
+    a redaction never leaves text unscanned. Only ``truncate: true`` without ``redact`` keeps
+    1.2's first window (``truncated: true``), under its own dedup variant
+    (:data:`FIRST_WINDOW`). rerank alike (``redact`` is None there): a document longer than
+    one window is scored per window (MaxP) unless ``truncate: true`` asks for 1.2's cut pair.
+    embed: chunks when the request asks for ``chunking``, under a dedup variant naming
+    ``max_tokens`` and ``overlap`` (what the model sees; ``output`` is shaped per copy).
+    Other tasks: no windows (one sequence, as before).
+    """
+    if task == "embed" and chunking is not None:
+        return True, f"\x00chunks:{chunking.max_tokens}:{chunking.overlap}"
+    if task not in ("token-classify", "rerank"):
+        return False, None
+    if truncate is True and not redact:
+        return False, FIRST_WINDOW
+    return True, None
 
 
 class TaskOptionError(OptionError):
@@ -112,18 +146,24 @@ def shape_task_result(result: Mapping[str, Any], options: TaskOptions) -> Mappin
     """The contract ``result`` for ``options`` from a 1.2 runner result; other results
     unchanged.
 
-    - rerank ``{"scores": [...]}``: plus ``top`` (``top_n`` best, highest first, ties by index);
+    - rerank ``{"scores": [...]}``: plus ``top`` (``top_n`` best, highest first, ties by index;
+      since 1.3 with the ``window`` a windowed document's score comes from, from the
+      runner's ``windows``);
     - sparse (the runner's full vector under ``SPARSE``): ``indices``/``values``/``dim``/
       ``format`` (:func:`schemas.sparse.sparse_result`);
-    - token-classify (the runner's per-token scores under ``TOKENS``): ``entities`` grouped as
-      ``aggregation`` asks (default ``simple``), plus ``redacted`` with ``redact``.
+    - token-classify (the runner's per-token scores under ``TOKENS``: one
+      :class:`~consumer.entities.TokenScores`, or a tuple of them, one per window of a long
+      text): ``entities`` grouped as ``aggregation`` asks (default ``simple``) and merged
+      across windows, plus ``redacted`` with ``redact`` (every window's entities replaced:
+      :func:`consumer.entities.redact_windows`).
     """
     if TOKENS in result:
         tokens = result[TOKENS]
-        entities = aggregate(tokens, options.aggregation or "simple")
-        shaped: dict[str, Any] = {"entities": entities}
+        windows = tokens if isinstance(tokens, tuple) else (tokens,)
+        strategy = options.aggregation or "simple"
+        shaped: dict[str, Any] = {"entities": aggregate_windows(windows, strategy)}
         if options.redact:
-            shaped["redacted"] = redact(tokens.text, entities)
+            shaped["redacted"] = redact_windows(windows, strategy)
         return shaped
     if SPARSE in result:
         indices, values = result[SPARSE]
@@ -135,7 +175,16 @@ def shape_task_result(result: Mapping[str, Any], options: TaskOptions) -> Mappin
             encoding_format=options.encoding_format or "float",
         )
     scores = result.get("scores")
-    if isinstance(scores, list) and options.top_n is not None:
-        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options.top_n]
-        return {"scores": scores, "top": [{"index": i, "score": scores[i]} for i in order]}
-    return result
+    if not isinstance(scores, list):
+        return result
+    if options.top_n is None:
+        return {"scores": scores} if "windows" in result else result
+    where = result.get("windows") or [None] * len(scores)
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options.top_n]
+    top: list[dict[str, Any]] = []
+    for i in order:
+        entry: dict[str, Any] = {"index": i, "score": scores[i]}
+        if where[i] is not None:
+            entry["window"] = where[i]
+        top.append(entry)
+    return {"scores": scores, "top": top}

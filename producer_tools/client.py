@@ -60,6 +60,8 @@ from schemas.embedding import decode_embedding
 from schemas.errors import DecodeError
 from schemas.models import (
     Aggregation,
+    ChunkedEmbedResult,
+    Chunking,
     EmbedResult,
     EncodingFormat,
     Priority,
@@ -200,6 +202,18 @@ class ReplyEnvelope:
             result.embedding, result.format, result.dim, unpack_bits=unpack_bits
         )
 
+    def chunks(self) -> list[tuple[int, int, npt.NDArray[Any]]] | None:
+        """A chunked embed reply's chunks (contract 1.3, ``output: "chunks"``): each chunk's
+        ``(start, end, vector)`` (characters of the request's text; the vector as
+        :meth:`embedding` decodes one); None for a reply without chunks."""
+        result = self.reply.result
+        if not isinstance(result, ChunkedEmbedResult):
+            return None
+        return [
+            (c.start, c.end, decode_embedding(c.embedding, result.format, result.dim))
+            for c in result.chunks
+        ]
+
     def sparse(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]] | None:
         """A sparse reply's ``(indices int64, values)`` (float32, or float16 for ``f16le``),
         whatever ``encoding_format`` carried them; None for a reply without one."""
@@ -214,7 +228,19 @@ class ReplyEnvelope:
         timing."""
         vector = self.embedding()
         sparse = self.sparse()
-        if sparse is not None:  # bytes have no JSON form: the decoded lists instead
+        chunks = self.chunks()
+        if chunks is not None:  # each chunk's vector decoded, as one embedding's
+            reply = self.reply.model_dump(
+                mode="json", exclude_none=True, exclude={"result": {"chunks"}}
+            )
+            reply["result"] = {
+                "chunks": [
+                    {"embedding": v.astype(float).tolist(), "start": a, "end": b}
+                    for a, b, v in chunks
+                ],
+                **reply["result"],
+            }
+        elif sparse is not None:  # bytes have no JSON form: the decoded lists instead
             reply = self.reply.model_dump(
                 mode="json", exclude_none=True, exclude={"result": {"indices", "values"}}
             )
@@ -487,6 +513,7 @@ class RequestReplyClient:
         aggregation: Aggregation | None = None,
         redact: bool | None = None,
         priority: Priority | None = None,
+        chunking: Chunking | Mapping[str, Any] | None = None,
     ) -> ReplyEnvelope:
         """Send ``text`` and return its reply (any status: ok, error or expired).
 
@@ -512,6 +539,10 @@ class RequestReplyClient:
                 redacted text.
             priority: any task (1.2): ``"live"`` (the server's default) or ``"bulk"``
                 (computed in the capacity live requests leave idle; docs/CONTRACT.md §Priority).
+            chunking: embed (1.3): ``{"max_tokens", "overlap", "output"}`` (or a
+                :class:`~schemas.models.Chunking`): embed the text in chunks; ``output``
+                ``"pooled"`` answers one vector (:meth:`ReplyEnvelope.embedding`),
+                ``"chunks"`` each chunk's (:meth:`ReplyEnvelope.chunks`).
 
         Raises:
             RequestTimeoutError: no reply within ``timeout_s``.
@@ -549,6 +580,7 @@ class RequestReplyClient:
                 aggregation=aggregation,
                 redact=redact,
                 priority=priority,
+                chunking=None if chunking is None else Chunking.model_validate(chunking),
             ),
             enc,
         )

@@ -571,7 +571,7 @@ def encode_request(request: Request, encoding: Encoding = Encoding.MSGPACK) -> b
     ):
         field = getattr(request, name)
         if field is not None:
-            wire[name] = field
+            wire[name] = field.model_dump() if name == "chunking" else field
     return _encode(wire, encoding, _pack)
 
 

@@ -41,7 +41,12 @@ __all__ = [
     "TASKS",
     "TASK_OPTIONS",
     "Aggregation",
+    "ChunkOutput",
+    "ChunkedEmbedResult",
+    "Chunking",
     "ClassifyResult",
+    "DocumentWindow",
+    "EmbedChunk",
     "EmbedResult",
     "EncodingFormat",
     "Entity",
@@ -64,9 +69,9 @@ __all__ = [
 CONTRACT_VERSION: Final = 1
 """The only version this code speaks (field ``v``)."""
 
-CONTRACT_REVISION: Final = "1.2"
+CONTRACT_REVISION: Final = "1.3"
 """The contract revision this server implements, sent as ``model.contract`` in every reply
-(CONTRACT.md §Additions in 1.1 and 1.2; ``v`` stays 1)."""
+(CONTRACT.md §Additions in 1.1, 1.2 and 1.3; ``v`` stays 1)."""
 
 MAX_DEADLINE_MS: Final = 2**63 - 1
 """``deadline_ms`` must fit a signed 64-bit integer (Java ``long``)."""
@@ -137,9 +142,39 @@ TASK_OPTIONS: Final[Mapping[str, Task]] = {
     "top_k": "sparse",
     "aggregation": "token-classify",
     "redact": "token-classify",
+    "chunking": "embed",
 }
-"""Contract 1.2's request options (fields of :class:`Request`), each → the one task it belongs
-to: the one list of them (the request codec, ``consumer.task_options``)."""
+"""Contract 1.2's request options (fields of :class:`Request`) and 1.3's ``chunking``, each →
+the one task it belongs to: the one list of them (the request codec,
+``consumer.task_options``)."""
+
+
+ChunkOutput = Literal["pooled", "chunks"]
+"""What a chunked embed request gets back (contract 1.3): one pooled vector, or each chunk's."""
+
+
+class Chunking(BaseModel):
+    """Contract 1.3, embed: split the text into chunks of at most ``max_tokens`` tokens
+    (special tokens and the prompt included; absent: the model's maximum) sharing about
+    ``overlap`` tokens, embed each, and answer one ``pooled`` vector (the token-weighted mean
+    of the chunks' vectors, re-normalised when the model normalises) or every chunk's vector
+    with its ``start``/``end`` characters (``output: "chunks"``)."""
+
+    model_config = _FROZEN_STRICT
+
+    max_tokens: Annotated[int, Field(ge=4)] | None = Field(
+        default=None,
+        description="Tokens per chunk at most, special tokens and prompt included; absent: "
+        "the model's maximum; more than it is invalid_option.",
+    )
+    overlap: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Tokens consecutive chunks share (about: chunks start at words)."
+    )
+    output: ChunkOutput = Field(
+        default="pooled",
+        description='"pooled": one vector, the token-weighted mean of the chunks\' vectors; '
+        '"chunks": result.chunks, every chunk\'s vector with its start/end characters.',
+    )
 
 
 def _text_or_query(schema: dict[str, Any]) -> None:
@@ -257,6 +292,13 @@ class Request(BaseModel):
         "replaced by [LABEL].",
     )
 
+    # ---- contract 1.3 ---------------------------------------------------------------------
+    chunking: Chunking | None = Field(
+        default=None,
+        description="embed: embed the text in chunks (max_tokens, overlap) and answer one "
+        'pooled vector or, with output "chunks", each chunk\'s (contract 1.3).',
+    )
+
     priority: Priority | None = Field(
         default=None,
         description='Any task: "live" (default) or "bulk". Bulk requests are computed in the '
@@ -293,7 +335,7 @@ class Request(BaseModel):
 
 class ModelInfo(BaseModel):
     """The served model: ``name``, ``revision`` (its version when known, else None) and the
-    ``contract`` revision the server implements (``"1.2"`` today)."""
+    ``contract`` revision the server implements (``"1.3"`` today)."""
 
     model_config = _FROZEN_STRICT
 
@@ -301,7 +343,7 @@ class ModelInfo(BaseModel):
     revision: str | None = None
     contract: str | None = Field(
         default=CONTRACT_REVISION,
-        description='The contract revision the server implements ("1.2" today); absent from '
+        description='The contract revision the server implements ("1.3" today); absent from '
         "1.0 servers.",
     )
 
@@ -362,6 +404,46 @@ class EmbedResult(BaseModel):
         return self
 
 
+class EmbedChunk(BaseModel):
+    """One chunk of a chunked embed answer (contract 1.3): its ``embedding`` (as
+    :class:`EmbedResult`'s, in the result's ``format``) and its span ``[start, end)`` in the
+    request's text, in characters (code points)."""
+
+    model_config = _FROZEN_STRICT
+
+    embedding: list[FiniteFloat] | _EmbeddingBytes
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+
+
+class ChunkedEmbedResult(BaseModel):
+    """A chunked embed answer with ``output: "chunks"`` (contract 1.3): every chunk's vector,
+    in text order, each of ``dim`` dimensions sent as ``format``."""
+
+    model_config = _FROZEN_STRICT
+
+    chunks: Annotated[list[EmbedChunk], Field(min_length=1)]
+    dim: Annotated[int, Field(ge=1)]
+    format: EncodingFormat = "float"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chunks_as_embeddings(cls, data: Any) -> Any:
+        # each chunk's embedding checked (base64, size for the format) as an EmbedResult's
+        if not (isinstance(data, dict) and isinstance(data.get("chunks"), list)):
+            return data
+        chunks = []
+        for chunk in data["chunks"]:
+            if isinstance(chunk, dict) and "embedding" in chunk:
+                one = EmbedResult.model_validate(
+                    {"embedding": chunk["embedding"], "dim": data.get("dim"),
+                     "format": data.get("format", "float")}
+                )  # fmt: skip
+                chunk = {**chunk, "embedding": one.embedding}
+            chunks.append(chunk)
+        return {**data, "chunks": chunks}
+
+
 class ClassifyResult(BaseModel):
     """A classification: the top ``label`` and its ``score``; ``scores`` maps every label of
     the model's ``id2label`` to its softmax probability."""
@@ -379,14 +461,29 @@ class ClassifyResult(BaseModel):
         return self
 
 
+class DocumentWindow(BaseModel):
+    """Contract 1.3: the window of a document longer than one that its score comes from (the
+    best window's, MaxP): ``index`` among the document's ``count`` windows, ``start``/``end``
+    its span in the document in characters (code points, end exclusive)."""
+
+    model_config = _FROZEN_STRICT
+
+    index: Annotated[int, Field(ge=0)]
+    count: Annotated[int, Field(ge=2)]
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=0)]
+
+
 class RankedDocument(BaseModel):
     """One entry of a rerank result's ``top``: the document's ``index`` in the request's
-    ``documents`` and its ``score``."""
+    ``documents``, its ``score`` and, since 1.3, for a document scored in windows, the
+    ``window`` the score comes from."""
 
     model_config = _FROZEN_STRICT
 
     index: Annotated[int, Field(ge=0)]
     score: FiniteFloat
+    window: DocumentWindow | None = None
 
 
 class RerankResult(BaseModel):
@@ -529,6 +626,17 @@ class Usage(BaseModel):
     tokens: Annotated[int, Field(ge=0)]
 
 
+ResultModel = (
+    EmbedResult
+    | ChunkedEmbedResult
+    | ClassifyResult
+    | RerankResult
+    | SparseResult
+    | TokenClassifyResult
+)
+"""Any ok reply's ``result`` (:func:`result_from_map`)."""
+
+
 class Reply(BaseModel):
     """The reply value (CONTRACT.md §Reply record).
 
@@ -561,9 +669,7 @@ class Reply(BaseModel):
 
     v: Version = CONTRACT_VERSION
     status: Status
-    result: (
-        EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult | None
-    ) = None
+    result: ResultModel | None = None
     error: ErrorInfo | None = None
     model: ModelInfo
     truncated: bool = Field(
@@ -622,13 +728,11 @@ class Reply(BaseModel):
         return wire
 
 
-ResultModel = EmbedResult | ClassifyResult | RerankResult | SparseResult | TokenClassifyResult
-
-
 def result_from_map(result: Mapping[str, Any]) -> ResultModel:
     """The typed result for a contract ``result`` map (e.g. ``ItemOutcome.result``).
 
-    ``embedding`` gives an ``EmbedResult``, ``scores`` as a list a ``RerankResult``,
+    ``embedding`` gives an ``EmbedResult``, ``chunks`` a ``ChunkedEmbedResult`` (1.3),
+    ``scores`` as a list a ``RerankResult``,
     ``indices`` a ``SparseResult``, ``entities`` a ``TokenClassifyResult``; anything else is
     validated as a ``ClassifyResult`` (``{"label", "score", "scores"}``). Keys outside the
     contract (the runner's ``pooled``, ``tokens``) are ignored.
@@ -638,6 +742,8 @@ def result_from_map(result: Mapping[str, Any]) -> ResultModel:
     """
     if "embedding" in result:
         return EmbedResult.model_validate(result)
+    if "chunks" in result:
+        return ChunkedEmbedResult.model_validate(result)
     if isinstance(result.get("scores"), list):
         return RerankResult.model_validate(result)
     if "indices" in result:

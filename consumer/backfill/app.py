@@ -24,7 +24,6 @@ from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
 from consumer.batching.engine import Engine
-from consumer.batching.fanout import FanOutEngine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.kafka.admin import ensure_topics
@@ -36,6 +35,7 @@ from consumer.kafka.sink import KafkaSink
 from consumer.kafka.transactions import TransactionalSink
 from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
+from consumer.model.windows import fan_out_for
 from consumer.options import admit_options
 from consumer.replies import ReplyBuilder
 from consumer.task_options import NEW_TASKS, check_task_options
@@ -146,8 +146,15 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 stats=stats,
                 transactions=transactions,
             )
-            # rerank: each (query, document) pair is one engine item; the fan-out gathers them.
-            fanout = FanOutEngine(job.on_outcomes) if settings.task == "rerank" else None
+            # rerank: each (query, document) pair is one engine item; token-classify: each
+            # window of a long text (contract 1.3). The fan-out gathers them.
+            fanout = fan_out_for(
+                settings.task,
+                model.tokenizer,
+                job.on_outcomes,
+                stride=settings.window_stride,
+                max_windows=settings.max_windows,
+            )
             engine = Engine(
                 model.runner,
                 model.tokenizer,

@@ -27,7 +27,7 @@ from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSetting
 from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
 from consumer.task_options import TaskOptions
-from schemas.models import EMBED_OPTIONS, Aggregation, EncodingFormat
+from schemas.models import EMBED_OPTIONS, Aggregation, Chunking, ChunkOutput, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -114,6 +114,22 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         None, description="token-classify: also write each text with its entities as [LABEL]."
     )
 
+    # ---- embed chunking of contract 1.3, applied to every record ---------------------------
+    chunk_max_tokens: int | None = Field(
+        None,
+        ge=4,
+        description="embed: embed each text in chunks of at most N tokens (the request "
+        "option chunking.max_tokens); default: no chunks, unless --chunk-output is given.",
+    )
+    chunk_overlap: int | None = Field(
+        None, ge=0, description="embed: tokens consecutive chunks share (chunking.overlap)."
+    )
+    chunk_output: ChunkOutput | None = Field(
+        None,
+        description="embed: pooled (one vector per record) or chunks (every chunk's with its "
+        "start/end); chunking.output.",
+    )
+
     # ---- reading and delivery --------------------------------------------------------------
     max_in_flight_records: int = Field(
         4096,
@@ -167,6 +183,8 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
             )
         if not rerank and self.documents_field is not None:
             raise ValueError(f"documents_field is for task=rerank, not task={self.task}")
+        if self.chunking is not None and self.task != "embed":
+            raise ValueError(f"chunk_* settings are for task=embed, not task={self.task}")
         return self
 
     @model_validator(mode="after")
@@ -204,6 +222,14 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     def embed_options(self) -> EmbedOptions:
         """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
         return EmbedOptions(**{name: getattr(self, name) for name in EMBED_OPTIONS})
+
+    @property
+    def chunking(self) -> Chunking | None:
+        """The ``chunking`` every record gets (``--chunk-*``), or None when no flag is given."""
+        fields = {"max_tokens": self.chunk_max_tokens, "overlap": self.chunk_overlap,
+                  "output": self.chunk_output}  # fmt: skip
+        given = {name: value for name, value in fields.items() if value is not None}
+        return Chunking.model_validate(given) if given else None
 
     @property
     def task_options(self) -> TaskOptions:
@@ -252,7 +278,12 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         options = (self.default_prompt_name, *dataclasses.astuple(self.embed_options))
         if any(option is not None for option in options):  # jobs without options keep their id
             parts.extend("" if option is None else str(option) for option in options)
-        task_options = (self.documents_field, self.top_n, self.top_k, self.aggregation, self.redact)
+        task_options: tuple[object, ...] = (
+            self.documents_field, self.top_n, self.top_k, self.aggregation, self.redact
+        )  # fmt: skip
+        chunks = (self.chunk_max_tokens, self.chunk_overlap, self.chunk_output)
+        if any(option is not None for option in chunks):  # contract 1.3
+            task_options = (*task_options, *chunks)
         if any(option is not None for option in task_options):
             parts.extend("" if option is None else str(option) for option in task_options)
         identity = "\0".join(parts)

@@ -44,7 +44,7 @@ from consumer.backfill.extract import ExtractError, extract_text, output_record,
 from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
-from consumer.batching.types import InferenceItem, ItemOutcome
+from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
 from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.deadline import Deadline
 from consumer.delivery import Delivery, SinkLike
@@ -52,6 +52,7 @@ from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies import ReplyBuilder
+from consumer.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
 from schemas.models import ErrorInfo, Reply
@@ -136,6 +137,14 @@ class BackfillJob:
         profile = replies.profile
         prompt_name = options.prompt_name or profile.default_prompt_name
         self._prompt = profile.prompts.get(prompt_name, "") if prompt_name else ""
+        # contract 1.3: token-classify and rerank records run in windows (no per-record
+        # truncate here); embed records in chunks with --chunk-* (the prompt before each)
+        chunking = settings.chunking
+        self._windows = window_rule(profile.task, None, None, chunking)[0]
+        self._chunk_output = chunking.output if chunking is not None else None
+        self._chunking = None
+        if chunking is not None:
+            self._chunking = ChunkPlan(chunking.max_tokens, chunking.overlap, self._prompt)
         self._engine: EngineLike | None = None
         self._tracker = OffsetTracker()
         self._ids = itertools.count()
@@ -266,9 +275,17 @@ class BackfillJob:
                 continue
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
-            text = self._prompt + got.text
+            text = got.text if self._chunking else self._prompt + got.text
             items.append(
-                InferenceItem(item_id, text, arrival_s=now, group=r.tp, documents=got.documents)
+                InferenceItem(
+                    item_id,
+                    text,
+                    arrival_s=now,
+                    group=r.tp,
+                    documents=got.documents,
+                    windows=self._windows,
+                    chunking=self._chunking,
+                )
             )
         if items:
             await self.engine.submit(items)
@@ -304,7 +321,10 @@ class BackfillJob:
         r = pending.record
         try:
             reply = self._replies.reply(
-                outcome, options=self._options, task_options=self._task_options
+                outcome,
+                options=self._options,
+                task_options=self._task_options,
+                chunk_output=self._chunk_output,
             )
             value = encode_reply(reply, pending.encoding)
         except (ValueError, EncodeError) as err:  # e.g. an embedding value overflowing float32

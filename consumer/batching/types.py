@@ -53,6 +53,12 @@ class InferenceItem:
         text_pair: the second sequence of a pair item (a cross-encoder's document): tokenized
             as ``(text, text_pair)``, truncated longest-first.
         lane: ``live`` (default) or ``bulk`` (see :data:`Lane`).
+        windows: contract 1.3: :class:`consumer.batching.fanout.FanOutEngine` splits the text
+            into overlapping windows (:class:`Window`) when it is longer than one, each window
+            one sequence; False: one sequence, cut or refused by ``truncate``.
+        window: set on one window of a split item (by the fan-out), else None.
+        chunking: embed (contract 1.3): how to chunk ``text`` (:class:`ChunkPlan`); the
+            fan-out's windower makes one item per chunk.
     """
 
     item_id: int
@@ -64,6 +70,9 @@ class InferenceItem:
     documents: tuple[str, ...] | None = None
     text_pair: str | None = None
     lane: Lane = "live"
+    windows: bool = False
+    window: Window | None = None
+    chunking: ChunkPlan | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +91,48 @@ class TokenAlignment:
     offsets: list[tuple[int, int]]
     special: list[bool]
     is_subword: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """How an embed request's text is chunked (contract 1.3, ``chunking``).
+
+    Attributes:
+        max_tokens: tokens per chunk at most, special tokens and prompt included; None: the
+            model's maximum length.
+        overlap: tokens consecutive chunks share (about: chunks start at word starts).
+        prompt: the prompt put in front of every chunk (the text itself has none).
+    """
+
+    max_tokens: int | None
+    overlap: int
+    prompt: str = ""
+
+
+@dataclass(slots=True)
+class Window:
+    """One window of a text longer than the model's maximum length (contract 1.3).
+
+    Attributes:
+        index: 0-based position among the text's windows.
+        count: how many windows the text has.
+        input_ids: the window's token ids, special tokens included (at most the model's
+            maximum length): the tokenizer's overflow windows, as transformers'
+            ``return_overflowing_tokens=True, stride=…``; the engine does not tokenize again.
+            None: the item's text (a rerank pair: ``text_pair``, the window's characters)
+            is tokenized as any item.
+        alignment: the window's tokens' spans in the whole text (token-classify).
+        document: rerank: the index of the document the window belongs to.
+        start / end: rerank: the window's span in its document, in characters.
+    """
+
+    index: int
+    count: int
+    input_ids: list[int] | None
+    alignment: TokenAlignment | None = None
+    document: int = 0
+    start: int = 0
+    end: int = 0
 
 
 @dataclass(slots=True)

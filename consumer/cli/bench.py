@@ -571,3 +571,6 @@ def e2e(
 from consumer.cli.bench_lanes import lanes_command  # noqa: E402 (a command of its own module)
 
 bench_group.add_command(lanes_command)
+from consumer.cli.bench_windows import windows_command  # noqa: E402 (a command of its own module)
+
+bench_group.add_command(windows_command)

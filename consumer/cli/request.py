@@ -156,6 +156,25 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
     "--redact/--no-redact", default=None, help="token-classify: also the text with [LABEL]s."
 )
 @click.option(
+    "--chunk-max-tokens",
+    type=click.IntRange(min=4),
+    default=None,
+    help="embed (contract 1.3): embed in chunks of at most N tokens (prompt and special "
+    "tokens included).",
+)
+@click.option(
+    "--chunk-overlap",
+    type=click.IntRange(min=0),
+    default=None,
+    help="embed: tokens consecutive chunks share (with --chunk-max-tokens; default 0).",
+)
+@click.option(
+    "--chunk-output",
+    type=click.Choice(["pooled", "chunks"]),
+    default=None,
+    help="embed: one pooled vector (default) or every chunk's with its start/end.",
+)
+@click.option(
     "--priority",
     type=click.Choice(["live", "bulk"]),
     default=None,
@@ -193,6 +212,9 @@ def request_command(
     top_k: int | None,
     aggregation: str | None,
     redact: bool | None,
+    chunk_max_tokens: int | None,
+    chunk_overlap: int | None,
+    chunk_output: str | None,
     priority: str | None,
     full: bool,
     encoding: str,
@@ -236,6 +258,9 @@ def request_command(
     deadline_ms = (
         int(time.time() * 1000) + deadline_after_ms if deadline_after_ms is not None else None
     )
+    chunk_fields = {"max_tokens": chunk_max_tokens, "overlap": chunk_overlap,
+                    "output": chunk_output}  # fmt: skip
+    chunking = {k: v for k, v in chunk_fields.items() if v is not None} or None
 
     async def call() -> dict[str, Any]:
         async with RequestReplyClient(
@@ -266,6 +291,7 @@ def request_command(
                 aggregation=aggregation,  # type: ignore[arg-type]  # click.Choice
                 redact=redact,
                 priority=priority,  # type: ignore[arg-type]  # click.Choice
+                chunking=chunking,
             )
         out = envelope.to_json()
         return out if full else out["reply"]

@@ -134,6 +134,19 @@ class ModelSettings(BaseModel):
         description="Over-length policy when a request does not say: cut to the token cap "
         "(else an input_too_long error reply).",
     )
+    window_stride: int | None = Field(
+        None,
+        ge=0,
+        description="Contract 1.3: tokens shared by consecutive windows of a long text "
+        "(token-classify; as the pipeline's stride); default: an eighth of a window.",
+    )
+    max_windows: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Contract 1.3: windows per request at most; a longer text is answered "
+        "input_too_long.",
+    )
     max_text_bytes: int = Field(
         512 * 1024,
         ge=1,

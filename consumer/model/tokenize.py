@@ -96,6 +96,19 @@ def _too_long(item: InferenceItem, n_tokens: int, why: str, max_length: int) -> 
     )
 
 
+def _split(item: InferenceItem) -> bool:
+    """Whether ``item`` is a window split into ids already."""
+    return item.window is not None and item.window.input_ids is not None
+
+
+def _windowed(item: InferenceItem) -> TokenizedItem:
+    """A window of a long text (:class:`~consumer.batching.types.Window`): its ids as split."""
+    window = item.window
+    assert window is not None and window.input_ids is not None
+    ids = window.input_ids
+    return TokenizedItem(item, ids, len(ids), False, None, window.alignment)
+
+
 class HFTokenizer:
     """The model's fast tokenizer, with the over-length policy and a character pre-limit.
 
@@ -146,6 +159,8 @@ class HFTokenizer:
         self._cut.no_padding()
         self._cut.enable_truncation(max_length=self.max_length)
         self._unk_id = hf.unk_token_id
+        self.backend_json: str = backend.to_str()
+        """The fast tokenizer's JSON, for :class:`consumer.model.windows.TokenWindows`."""
         model = self._full.model
         self._subword_prefix = bool(getattr(model, "continuing_subword_prefix", None))
 
@@ -155,10 +170,10 @@ class HFTokenizer:
 
     def _tokenized(self, item: InferenceItem, enc: Any, truncated: bool) -> TokenizedItem:
         type_ids = list(enc.type_ids) if item.text_pair is not None else None
-        alignment = self._align(item.text, enc) if self.alignment else None
+        alignment = self.align(item.text, enc) if self.alignment else None
         return TokenizedItem(item, enc.ids, len(enc.ids), truncated, type_ids, alignment)
 
-    def _align(self, text: str, enc: Any) -> TokenAlignment:
+    def align(self, text: str, enc: Any) -> TokenAlignment:
         """Spans, special flags and the pipeline's ``is_subword`` rule of one encoding
         (transformers ``TokenClassificationPipeline.gather_pre_entities``)."""
         offsets = [(int(a), int(b)) for a, b in enc.offsets]
@@ -177,10 +192,14 @@ class HFTokenizer:
 
         Returns a :class:`TokenizedItem` (``truncated`` when cut to ``max_length``) or, for an
         over-length item that may not be truncated, a :class:`Rejected` with
-        ``input_too_long``. Empty input yields only special tokens (still an item).
+        ``input_too_long``. Empty input yields only special tokens (still an item). A window
+        of a long text (``item.window``, contract 1.3) is not tokenized again: its ids as split.
         """
         if not items:
             return []
+        if any(_split(it) for it in items):  # windows come tokenized (contract 1.3)
+            rest = iter(self.tokenize([it for it in items if not _split(it)]))
+            return [_windowed(it) if _split(it) else next(rest) for it in items]
         texts = [_input(it, self.max_chars) for it in items]
         cut_chars = [_longer_than(it, self.max_chars) for it in items]
         encodings = _encode_batch(self._full, texts, self.alignment)

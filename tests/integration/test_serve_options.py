@@ -22,10 +22,11 @@ from producer_tools.client import RequestReplyClient
 from schemas.codec import Encoding
 from schemas.embedding import decode_embedding
 from schemas.errors import ErrorCode
-from schemas.models import EmbedResult, Reply
+from schemas.models import ChunkedEmbedResult, EmbedResult, Reply
 from tests.conftest import unique_group
 from tests.integration.harness import (
     KBATCH,
+    ReplyRecord,
     Req,
     ServeProcess,
     poll_until,
@@ -100,7 +101,7 @@ async def test_options_dedup_and_errors_through_kafka(served: Served) -> None:
         assert r.key is not None
         by_key.setdefault(r.key, []).append(r.reply)
         raw_by_key[r.key] = r.raw
-    assert all(reply.model.contract == "1.2" for replies in by_key.values() for reply in replies)
+    assert all(reply.model.contract == "1.3" for replies in by_key.values() for reply in replies)
 
     st = s.st
     passage = st.encode([TEXT], prompt_name="passage")[0]
@@ -193,3 +194,46 @@ async def test_priority_bulk_is_answered_and_an_invalid_priority_is_dead_lettere
     metrics = s.server.metrics()
     assert metrics[bulk_ok] == 1
     assert metrics['kbatch_queue_wait_seconds_count{lane="bulk"}'] == 1
+
+
+async def test_chunked_embeddings_through_kafka(served: Served) -> None:
+    """Contract 1.3 ``chunking`` end to end: each chunk = ``encode`` of its text with the
+    default prompt; the pooled vector their token-weighted mean, re-normalised; a JSON copy
+    asking for f32le chunks is derived from the same computation; over the model: invalid_option."""
+    s = served
+    text = " ".join(
+        f"chunk {i}: Zürich offsets, naïve consumers and 東京 brokers." for i in range(12)
+    )
+    chunking = {"max_tokens": 32, "overlap": 4}
+    await produce(
+        s.bootstrap,
+        s.requests,
+        [
+            request("doc", text, chunking={**chunking, "output": "chunks"}),
+            request("doc", text, Encoding.JSON, encoding_format="f32le", chunking=chunking),
+            request("too-big", text, chunking={"max_tokens": 4096}),
+        ],
+    )
+    wanted = [b"doc", b"doc", b"too-big"]  # the module's topic holds other tests' replies
+
+    def arrived(rs: list[ReplyRecord]) -> bool:
+        return sorted(r.key for r in rs if r.key in wanted) == sorted(wanted)
+
+    got = await read_topic(s.bootstrap, s.replies, arrived, 90)
+    by_key: dict[bytes, list[Reply]] = {}
+    for r in got:
+        assert r.key is not None
+        by_key.setdefault(r.key, []).append(r.reply)
+    chunked, pooled = sorted(by_key[b"doc"], key=lambda r: r.dedup)
+    assert isinstance(chunked.result, ChunkedEmbedResult), chunked.error
+    assert not chunked.dedup and pooled.dedup
+    pieces = [text[c.start : c.end] for c in chunked.result.chunks]
+    assert len(pieces) > 3
+    expected = s.st.encode(pieces, prompt_name="passage")
+    np.testing.assert_allclose([c.embedding for c in chunked.result.chunks], expected, atol=2e-6)
+    weights = [len(s.st.tokenizer("passage: " + p)["input_ids"]) for p in pieces]
+    assert chunked.usage is not None and chunked.usage.tokens == sum(weights)
+    mean = np.average(expected, axis=0, weights=weights)
+    np.testing.assert_allclose(_vector(pooled), mean / np.linalg.norm(mean), atol=2e-6)
+    (too_big,) = by_key[b"too-big"]
+    assert too_big.error is not None and too_big.error.code is ErrorCode.INVALID_OPTION

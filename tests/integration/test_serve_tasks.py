@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from consumer.batching.types import InferenceItem
 from consumer.kafka.admin import create_topics, delete_topics
+from consumer.model.tokenize import HFTokenizer
+from consumer.model.windows import PairWindows
 from producer_tools.client import RequestReplyClient
 from schemas.codec import Encoding
 from schemas.errors import ErrorCode
@@ -29,6 +32,10 @@ from tests.fixtures.task_models import (
 from tests.integration.harness import KBATCH, Req, ServeProcess, produce, read_topic, request
 
 DOCUMENTS = ["Consumers commit offsets to Kafka.", "Bananas are yellow.", "offsets", "x " * 30]
+LONG_DOC = " ".join(
+    f"Paragraph {i}: brokers, Zürich offsets and naïve consumers." for i in range(40)
+)
+"""Contract 1.3: a document of several 128-token windows."""
 TEXT = "Sarah Connor met John in Los Angeles."
 
 
@@ -55,6 +62,7 @@ def start(
     bootstrap: str,
     model: Path,
     task: str,
+    extra: tuple[str, ...] = (),
 ) -> ServeProcess:
     requests, replies, dlq, servers = serve_task
     server = ServeProcess.start(
@@ -66,7 +74,7 @@ def start(
         group_id=unique_group(task),
         model=str(model),
         task=task,
-        extra=["--max-wait-ms", "5"],
+        extra=["--max-wait-ms", "5", *extra],
     )
     servers.append(server)
     server.wait_ready()
@@ -99,9 +107,11 @@ async def test_rerank_through_kafka(
             request("r", query, Encoding.JSON, documents=DOCUMENTS, top_n=2),  # dedup copy
             request("no-docs", query),  # invalid_option
             request("wrong", query, documents=DOCUMENTS, top_k=3),  # a sparse option
+            request("long", query, documents=[DOCUMENTS[0], LONG_DOC], top_n=2),  # 1.3: MaxP
+            request("cut", query, documents=[LONG_DOC], truncate=True),  # 1.2: one cut pair
         ],
     )
-    by_key = await replies_by_key(kafka_bootstrap, replies, 4)
+    by_key = await replies_by_key(kafka_bootstrap, replies, 6)
     expected = CrossEncoder(str(model), device="cpu").predict([(query, d) for d in DOCUMENTS])
     plain, top = sorted(by_key[b"r"], key=lambda r: r.dedup)
     assert isinstance(plain.result, RerankResult) and isinstance(top.result, RerankResult)
@@ -109,12 +119,38 @@ async def test_rerank_through_kafka(
     assert plain.result.top is None and top.dedup
     assert top.result.top is not None
     assert [d.index for d in top.result.top] == np.argsort(-expected, kind="stable")[:2].tolist()
-    assert plain.model.contract == "1.2" and plain.usage is not None
+    assert plain.model.contract == "1.3" and plain.usage is not None
     assert plain.timing is not None and plain.usage.tokens > len(DOCUMENTS) * 3
     for key in (b"no-docs", b"wrong"):
         (reply,) = by_key[key]
         assert reply.error is not None and reply.error.code is ErrorCode.INVALID_OPTION
     assert server.metrics()["kbatch_dedup_hits_total"] == 1
+    # contract 1.3: the long document scores its best window (CrossEncoder on that pair)
+    (long,) = by_key[b"long"]
+    assert isinstance(long.result, RerankResult) and long.result.top is not None
+    assert not long.truncated
+    (pairs,) = PairWindows(HFTokenizer(model)).split(
+        [InferenceItem(0, query, documents=(DOCUMENTS[0], LONG_DOC))]
+    )
+    assert isinstance(pairs, list) and len(pairs) > 3
+    windows = [p.window for p in pairs[1:] if p.window is not None]
+    scores = CrossEncoder(str(model), device="cpu").predict(
+        [(query, LONG_DOC[w.start : w.end]) for w in windows]
+    )
+    best = int(np.argmax(scores))
+    np.testing.assert_allclose(long.result.scores, [expected[0], scores[best]], atol=1e-5)
+    (entry,) = [e for e in long.result.top if e.index == 1]
+    assert entry.window is not None and (entry.window.index, entry.window.count) == (
+        best, len(windows)
+    )  # fmt: skip
+    assert (
+        LONG_DOC[entry.window.start : entry.window.end]
+        == LONG_DOC[windows[best].start : windows[best].end]
+    )
+    (cut,) = by_key[b"cut"]
+    assert cut.truncated and isinstance(cut.result, RerankResult)
+    cut_expected = CrossEncoder(str(model), device="cpu").predict([(query, LONG_DOC)])
+    np.testing.assert_allclose(cut.result.scores, cut_expected, atol=1e-5)
     # kbatch request: --document per document, --top-n
     out = subprocess.run(
         [KBATCH, "request", query, "--task", "rerank", "--top-n", "1",
@@ -179,21 +215,26 @@ async def test_token_classify_and_redaction_through_kafka(
     from transformers import pipeline
 
     model = build_tiny_token_classifier(tmp_path / "ner")
-    start(serve_task, tmp_path, kafka_bootstrap, model, "token-classify")
+    windows = ("--window-stride", "16", "--max-windows", "4")
+    start(serve_task, tmp_path, kafka_bootstrap, model, "token-classify", windows)
     requests, replies, _, _ = serve_task
-    long_text = "Wolfgang lives in Berlin. " * 40  # over 128 tokens: truncated
+    long_text = "Wolfgang lives in Berlin. " * 40  # 3 windows of 128 tokens (stride 16)
+    huge_text = long_text * 3  # 7 windows: over --max-windows 4
     await produce(
         kafka_bootstrap,
         requests,
         [
             request("t", TEXT, redact=True),
             request("first", TEXT, aggregation="first"),
-            request("long", long_text),
-            request("refused", long_text, truncate=False),  # input_too_long
+            request("long", long_text, redact=True),  # contract 1.3: windows
+            request("whole", long_text, truncate=False),  # windows cut nothing: not refused
+            request("cut", long_text, truncate=True),  # 1.2's first window
+            request("cut-redact", long_text, truncate=True, redact=True),  # never cut
+            request("huge", huge_text),  # input_too_long
             Req(b"dims", request("dims", TEXT, dimensions=4).value),  # an embed option
         ],
     )
-    by_key = await replies_by_key(kafka_bootstrap, replies, 5)
+    by_key = await replies_by_key(kafka_bootstrap, replies, 8)
     for key, strategy in ((b"t", "simple"), (b"first", "first")):
         expected = pipeline(
             "token-classification", model=str(model), aggregation_strategy=strategy, device="cpu"
@@ -209,10 +250,24 @@ async def test_token_classify_and_redaction_through_kafka(
     assert isinstance(redacted.result, TokenClassifyResult)
     assert redacted.result.redacted is not None
     assert all(f"[{e.label}]" in redacted.result.redacted for e in redacted.result.entities)
-    (long_reply,) = by_key[b"long"]
-    assert long_reply.truncated and isinstance(long_reply.result, TokenClassifyResult)
-    assert max(e.end for e in long_reply.result.entities) < len(long_text)
-    (refused,) = by_key[b"refused"]
-    assert refused.error is not None and refused.error.code is ErrorCode.INPUT_TOO_LONG
+    reference = pipeline(
+        "token-classification", model=str(model), aggregation_strategy="simple", stride=16,
+        device="cpu",
+    )  # fmt: skip
+    reference.tokenizer.model_max_length = 128  # the model's (its position table), as kbatch's
+    strided = reference(long_text)
+    assert max(e["end"] for e in strided) > len(long_text) * 3 // 4  # the tail is scanned
+    for key in (b"long", b"whole", b"cut-redact"):
+        (reply,) = by_key[key]
+        assert not reply.truncated and isinstance(reply.result, TokenClassifyResult), reply
+        got = reply.result.entities
+        assert [(e.label, e.start, e.end) for e in got] == [
+            (e["entity_group"], e["start"], e["end"]) for e in strided
+        ]
+    (cut,) = by_key[b"cut"]
+    assert cut.truncated and isinstance(cut.result, TokenClassifyResult)
+    assert max(e.end for e in cut.result.entities) < max(e["end"] for e in strided) * 3 // 4
+    (huge,) = by_key[b"huge"]
+    assert huge.error is not None and huge.error.code is ErrorCode.INPUT_TOO_LONG
     (dims,) = by_key[b"dims"]
     assert dims.error is not None and dims.error.code is ErrorCode.INVALID_OPTION

@@ -97,3 +97,35 @@ def test_the_embed_option_names_are_one_list_everywhere() -> None:
     assert request.has_embed_options and EmbedOptions.of(request) == EmbedOptions(**values)  # type: ignore[arg-type]
     assert decode_request(encode_request(request)) == request
     assert _settings(**values).embed_options == EmbedOptions(**values)  # type: ignore[arg-type]
+
+
+def test_chunk_flags_chunk_every_record_with_the_prompt_before_each_chunk() -> None:
+    """Contract 1.3 through ``kbatch backfill --chunk-*``: each record runs as chunks (the
+    fan-out's windower), its output record holds every chunk's vector and span."""
+    from consumer.batching.fanout import FanOutEngine
+    from consumer.model.tokenize import HFTokenizer
+    from consumer.model.windows import ChunkWindows
+    from schemas.models import ChunkedEmbedResult
+    from tests.fixtures.tiny_models import minilm_dir
+
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
+    source = FakeSource({0: [_record(0, o, text.encode()) for o in range(2)]}, {0: 2})
+    sink = _sink()
+    settings = _settings(chunk_max_tokens=8, chunk_output="chunks", prompt_name="doc")
+    job = BackfillJob(settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE))
+    fanout = FanOutEngine(job.on_outcomes, ChunkWindows(HFTokenizer(minilm_dir(), max_length=16)))
+    engine = FakeEngine(fanout)  # type: ignore[arg-type]  # answers through the fan-out
+    fanout.bind(engine)
+    job.bind(fanout)
+    assert asyncio.run(job.run(asyncio.Event())).complete
+    # 8 tokens: [CLS] [SEP], "doc :" and 4 words of text per chunk
+    assert [it.text for it in engine.submitted][:3] == [
+        "doc: alpha beta gamma delta", "doc: epsilon zeta eta theta", "doc: iota kappa"
+    ]  # fmt: skip
+    for out in sink.to("scores"):
+        reply = decode_reply(out.value or b"", Encoding.MSGPACK)
+        assert isinstance(reply.result, ChunkedEmbedResult)
+        assert [(c.start, c.end) for c in reply.result.chunks] == [(0, 22), (23, 45), (46, 56)]
+    assert _settings(chunk_output="pooled").effective_group_id != _settings().effective_group_id
+    with pytest.raises(ValueError, match="chunk_"):
+        _settings(task="classify", chunk_max_tokens=8)

@@ -82,7 +82,8 @@ def test_dash_and_text_file_read_stdin_and_files(
     assert len(_RecordingClient.texts) == 3  # neither was sent
 
 
-def test_priority_is_passed_to_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+def _record_options(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Stand in for the client; the keyword arguments of each request, in order."""
     sent: list[dict[str, Any]] = []
 
     class _Client(_RecordingClient):
@@ -91,9 +92,26 @@ def test_priority_is_passed_to_the_client(monkeypatch: pytest.MonkeyPatch) -> No
             raise ClientError("recorded")
 
     monkeypatch.setattr(client, "RequestReplyClient", _Client)
+    return sent
+
+
+def test_priority_is_passed_to_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _record_options(monkeypatch)
     runner = CliRunner()
     assert runner.invoke(request_command, ["t", "--priority", "bulk"]).exit_code == 1
     assert runner.invoke(request_command, ["t"]).exit_code == 1
     assert [k["priority"] for k in sent] == ["bulk", None]
     wrong = runner.invoke(request_command, ["t", "--priority", "urgent"])
     assert wrong.exit_code == 2 and len(sent) == 2
+
+
+def test_chunk_flags_become_the_chunking_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _record_options(monkeypatch)
+    runner = CliRunner()
+    args = ["t", "--chunk-max-tokens", "128", "--chunk-overlap", "16", "--chunk-output", "chunks"]
+    assert runner.invoke(request_command, args).exit_code == 1
+    assert runner.invoke(request_command, ["t", "--chunk-output", "pooled"]).exit_code == 1
+    assert runner.invoke(request_command, ["t"]).exit_code == 1
+    assert [k["chunking"] for k in sent] == [
+        {"max_tokens": 128, "overlap": 16, "output": "chunks"}, {"output": "pooled"}, None
+    ]  # fmt: skip

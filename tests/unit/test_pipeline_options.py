@@ -11,6 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from consumer.batching.fanout import CHUNKS
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.kafka.records import InRecord
@@ -19,10 +20,10 @@ from consumer.options import ModelProfile
 from consumer.pipeline import Pipeline
 from consumer.replies import ReplyBuilder
 from schemas import headers as H
-from schemas.codec import Encoding, decode_reply
+from schemas.codec import Encoding, decode_reply, decode_request
 from schemas.embedding import decode_embedding
-from schemas.errors import ErrorCode
-from schemas.models import EmbedResult, ModelInfo, Reply
+from schemas.errors import DecodeError, ErrorCode
+from schemas.models import ChunkedEmbedResult, EmbedResult, ModelInfo, Reply
 from tests.fakes import FakeEngine, FakeSink, FakeSource
 from tests.unit.test_pipeline import TP, settle
 
@@ -94,7 +95,7 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
     (reply,) = replies(sink)
     assert reply.status == "error" and reply.error is not None
     assert reply.error.code is ErrorCode.INVALID_OPTION
-    assert reply.model.contract == "1.2"
+    assert reply.model.contract == "1.3"
 
 
 @pytest.mark.parametrize(
@@ -261,3 +262,71 @@ async def test_priority_picks_the_lane_and_a_retry_with_another_priority_is_the_
         if s.name == "kbatch_lane_replies_total" and s.labels["status"] == "ok"
     }
     assert lane_ok == {"bulk": 1.0, "live": 2.0}  # each reply counts in its request's priority
+
+
+async def test_token_classify_runs_in_windows_unless_truncate_without_redact() -> None:
+    """Contract 1.3: windows by default and for every redaction (``truncate: true`` too);
+    only ``truncate: true`` without ``redact`` keeps 1.2's first window — and that copy of a
+    key never answers one that wants the whole text (its own dedup variant)."""
+    profile = ModelProfile(task="token-classify", dim=0, normalizes=False, prompts={})
+    pipeline, _, engine = await make(profile, task="token-classify")
+    await pipeline.take(
+        [
+            request(0, b"a"),
+            request(1, b"b", truncate=False),
+            request(2, b"c", truncate=True, redact=True),
+            request(3, b"d", truncate=True),
+            request(4, b"d", truncate=True, redact=True),  # same key, wants the whole text
+            request(5, b"a", truncate=True, redact=True),  # joins key a's windowed computation
+        ]
+    )
+    assert [(i.item_id, i.windows) for i in engine.items] == [
+        (0, True), (1, True), (2, True), (3, False), (4, True),
+    ]  # fmt: skip
+
+
+async def test_a_chunked_embed_request_runs_as_chunks_and_each_copy_gets_its_output() -> None:
+    """Contract 1.3 ``chunking``: the item carries the plan (the prompt goes in front of each
+    chunk, not of the text); copies with another ``output`` share the computation; one with
+    another ``max_tokens`` or without chunking is another computation."""
+    pipeline, sink, engine = await make(PROFILE)
+    chunks = {"max_tokens": 32, "overlap": 4, "output": "chunks"}
+    await pipeline.take(
+        [
+            request(0, b"c", prompt_name="query", chunking=chunks),
+            request(1, b"c", prompt_name="query", chunking={**chunks, "output": "pooled"}),
+            request(2, b"c", prompt_name="query", chunking={"max_tokens": 16}),
+            request(3, b"c", prompt_name="query"),
+        ]
+    )
+    first, other, plain = engine.items
+    assert first.windows and first.text == "hello there" and first.chunking is not None
+    assert (first.chunking.max_tokens, first.chunking.overlap, first.chunking.prompt) == (
+        32, 4, "query: "
+    )  # fmt: skip
+    assert other.chunking is not None and other.chunking.max_tokens == 16
+    assert not plain.windows and plain.chunking is None and plain.text == "query: hello there"
+    a = {"embedding": [0.6, 0.8], "dim": 2, "pooled": np.array([3.0, 4.0], np.float32)}
+    b = {"embedding": [1.0, 0.0], "dim": 2, "pooled": np.array([2.0, 0.0], np.float32)}
+    gathered = {CHUNKS: ((a, 3, 0, 5), (b, 1, 6, 11))}
+    pipeline.on_outcomes([dataclasses.replace(ok(first), result=gathered, n_tokens=4)])
+    await settle()
+    got = {r.dedup: r for r in replies(sink)}
+    chunked, pooled = got[False].result, got[True].result
+    assert isinstance(chunked, ChunkedEmbedResult) and chunked.dim == 2
+    assert [(c.start, c.end, c.embedding) for c in chunked.chunks] == [
+        (0, 5, [0.6, 0.8]), (6, 11, [1.0, 0.0])
+    ]  # fmt: skip
+    assert isinstance(pooled, EmbedResult)  # (3·[.6,.8] + 1·[1,0]) / 4, re-normalised
+    expected = np.array([2.8, 2.4]) / np.linalg.norm([2.8, 2.4])
+    assert np.allclose(pooled.embedding, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "chunking", [5, {"max_tokens": "8"}, {"max_tokens": 2}, {"overlap": -1}, {"output": "all"}]
+)
+def test_a_malformed_chunking_is_invalid_request(chunking: object) -> None:
+    value = msgpack.packb({"text": "t", "chunking": chunking})
+    with pytest.raises(DecodeError) as err:
+        decode_request(value, Encoding.MSGPACK)
+    assert err.value.code is ErrorCode.INVALID_REQUEST

@@ -133,6 +133,7 @@ def test_full_request_decodes_every_field(encoding: Encoding) -> None:
         "top_k": 16,
         "aggregation": "first",
         "redact": True,
+        "chunking": {"max_tokens": 128, "overlap": 16, "output": "chunks"},
         "priority": "bulk",
     }
     request = decode_request(enc(raw, encoding), encoding)
@@ -548,7 +549,7 @@ def test_ok_embed_reply_fields(encoding: Encoding) -> None:
     assert out["v"] == 1 and out["status"] == "ok"
     assert out["result"]["dim"] == 2 and len(out["result"]["embedding"]) == 2
     assert out["result"]["format"] == "float"
-    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.2"}
+    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.3"}
     assert out["truncated"] is True and out["dedup"] is True
     assert out["meta"] == {"id": 1}
     assert out["timing"] == {"queue_ms": 1.5, "infer_ms": 3.25, "batch_size": 8, "padded_len": 32}
@@ -601,7 +602,7 @@ def test_error_codes_are_the_contracts() -> None:
 @BOTH
 def test_model_revision_null_when_unknown(encoding: Encoding) -> None:
     reply = error_reply(model=ModelInfo(name="m"))
-    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.2"}
+    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.3"}
 
 
 @pytest.mark.parametrize(

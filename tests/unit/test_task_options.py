@@ -124,6 +124,7 @@ def test_each_option_belongs_to_one_task_and_is_refused_elsewhere() -> None:
         "top_k": "sparse",
         "aggregation": "token-classify",
         "redact": "token-classify",
+        "chunking": "embed",
     }
     check_task_options(Request(text="q", documents=["d"], top_n=1), "rerank")
     check_task_options(Request.model_validate({"query": "q", "documents": ["d"]}), "rerank")
@@ -134,6 +135,7 @@ def test_each_option_belongs_to_one_task_and_is_refused_elsewhere() -> None:
         ({"top_k": 3}, "rerank", "top_k is a sparse option"),
         ({"documents": ["d"]}, "embed", "documents is a rerank option"),
         ({"redact": True}, "classify", "redact is a token-classify option"),
+        ({"chunking": {"max_tokens": 64}}, "classify", "chunking is a embed option"),
         ({}, "rerank", "needs documents"),
         ({"encoding_format": "binary"}, "sparse", "encoding_format 'binary'"),
         ({"dimensions": 8}, "sparse", "dimensions: not an option of task sparse"),

@@ -1,0 +1,62 @@
+"""``kbatch bench windows``: a long document in windows against as many one-window requests
+(contract 1.3, issue 34; :mod:`consumer.bench.windows`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+__all__ = ["windows_command"]
+
+
+@click.command("windows")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2, task embed).",
+)
+@click.option(
+    "--task", type=click.Choice(["embed", "token-classify"]), default="embed", show_default=True
+)
+@click.option("--windows", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--stride", type=click.IntRange(min=0), default=None, help="token-classify.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def windows_command(
+    model_dir: Path | None,
+    task: str,
+    windows: int,
+    stride: int | None,
+    repeats: int,
+    device: str,
+    as_json: bool,
+) -> None:
+    """Model time and padding efficiency of one document of --windows windows against
+    --windows separate one-window requests (goal: within 1.1x)."""
+    import json
+    from typing import Literal, cast
+
+    from consumer.bench.windows import WindowsBenchOptions, main
+    from consumer.cli.bench_inputs import bench_model
+
+    model, _ = bench_model(None if model_dir is None else str(model_dir))
+    kind = cast(Literal["embed", "token-classify"], task)  # click.Choice guarantees it
+    options = WindowsBenchOptions(model, kind, windows, stride, repeats, device)
+    report = main(options)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    for case in ("document", "separate"):
+        c = report[case]
+        click.echo(
+            f"{case:9} model {c['model_ms_median']:9.2f} ms  padding {c['padding_efficiency']}"
+            f"  tokens {c['real_tokens_per_run']}"
+        )
+    click.echo(
+        f"ratio: model {report['model_ms_ratio']}x, padding {report['padding_ratio']}x "
+        f"({'within' if report['within_1_1x'] else 'NOT within'} 1.1x)"
+    )
