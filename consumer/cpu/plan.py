@@ -123,20 +123,35 @@ def _from(source: str) -> str:
     return "" if source == "plan" else f" ({source})"
 
 
+PLANNED_ENV = "_KBATCH_PLANNED_THREAD_ENV"
+"""Where :func:`apply_native_env` notes what it set (``NAME=value;…``), so that kbatch's own
+values are never read back as the operator's: not by a second model load in the process, nor by
+a child process that inherits the environment (a test suite, a script that runs serve). Its
+name does not start with ``KBATCH_``, so no settings source reads it."""
+
+
+def _planned(environ: Mapping[str, str]) -> dict[str, str]:
+    pairs = (item.partition("=") for item in environ.get(PLANNED_ENV, "").split(";") if item)
+    return {name: value for name, _, value in pairs}
+
+
+def _operators(environ: Mapping[str, str], name: str) -> str | None:
+    """The operator's value of ``name``: None when unset or when it is the one kbatch set."""
+    value = environ.get(name)
+    if value is None or _planned(environ).get(name) == value:
+        return None
+    return value
+
+
 def _env_count(environ: Mapping[str, str], name: str) -> int | None:
     """A positive thread count the operator put in ``name``, else None (unset, kbatch's own,
     or not a positive integer)."""
-    if name in _SET_BY_KBATCH:
-        return None
     try:
-        n = int(environ.get(name, ""))
+        n = int(_operators(environ, name) or "")
     except ValueError:
         return None
     return n if n >= 1 else None
 
-
-_SET_BY_KBATCH: set[str] = set()
-"""The variables :func:`apply_native_env` set in this process (not the operator's)."""
 
 _FALSE = frozenset({"0", "false", "off", "no"})
 
@@ -191,7 +206,7 @@ def plan_threads(
     elif (omp := _env_count(env, "OMP_NUM_THREADS")) is not None:
         torch_n, torch_from = omp, "OMP_NUM_THREADS"
     parallelism = "TOKENIZERS_PARALLELISM"
-    if parallelism not in _SET_BY_KBATCH and env.get(parallelism, "").lower() in _FALSE:
+    if (_operators(env, parallelism) or "").lower() in _FALSE:
         tokenizer, tokenizer_from = 1, f"{parallelism}={env[parallelism]}"
     elif (rayon := _env_count(env, "RAYON_NUM_THREADS")) is not None:
         tokenizer, tokenizer_from = rayon, "RAYON_NUM_THREADS"
@@ -217,7 +232,8 @@ def apply_native_env(
     ``RAYON_NUM_THREADS`` then; ``TOKENIZERS_PARALLELISM=false`` runs ``encode_batch`` without
     the pool when it would have one thread) and before torch/ONNX Runtime start their pools
     (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``). A variable the operator already set is left
-    alone: the environment overrides the plan.
+    alone: the environment overrides the plan. What kbatch set is noted in
+    :data:`PLANNED_ENV`.
     """
     env = os.environ if environ is None else environ
     wanted = {
@@ -227,13 +243,18 @@ def apply_native_env(
     }
     if plan.tokenizer_threads == 1:
         wanted["TOKENIZERS_PARALLELISM"] = "false"
+    planned = _planned(env)
     applied: dict[str, str] = {}
-    for name, value in wanted.items():
-        if name not in env or name in _SET_BY_KBATCH:
-            env[name] = value
-            applied[name] = value
-            if environ is None:  # the process's own: not the operator's next time
-                _SET_BY_KBATCH.add(name)
+    for name in ("TOKENIZERS_PARALLELISM", *wanted):
+        ours = name in env and planned.get(name) == env[name]
+        if name not in wanted:  # a pool of several threads: drop kbatch's earlier "false"
+            if ours:
+                del env[name]
+                del planned[name]
+            continue
+        if name not in env or ours:
+            env[name] = planned[name] = applied[name] = wanted[name]
+    env[PLANNED_ENV] = ";".join(f"{name}={value}" for name, value in sorted(planned.items()))
     return applied
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from consumer.cpu.budget import QuotaReading, cgroup_quota_cores, decide_budget
-from consumer.cpu.plan import apply_native_env, host_reserve_cores, plan_threads
+from consumer.cpu.plan import PLANNED_ENV, apply_native_env, host_reserve_cores, plan_threads
 
 V1_MOUNTS = (
     "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
@@ -244,13 +244,14 @@ def test_native_env_is_set_unless_the_operator_set_it() -> None:
     plan = plan_threads(decide_budget(4, None, None))
     env = {"OMP_NUM_THREADS": "7"}
     applied = apply_native_env(plan, env)
+    marker = env.pop(PLANNED_ENV)
     assert env == {
         "OMP_NUM_THREADS": "7",  # the operator's value stays
         "RAYON_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "3",
         "TOKENIZERS_PARALLELISM": "false",  # a one-thread pool: no pool at all
     }
-    assert "OMP_NUM_THREADS" not in applied
+    assert "OMP_NUM_THREADS" not in applied and "OMP_NUM_THREADS" not in marker
 
 
 def test_a_tokenizer_pool_of_several_threads_keeps_parallelism() -> None:
@@ -295,26 +296,21 @@ def test_the_tokenizer_pool_follows_the_plan_when_set_after_import(
     assert int(out.stdout.strip()) == pool_threads
 
 
-def test_kbatchs_own_variables_are_not_read_back_as_the_operators(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A second model load in one process (tests, backfill after serve) plans afresh: what
-    the first load set is not taken for the operator's override."""
-    import os
-
-    import consumer.cpu.plan as plan_module
-
-    monkeypatch.setattr(plan_module, "_SET_BY_KBATCH", set())
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
-        monkeypatch.setenv(name, "0")  # registered with monkeypatch, so restored afterwards
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "")
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
-    first = plan_threads(decide_budget(16, None, None), environ=os.environ)
-    apply_native_env(first)
-    assert os.environ["OMP_NUM_THREADS"] == "14"
-    second = plan_threads(decide_budget(4, None, None), environ=os.environ)
-    assert (second.torch_threads, second.torch_from) == (3, "plan")
-    apply_native_env(second)
-    assert os.environ["OMP_NUM_THREADS"] == "3"
-    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+def test_kbatchs_own_variables_are_not_read_back_as_the_operators() -> None:
+    """A second model load in one process, or a child process that inherits the environment
+    (a test suite starting serve), plans afresh: what kbatch set is not the operator's."""
+    env: dict[str, str] = {"OMP_NUM_THREADS": "7"}  # the operator's
+    first = plan_threads(decide_budget(4, None, None), environ=env)
+    apply_native_env(first, env)
+    assert env["TOKENIZERS_PARALLELISM"] == "false" and env["RAYON_NUM_THREADS"] == "1"
+    assert first.torch_threads == 7
+    child = dict(env)  # inherited
+    second = plan_threads(decide_budget(16, None, None), environ=child)
+    assert (second.torch_threads, second.torch_from) == (7, "OMP_NUM_THREADS")
+    assert (second.tokenizer_threads, second.tokenizer_from) == (2, "plan")
+    apply_native_env(second, child)
+    assert child["RAYON_NUM_THREADS"] == "2"
+    assert "TOKENIZERS_PARALLELISM" not in child  # kbatch's earlier "false" is gone
+    assert child["OMP_NUM_THREADS"] == "7"  # the operator's stays
+    child["RAYON_NUM_THREADS"] = "5"  # the operator changes it afterwards
+    assert plan_threads(decide_budget(16, None, None), environ=child).tokenizer_threads == 5
