@@ -68,6 +68,8 @@ class ServeProcess:
     metrics_port: int
     proc: subprocess.Popen[bytes] | None = None
     peak_rss_bytes: int = 0
+    env_drop: tuple[str, ...] = ()
+    """Variables of this process's environment the server does not inherit."""
 
     @classmethod
     def start(
@@ -85,9 +87,11 @@ class ServeProcess:
         extra: Sequence[str] = (),
         torch_threads: int | None = 1,
         prefix: Sequence[str] = (),
+        env_drop: Sequence[str] = (),
     ) -> ServeProcess:
         """Start ``kbatch serve`` (under the command ``prefix``, e.g. a cgroup runner);
-        ``torch_threads`` None leaves the thread counts to the CPU budget plan."""
+        ``torch_threads`` None leaves the thread counts to the CPU budget plan; ``env_drop``:
+        variables of the test process's environment it does not inherit."""
         port = free_port()
         threads = () if torch_threads is None else ("--torch-threads", str(torch_threads))
         args = [
@@ -108,7 +112,7 @@ class ServeProcess:
             *extra,
         ]  # fmt: skip
         log_path = tmp_path / f"{name}.log"
-        server = cls(args=args, log_path=log_path, metrics_port=port)
+        server = cls(args=args, log_path=log_path, metrics_port=port, env_drop=tuple(env_drop))
         server.launch()
         return server
 
@@ -119,7 +123,10 @@ class ServeProcess:
                 self.args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={
+                    **{k: v for k, v in os.environ.items() if k not in self.env_drop},
+                    "PYTHONUNBUFFERED": "1",
+                },
             )
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumer.cpu.plan import PLANNED_ENV
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import ServeProcess
 
@@ -21,6 +22,14 @@ NO_CGROUP = 77
 """scripts/cgroup_run.sh's exit status when no CPU cgroup can be written here."""
 
 pytestmark = pytest.mark.integration
+
+THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    PLANNED_ENV,
+)
 
 
 def _cgroup_dirs(name: str) -> list[Path]:
@@ -59,6 +68,9 @@ async def _serve(
         group_id=unique_group("cpu"),
         model=model,
         torch_threads=None,
+        # what the test process's environment says is not this test's subject (unit tests
+        # cover the overrides): the full suite's process carries TOKENIZERS_PARALLELISM=false
+        env_drop=THREAD_ENV,
         **kw,
     )
     try:
