@@ -45,14 +45,14 @@ from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
-from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.deadline import Deadline
-from consumer.delivery import Delivery, SinkLike
+from consumer.finish.checkpoint import TransactionalSinkLike, checkpoint_for
+from consumer.finish.delivery import Delivery, SinkLike
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.replies import ReplyBuilder
-from consumer.task_options import window_rule
+from consumer.replies.builder import ReplyBuilder
+from consumer.replies.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
 from schemas.models import ErrorInfo, Reply

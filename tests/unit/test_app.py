@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from consumer.app import GC_THRESHOLDS, freeze_startup_heap
+from consumer.serve.app import GC_THRESHOLDS, freeze_startup_heap
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:

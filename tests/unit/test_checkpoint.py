@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from consumer.checkpoint import (
+from consumer.finish.checkpoint import (
     Checkpoint,
     PlainCheckpoint,
     TransactionalCheckpoint,

@@ -27,7 +27,7 @@ from consumer.batching.types import Batch, InferenceItem, ItemOutcome, Rejected,
 from consumer.config import ModelSettings
 from consumer.model.loader import LoadedModel, load_model
 from consumer.options import EmbedOptions, OptionError, admit_options, prompted_text
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.embedding import decode_embedding
 from schemas.models import EmbedResult, Reply, Request

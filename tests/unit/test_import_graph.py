@@ -112,7 +112,9 @@ def _importers_of(target: str) -> list[str]:
 
 
 def test_only_the_cli_imports_the_serve_wiring() -> None:
-    assert [m for m in _importers_of("consumer.app") if not m.startswith("consumer.cli")] == []
+    assert [
+        m for m in _importers_of("consumer.serve.app") if not m.startswith("consumer.cli")
+    ] == []
 
 
 def _imports_of_consumer_outside(package: str) -> dict[str, list[str]]:
@@ -135,7 +137,7 @@ def test_schemas_errors_is_a_leaf_of_schemas() -> None:
     assert {d for d in graph["schemas.errors"] if d.startswith("schemas")} == set()
 
 
-COMMANDS = ("consumer.config", "consumer.cli", "consumer.app", "consumer.backfill.config")
+COMMANDS = ("consumer.config", "consumer.cli", "consumer.serve.app", "consumer.backfill.config")
 """The command modules: settings of whole commands, the CLI, the serve wiring."""
 
 

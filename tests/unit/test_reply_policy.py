@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from consumer.reply_policy import LOG_INTERVAL_S, ReplyTopicPolicy
+from consumer.replies.topic_policy import LOG_INTERVAL_S, ReplyTopicPolicy
 from tests.fakes import FakeClock
 
 

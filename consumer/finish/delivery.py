@@ -43,11 +43,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from consumer.exactly_once import IntervalGate
+from consumer.finish.exactly_once import IntervalGate
 from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.records import OutRecord, cut_dead_letter
 

@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from consumer.delivery import SourcedSinkLike
-from consumer.exactly_once import GateOwner, TransactionsLike, commit_transactions
+from consumer.finish.delivery import SourcedSinkLike
+from consumer.finish.exactly_once import GateOwner, TransactionsLike, commit_transactions
 from consumer.kafka.errors import CommitError, RangeSourceError, TransactionError
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker

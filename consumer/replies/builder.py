@@ -20,10 +20,10 @@ from dataclasses import replace
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
-from consumer.chunking import CHUNKS, shape_chunks
 from consumer.kafka.records import InRecord
 from consumer.options import EmbedOptions, ModelProfile, shape_result
-from consumer.task_options import NEW_TASKS, TaskOptions, shape_task_result
+from consumer.replies.chunking import CHUNKS, shape_chunks
+from consumer.replies.task_options import NEW_TASKS, TaskOptions, shape_task_result
 from schemas.errors import ErrorCode
 from schemas.models import (
     ChunkOutput,

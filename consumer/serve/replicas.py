@@ -57,7 +57,7 @@ from consumer.cpu.budget import read_cpu_budget
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
-from consumer.supervisor_watch import SUPERVISOR_PID_ENV
+from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV
 
 __all__ = [
     "RestartPolicy",
@@ -488,7 +488,7 @@ class Supervisor:
     async def run(self) -> int:
         """Start the replicas, supervise them until a signal, wait for their drains; the exit
         code (:func:`combined_exit_code`)."""
-        from consumer.metrics import HealthServer
+        from consumer.serve.metrics import HealthServer
 
         s = self.settings
         try:
