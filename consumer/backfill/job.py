@@ -20,7 +20,7 @@ Rules:
    most ``max_concurrent_sends`` sends wait for the broker at once (see the setting).
 4. A record without usable text is dead-lettered (``invalid_request``) and the job goes on; an
    output record the broker refuses (too large) is dead-lettered the same way. A dead letter
-   the broker refuses (whole and cut, :class:`consumer.delivery.Delivery`) leaves its offset
+   the broker refuses (whole and cut, :class:`consumer.finish.delivery.Delivery`) leaves its offset
    unfinished: the partition cannot reach its end and the job exits non-zero, the offset still
    uncommitted for a rerun.
 5. On stop (SIGTERM/SIGINT) reading stops, what was read is finished within
@@ -351,7 +351,7 @@ class BackfillJob:
             source_offset=r.offset,
         )
 
-    # -- delivery (see consumer.delivery) -----------------------------------------------------
+    # -- delivery (see consumer.finish.delivery) ----------------------------------------------
 
     def on_delivered(self, delivered: Sequence[tuple[_Pending, OutRecord]]) -> None:
         """Delivery: these output records were acknowledged."""

@@ -26,7 +26,7 @@ Rules (CONTRACT.md §Delivery):
   answered after a restart.
 * ``--exactly-once`` (``sourced`` given): each record's sends go to its input partition's
   transaction (``sourced.send_from``), and :meth:`Delivery.quiesce` / :meth:`Delivery.reopen`
-  bound a transaction between commits (:class:`consumer.exactly_once.IntervalGate`).
+  bound a transaction between commits (:class:`consumer.finish.exactly_once.IntervalGate`).
 * A revoke (both modes) quiesces its partitions too: their new replies are held until the
   next assignment says whether the partition stays (:meth:`Delivery.reopen`: sent) or moved
   (:meth:`Delivery.drop`: never sent, the next owner answers the records).

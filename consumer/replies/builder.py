@@ -151,8 +151,8 @@ class ReplyBuilder:
         """The contract's reply value for ``outcome`` (ok, error or expired), without a record
         around it (``kbatch backfill`` writes it to its own output records); ``options`` shape
         an embedding (:func:`consumer.options.shape_result`), ``task_options`` a 1.2 task's
-        result (:func:`consumer.task_options.shape_task_result`; default: no options),
-        ``chunk_output`` a chunked embedding's (:func:`consumer.chunking.shape_chunks`).
+        result (:func:`consumer.replies.task_options.shape_task_result`; default: no options),
+        ``chunk_output`` a chunked embedding's (:func:`consumer.replies.chunking.shape_chunks`).
 
         Raises:
             ValueError: ``outcome.error_code`` is not a contract error code.

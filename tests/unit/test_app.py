@@ -1,4 +1,4 @@
-"""Start-up helpers of ``kbatch serve`` (consumer/app.py) that need no broker or model."""
+"""Start-up helpers of ``kbatch serve`` (consumer/serve/app.py) that need no broker or model."""
 
 from __future__ import annotations
 

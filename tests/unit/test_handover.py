@@ -1,4 +1,4 @@
-"""Which revoked partitions an assignment gives back unchanged (consumer.handover), and the
+"""Which revoked partitions an assignment gives back unchanged (consumer.serve.handover), and the
 tracker's suspended state that carries them (OffsetTracker.suspend/resume)."""
 
 from __future__ import annotations

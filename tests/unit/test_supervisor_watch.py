@@ -1,4 +1,4 @@
-"""A replica drains when its supervisor is gone (``consumer.supervisor_watch``)."""
+"""A replica drains when its supervisor is gone (``consumer.serve.supervisor_watch``)."""
 
 from __future__ import annotations
 
