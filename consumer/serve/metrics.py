@@ -370,7 +370,7 @@ ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 
 class Exposition(Protocol):
     """What :class:`HealthServer` serves on ``/metrics``: :class:`Metrics`, or the host-wide
-    view of ``kbatch serve --replicas`` (:mod:`consumer.replicas`)."""
+    view of ``kbatch serve --replicas`` (:mod:`consumer.serve.replicas`)."""
 
     def render(self) -> bytes:
         """The text exposition."""
