@@ -44,6 +44,7 @@ from consumer.kafka.config import (
 )
 from consumer.kafka.flow import FlowConfig
 from consumer.model.settings import PACKAGED_MODEL, ModelSettings
+from consumer.tracing.settings import TracingSettings
 
 __all__ = [
     "COMMAND_CONFIG",
@@ -163,6 +164,7 @@ def project(group: type[G], settings: BaseModel) -> G:
 
 
 class ServeSettings(  # fields in --help: the last base's first, the class's own last
+    TracingSettings,
     JobsSettings,
     RunSettings,
     FlowConfig,

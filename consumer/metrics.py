@@ -110,6 +110,14 @@ class Metrics:
             "Requests answered from another copy of the same key.",
             registry=r,
         )
+        self.trace_headers_ignored = Counter(
+            "kbatch_trace_headers_ignored_total",
+            "Request trace headers (traceparent, tracestate) ignored under --tracing: "
+            "repeated, oversized, encoding (not ASCII), invalid; the request is served "
+            "without them (docs/TRACING.md).",
+            ["reason"],
+            registry=r,
+        )
         self.expired = Counter(
             "kbatch_expired_total", "Requests answered expired, never computed.", registry=r
         )
