@@ -90,3 +90,13 @@ def test_a_reply_traceparent_round_trips() -> None:
     value = format_traceparent(int(TRACE, 16), int(SPAN, 16), 1)
     assert value == GOOD
     assert read(("traceparent", value)) == (TraceParent(int(TRACE, 16), int(SPAN, 16), 1), [])
+
+
+def test_tracing_without_the_otel_extra_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from consumer.tracing.provider import TracingUnavailableError, open_tracer
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
+    with pytest.raises(TracingUnavailableError, match=r"pip install 'kbatch\[otel\]'"):
+        open_tracer("serve")
