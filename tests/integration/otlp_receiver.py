@@ -37,6 +37,8 @@ class ReceivedSpan:
     """``(trace_id, span_id)`` of each link."""
     attributes: dict[str, Any]
     status_code: int
+    start_ns: int
+    end_ns: int
 
 
 def _value(v: AnyValue) -> Any:
@@ -81,6 +83,8 @@ class OtlpReceiver:
                             links=tuple((lk.trace_id.hex(), lk.span_id.hex()) for lk in s.links),
                             attributes={a.key: _value(a.value) for a in s.attributes},
                             status_code=s.status.code,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
                         )
                     )
         with self._lock:
