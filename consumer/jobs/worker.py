@@ -80,7 +80,7 @@ class JobWorker:
         tracer: object | None = None,
     ) -> None:
         self.job = job
-        self._tracer = tracer
+        self._tracer: Any = tracer  # an OpenTelemetry Tracer (typed here without the extra)
         self.settings = settings
         self._engine = engine
         self._replies = replies.with_dlq_topic(settings.dead_letter_topic)
@@ -186,7 +186,7 @@ class JobWorker:
             from consumer.tracing.jobs import start_job_span
 
             trace = start_job_span(
-                self._tracer,  # type: ignore[arg-type]
+                self._tracer,
                 topic=self.job.source_topic,
                 task=self.settings.task,
                 job_id=self.job.job_id,

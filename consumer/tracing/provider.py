@@ -24,7 +24,13 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
 
-__all__ = ["DEFAULT_SERVICE_NAME", "OpenTracer", "TracingUnavailableError", "open_tracer"]
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "OpenTracer",
+    "TracingUnavailableError",
+    "check_tracing",
+    "open_tracer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +60,14 @@ class OpenTracer:
         self.provider.shutdown()
 
 
-def open_tracer(component: str) -> OpenTracer:
-    """Start the SDK from the ``OTEL_*`` environment for ``component`` (``serve``,
-    ``backfill``: the resource's ``kbatch.component``).
+def check_tracing() -> None:
+    """Raise :class:`TracingUnavailableError` unless the ``kbatch[otel]`` extra is installed
+    (``kbatch serve --tracing`` checks before anything starts, replicas included)."""
+    _sdk()
 
-    The sampler is the environment's, wrapped so that a span with no parent that *links* a
-    sampled span is sampled too (:class:`LinkedSampler`: a batch span exists for the sampled
-    requests in it, whatever the ratio).
+
+def _sdk() -> tuple[Any, Any, Any, Any]:
+    """The SDK's ``OTLPSpanExporter``, ``Resource``, ``TracerProvider``, ``BatchSpanProcessor``.
 
     Raises:
         TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing.
@@ -75,6 +82,21 @@ def open_tracer(component: str) -> OpenTracer:
             f"--tracing needs the OpenTelemetry SDK: pip install 'kbatch[otel]' ({err.name} "
             "is missing)"
         ) from None
+    return OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor
+
+
+def open_tracer(component: str) -> OpenTracer:
+    """Start the SDK from the ``OTEL_*`` environment for ``component`` (``serve``,
+    ``backfill``: the resource's ``kbatch.component``).
+
+    The sampler is the environment's, wrapped so that a span with no parent that *links* a
+    sampled span is sampled too (:class:`LinkedSampler`: a batch span exists for the sampled
+    requests in it, whatever the ratio).
+
+    Raises:
+        TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing.
+    """
+    OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor = _sdk()
     attributes: dict[str, str] = {"kbatch.component": component}
     if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""

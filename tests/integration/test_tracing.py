@@ -7,8 +7,10 @@ ignored, counted, and the request answered."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,58 @@ def client_tracer(receiver: OtlpReceiver) -> tuple[Tracer, TracerProvider]:
     return provider.get_tracer("test"), provider
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A test's directory, the broker, its topics (requests, replies, dead letters) and the
+    OTLP receiver."""
+
+    tmp_path: Path
+    bootstrap: str
+    topics: tuple[str, str, str]
+    receiver: OtlpReceiver
+
+
+@pytest.fixture
+def setting(
+    tmp_path: Path, kafka_bootstrap: str, topics: tuple[str, str, str], receiver: OtlpReceiver
+) -> Setting:
+    return Setting(tmp_path, kafka_bootstrap, topics, receiver)
+
+
+@contextlib.asynccontextmanager
+async def traced_serve(
+    setting: Setting,
+    model: Path,
+    task: str = "embed",
+    extra: tuple[str, ...] = ("--max-wait-ms", "5"),
+) -> AsyncIterator[tuple[ServeProcess, RequestReplyClient, Tracer]]:
+    """A ready ``kbatch serve --tracing``, a client on its topics and a client tracer, all
+    exporting to the receiver; stopped (the last spans flushed) on the way out."""
+    requests, replies, dlq = setting.topics
+    bootstrap = setting.bootstrap
+    server = ServeProcess.start(
+        setting.tmp_path,
+        bootstrap=bootstrap,
+        request_topic=requests,
+        reply_topic=replies,
+        dlq_topic=dlq,
+        group_id=unique_group("trace"),
+        model=str(model),
+        task=task,
+        extra=[*extra, "--tracing"],
+    )
+    tracer, provider = client_tracer(setting.receiver)
+    try:
+        server.wait_ready()
+        async with RequestReplyClient(
+            bootstrap=bootstrap, request_topic=requests, reply_topic=replies
+        ) as client:
+            yield server, client, tracer
+    finally:
+        server.stop()
+        provider.shutdown()
+
+
 def wait_for(
     receiver: OtlpReceiver, found: Callable[[list[ReceivedSpan]], bool], timeout_s: float = 30
 ) -> list[ReceivedSpan]:
@@ -85,49 +139,27 @@ def reply_ids(env: ReplyEnvelope) -> tuple[str, str]:
 
 @pytest.mark.parametrize("task", ["embed", "rerank"])
 async def test_a_trace_follows_a_request_through_kbatch_and_back(
-    task: str,
-    tmp_path: Path,
-    kafka_bootstrap: str,
-    topics: tuple[str, str, str],
-    receiver: OtlpReceiver,
-    tiny_embed_dir: Path,
+    task: str, setting: Setting, tiny_embed_dir: Path
 ) -> None:
-    requests, replies, dlq = topics
-    model = tiny_embed_dir if task == "embed" else build_tiny_cross_encoder(tmp_path / "ce")
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=requests,
-        reply_topic=replies,
-        dlq_topic=dlq,
-        group_id=unique_group("trace"),
-        model=str(model),
-        task=task,
-        extra=["--max-wait-ms", "5", "--tracing"],
-    )
-    tracer, provider = client_tracer(receiver)
+    requests, receiver = setting.topics[0], setting.receiver
+    model = tiny_embed_dir
+    if task == "rerank":
+        model = build_tiny_cross_encoder(setting.tmp_path / "ce")
     options = {"documents": DOCUMENTS} if task == "rerank" else {}
-    try:
-        server.wait_ready()
-        async with RequestReplyClient(
-            bootstrap=kafka_bootstrap, request_topic=requests, reply_topic=replies
-        ) as client:
-            with tracer.start_as_current_span("client request") as first:
-                computed = await client.request("where are offsets?", "k", **options)
-            with tracer.start_span("handle reply", context=computed.trace_context()) as handled:
-                pass
-            with tracer.start_as_current_span("client retry") as second:
-                copy = await client.request("where are offsets?", "k", **options)
-            bad = await client.request(
-                "no trace", "bad", trace_headers=[("traceparent", b"00-junk")], **options
-            )
+    async with traced_serve(setting, model, task) as (server, client, tracer):
+        with tracer.start_as_current_span("client request") as first:
+            computed = await client.request("where are offsets?", "k", **options)
+        with tracer.start_span("handle reply", context=computed.trace_context()) as handled:
+            pass
+        with tracer.start_as_current_span("client retry") as second:
+            copy = await client.request("where are offsets?", "k", **options)
+        bad = await client.request(
+            "no trace", "bad", trace_headers=[("traceparent", b"00-junk")], **options
+        )
         assert computed.reply.status == "ok" and not computed.reply.dedup
         assert copy.reply.status == "ok" and copy.reply.dedup
         assert bad.reply.status == "ok"
         assert server.metrics()['kbatch_trace_headers_ignored_total{reason="invalid"}'] == 1
-    finally:
-        server.stop()
-        provider.shutdown()
 
     trace_id, client_span = ids(first)
     process = f"process {requests}"
@@ -181,40 +213,19 @@ async def test_a_trace_follows_a_request_through_kbatch_and_back(
 
 
 async def test_a_copy_in_flight_links_the_request_it_waited_for(
-    tmp_path: Path,
-    kafka_bootstrap: str,
-    topics: tuple[str, str, str],
-    receiver: OtlpReceiver,
-    tiny_embed_dir: Path,
+    setting: Setting, tiny_embed_dir: Path
 ) -> None:
     """Two requests with one key sent together: the copy's span (the second client span's
     child) links the computing request's span; both replies carry their own span."""
-    requests, replies, dlq = topics
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=requests,
-        reply_topic=replies,
-        dlq_topic=dlq,
-        group_id=unique_group("trace"),
-        model=str(tiny_embed_dir),
-        # a long wait: the copy arrives while the first is still queued
-        extra=["--max-wait-ms", "500", "--no-adaptive-wait", "--tracing"],
-    )
-    tracer, provider = client_tracer(receiver)
-    try:
-        server.wait_ready()
-        async with RequestReplyClient(
-            bootstrap=kafka_bootstrap, request_topic=requests, reply_topic=replies
-        ) as client:
-            with tracer.start_as_current_span("first") as first:
-                task_a = asyncio.create_task(client.request("same text", "same"))
-            with tracer.start_as_current_span("second") as second:
-                task_b = asyncio.create_task(client.request("same text", "same"))
-            env_a, env_b = await asyncio.gather(task_a, task_b)
-    finally:
-        server.stop()
-        provider.shutdown()
+    requests, receiver = setting.topics[0], setting.receiver
+    # a long wait: the copy arrives while the first is still queued
+    slow = ("--max-wait-ms", "500", "--no-adaptive-wait")
+    async with traced_serve(setting, tiny_embed_dir, extra=slow) as (_, client, tracer):
+        with tracer.start_as_current_span("first") as first:
+            task_a = asyncio.create_task(client.request("same text", "same"))
+        with tracer.start_as_current_span("second") as second:
+            task_b = asyncio.create_task(client.request("same text", "same"))
+        env_a, env_b = await asyncio.gather(task_a, task_b)
     assert sorted([env_a.reply.dedup, env_b.reply.dedup]) == [False, True]
     spans = wait_for(
         receiver,

@@ -95,8 +95,10 @@ def test_a_reply_traceparent_round_trips() -> None:
 def test_tracing_without_the_otel_extra_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from consumer.tracing.provider import TracingUnavailableError, open_tracer
+    from consumer.tracing.provider import TracingUnavailableError, check_tracing, open_tracer
 
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
     with pytest.raises(TracingUnavailableError, match=r"pip install 'kbatch\[otel\]'"):
         open_tracer("serve")
+    with pytest.raises(TracingUnavailableError, match="opentelemetry"):
+        check_tracing()  # serve's check before anything starts (replicas too)
