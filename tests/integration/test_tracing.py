@@ -2,7 +2,8 @@
 OTLP/HTTP receiver decoding the real protobuf. A client span → kbatch's request span (its
 child) → the batch span (linking it) → the reply's ``traceparent`` continued by the client, for
 embed and for a contract 1.2 task (rerank), with and without dedup; a bad ``traceparent`` is
-ignored, counted, and the request answered."""
+ignored, counted, and the request answered; ``kbatch backfill --tracing`` is one trace of its
+batches."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from opentelemetry.trace import Span, Tracer
 
 from consumer.kafka.admin import create_topics, delete_topics
 from producer_tools.client import ReplyEnvelope, RequestReplyClient
-from tests.conftest import unique_group
+from tests.conftest import TopicFactory, unique_group
 from tests.fixtures.task_models import build_tiny_cross_encoder
 from tests.integration.harness import ServeProcess
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.integration.test_backfill import Event, backfill_args, produce_events, run_backfill
 
 DOCUMENTS = ["Consumers commit offsets to Kafka.", "Bananas are yellow."]
 SPAN_KIND_CONSUMER = 5  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_CONSUMER
@@ -239,3 +241,34 @@ async def test_a_copy_in_flight_links_the_request_it_waited_for(
     assert "kbatch.dedup" not in computing.attributes
     assert reply_ids(env_a) == (span_a.trace_id, span_a.span_id)
     assert reply_ids(env_b) == (span_b.trace_id, span_b.span_id)
+
+
+async def test_a_backfill_is_one_trace_of_its_batches(
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    new_topic: TopicFactory,
+    receiver: OtlpReceiver,
+    tiny_embed_dir: Path,
+) -> None:
+    """``kbatch backfill --tracing``: the job's span, each model batch its child."""
+    source = await new_topic("bf-src")
+    output, dlq = await new_topic("bf-out"), await new_topic("bf-dlq")
+    texts = [f"event number {i}" for i in range(12)]
+    await produce_events(
+        kafka_bootstrap, source, [Event(0, b"k%d" % i, t.encode()) for i, t in enumerate(texts)]
+    )
+    args = backfill_args(
+        kafka_bootstrap, source, output, dlq, unique_group("bf"), tiny_embed_dir, "--tracing"
+    )
+    run = run_backfill(args, tmp_path / "backfill.log")
+    assert run.code == 0, run.log[-3000:]
+    assert run.summary is not None and run.summary["ok"] == len(texts)
+    spans = wait_for(
+        receiver, lambda got: any(s.name == f"backfill {source}" for s in got), timeout_s=10
+    )
+    (job,) = [s for s in spans if s.name == f"backfill {source}"]
+    assert job.service == "kbatch-test" and job.parent_span_id == ""
+    batches = [s for s in spans if s.name == f"infer {source}"]
+    assert batches and all(b.parent_span_id == job.span_id for b in batches)
+    assert all(b.trace_id == job.trace_id for b in batches)
+    assert sum(b.attributes["messaging.batch.message_count"] for b in batches) == len(texts)
