@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,7 +35,6 @@ from pydantic_settings import (
 )
 
 from consumer.batching.config import BatchPolicyConfig
-from consumer.jobs.config import JobsSettings
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -48,7 +47,9 @@ from consumer.tracing.settings import TracingSettings
 
 __all__ = [
     "COMMAND_CONFIG",
+    "DEFAULT_JOBS_TOPIC",
     "PACKAGED_MODEL",
+    "JobsSettings",
     "ModelSettings",
     "RunSettings",
     "ServeSettings",
@@ -147,6 +148,33 @@ class RunSettings(BaseModel):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Logging level."
+    )
+
+
+DEFAULT_JOBS_TOPIC = "kbatch.jobs"
+
+
+class JobsSettings(BaseModel):
+    """Backfill jobs run by serve (docs/JOBS.md): where jobs are recorded and whether serve runs
+    them; ``kbatch backfill submit/status/cancel`` take ``--jobs-topic`` from here too."""
+
+    model_config = _GROUP
+
+    jobs_topic: str = Field(
+        DEFAULT_JOBS_TOPIC,
+        min_length=1,
+        description="Compacted topic of backfill jobs (kbatch backfill submit); created when "
+        "missing.",
+    )
+    jobs_topic_replication_factor: PositiveInt | None = Field(
+        None,
+        description="Replicas of the jobs topic when it is created; default: the cluster's "
+        "default.replication.factor, else min(3, brokers).",
+    )
+    run_jobs: bool = Field(
+        True,
+        description="Run the backfill jobs of --jobs-topic in this process's spare capacity "
+        "(the engine's bulk lane).",
     )
 
 

@@ -146,7 +146,7 @@ TASK_OPTIONS: Final[Mapping[str, Task]] = {
 }
 """Contract 1.2's request options (fields of :class:`Request`) and 1.3's ``chunking``, each →
 the one task it belongs to: the one list of them (the request codec,
-``consumer.task_options``)."""
+``consumer.replies.task_options``)."""
 
 
 ChunkOutput = Literal["pooled", "chunks"]

@@ -120,7 +120,7 @@ class FakeSource:
         self.ends: dict[TopicPartition, int] = {}
         self.positions: dict[TopicPartition, int] = {}
         # The member's place in its group; a test bumps ``generation`` between a revoke and
-        # an assignment for a rebalance without a break (consumer.handover).
+        # an assignment for a rebalance without a break (consumer.serve.handover).
         self.member_id = "fake-member"
         self.generation = 1
 

@@ -37,8 +37,8 @@ from consumer.lifecycle import Lifecycle
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.options import admit_options
-from consumer.replies import ReplyBuilder
-from consumer.task_options import NEW_TASKS, check_task_options
+from consumer.replies.builder import ReplyBuilder
+from consumer.replies.task_options import NEW_TASKS, check_task_options
 from schemas.models import ModelInfo
 
 __all__ = [

@@ -26,7 +26,7 @@ from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, Settings
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
-from consumer.task_options import TaskOptions
+from consumer.replies.task_options import TaskOptions
 from consumer.tracing.settings import TracingSettings
 from schemas.models import EMBED_OPTIONS, Aggregation, Chunking, ChunkOutput, EncodingFormat
 

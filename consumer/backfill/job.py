@@ -20,7 +20,7 @@ Rules:
    most ``max_concurrent_sends`` sends wait for the broker at once (see the setting).
 4. A record without usable text is dead-lettered (``invalid_request``) and the job goes on; an
    output record the broker refuses (too large) is dead-lettered the same way. A dead letter
-   the broker refuses (whole and cut, :class:`consumer.delivery.Delivery`) leaves its offset
+   the broker refuses (whole and cut, :class:`consumer.finish.delivery.Delivery`) leaves its offset
    unfinished: the partition cannot reach its end and the job exits non-zero, the offset still
    uncommitted for a rerun.
 5. On stop (SIGTERM/SIGINT) reading stops, what was read is finished within
@@ -45,14 +45,14 @@ from consumer.backfill.progress import NullProgress, ProgressSink
 from consumer.backfill.summary import BackfillSummary, PartitionSummary
 from consumer.batching.stats import EngineStats
 from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
-from consumer.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.deadline import Deadline
-from consumer.delivery import Delivery, SinkLike
+from consumer.finish.checkpoint import TransactionalSinkLike, checkpoint_for
+from consumer.finish.delivery import Delivery, SinkLike
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.replies import ReplyBuilder
-from consumer.task_options import window_rule
+from consumer.replies.builder import ReplyBuilder
+from consumer.replies.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
 from schemas.errors import EncodeError, ErrorCode
 from schemas.models import ErrorInfo, Reply
@@ -356,7 +356,7 @@ class BackfillJob:
             source_offset=r.offset,
         )
 
-    # -- delivery (see consumer.delivery) -----------------------------------------------------
+    # -- delivery (see consumer.finish.delivery) ----------------------------------------------
 
     def on_delivered(self, delivered: Sequence[tuple[_Pending, OutRecord]]) -> None:
         """Delivery: these output records were acknowledged."""

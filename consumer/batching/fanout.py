@@ -16,7 +16,7 @@ owner (serve's pipeline, backfill's job) and the :class:`~consumer.batching.engi
   the request's deadline, group and lane; a text over the windower's caps is answered
   ``input_too_long`` (after ``submit`` returns), never cut. When every window has its outcome
   the item's one outcome is ``ok`` with ``result = {TOKENS: (scores of window 0, 1, …)}``
-  (token-classify: :func:`consumer.task_options.shape_task_result` merges them), else the
+  (token-classify: :func:`consumer.replies.task_options.shape_task_result` merges them), else the
   first window's error; ``n_tokens``, ``truncated`` and timing as for pairs.
 - ``on_outcomes``: when every pair of an item has its outcome, the item's one outcome goes to
   the owner: ``ok`` with ``result = {"scores": [...]}`` in document order when all pairs are
@@ -126,7 +126,8 @@ def gather_windows(
     token-classify: a window's ``ok`` result holds its token scores under ``TOKENS``; the
     item's holds the tuple of them. embed chunks (contract 1.3): the item's result holds,
     under ``CHUNKS``, one ``(result, n_tokens, start, end)`` per chunk — the runner's
-    result, the chunk's tokens and its span in the text (:mod:`consumer.chunking` shapes it).
+    result, the chunk's tokens and its span in the text (:mod:`consumer.replies.chunking`
+    shapes it).
     """
     spans = [(0, 0) if w is None else (w.start, w.end) for w in windows or [None] * len(outcomes)]
 

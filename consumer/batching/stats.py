@@ -1,6 +1,6 @@
 """Counters of the batching engine and the model runner, for the metrics layer and benches.
 
-:class:`StatsSink` is the seam: the engine and the runner call it; ``consumer.metrics`` (or a
+:class:`StatsSink` is the seam: the engine and the runner call it; ``consumer.serve.metrics`` (or a
 test) implements it. :class:`EngineStats` is the plain in-memory implementation (totals plus
 bounded recent samples), also used by ``kbatch bench engine``.
 """

@@ -21,7 +21,7 @@ import numpy as np
 
 from consumer.batching.types import ItemOutcome
 from consumer.options import ModelProfile
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding
 from schemas.models import ENCODING_FORMATS, ModelInfo, Request
 from schemas.records import ParsedRequest, ReplyAddress

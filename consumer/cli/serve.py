@@ -21,8 +21,8 @@ def _serve(config: Path | None, **flags: Any) -> None:
         raise click.UsageError(describe_validation_error(err)) from err
     except FileNotFoundError as err:
         raise click.UsageError(str(err)) from err
-    from consumer.app import serve
     from consumer.model.loader import check_model
+    from consumer.serve.app import serve
     from consumer.tracing.provider import TracingUnavailableError, check_tracing
 
     try:  # fail before anything starts
@@ -35,7 +35,7 @@ def _serve(config: Path | None, **flags: Any) -> None:
         raise click.ClickException(str(err)) from None
 
     if settings.replicas > 1:
-        from consumer.replicas import supervise
+        from consumer.serve.replicas import supervise
 
         sys.exit(asyncio.run(supervise(settings)))
     from consumer.model.errors import LossyBackendError

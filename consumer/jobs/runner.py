@@ -35,7 +35,7 @@ from consumer.jobs.spec import conflict, incompatibility, member_settings
 from consumer.jobs.worker import JobWorker
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.jobs_topic import JobsTopicReader, JobsTopicWriter, ensure_jobs_topic
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 
 __all__ = ["JobRunner", "member_id"]
 

@@ -1,12 +1,11 @@
 """The settings of ``kbatch backfill submit | status | cancel``, composed from the groups
 (each defined once): ``kbatch backfill``'s, :class:`~consumer.kafka.config.KafkaClientSettings`
-and :class:`~consumer.jobs.config.JobsSettings`."""
+and :class:`~consumer.config.JobsSettings`."""
 
 from __future__ import annotations
 
 from consumer.backfill.config import BackfillSettings
-from consumer.config import COMMAND_CONFIG, SettingsBase
-from consumer.jobs.config import JobsSettings
+from consumer.config import COMMAND_CONFIG, JobsSettings, SettingsBase
 from consumer.kafka.config import KafkaClientSettings
 
 __all__ = ["JobsClientSettings", "SubmitSettings"]

@@ -34,7 +34,7 @@ from consumer.kafka.group_range import AssignedRange, GroupRangeSource
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.transactions import TransactionalSink
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 
 __all__ = ["JobBus", "JobWorker"]
 

@@ -20,8 +20,8 @@ bumps the epoch: the zombie's later sends and commits fail (``ProducerFenced``) 
 transaction is aborted before the new owner reads the committed offset.
 
 Which replies belong to which transaction (the delivery gate,
-:class:`consumer.delivery.Delivery` given ``sourced=``, driven by the transactional
-checkpoint, :class:`consumer.checkpoint.TransactionalCheckpoint`): while a partition commits,
+:class:`consumer.finish.delivery.Delivery` given ``sourced=``, driven by the transactional
+checkpoint, :class:`consumer.finish.checkpoint.TransactionalCheckpoint`): while a partition commits,
 new records of it are held; records already started finish (every send of theirs acknowledged,
 their offset finished in the tracker); then the committable offset and its kb1 metadata (the
 offsets finished above it, :mod:`consumer.kafka.offset_metadata`) are taken and committed in

@@ -8,7 +8,7 @@ the settings validator, the model loader (:func:`consumer.model.loader.load_runn
 benchmarks call it. :data:`DTYPE_AUTOCAST` maps ``--dtype`` to the runner's autocast name.
 
 This module imports nothing of the commands (``consumer.config``, ``consumer.cli``,
-``consumer.app``): the model layer sits below them (tests/unit/test_import_graph.py).
+``consumer.serve.app``): the model layer sits below them (tests/unit/test_import_graph.py).
 """
 
 from __future__ import annotations

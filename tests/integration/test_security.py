@@ -389,7 +389,7 @@ def test_secured_serve_request_load_backfill_and_what_kbatch_may_not_write(
         assert len(replicas) == 2
         os.kill(sasl.proc.pid, signal.SIGKILL)
         sasl.proc.wait(30)
-        poll_until(  # they watch the supervisor's pid (consumer/supervisor_watch.py)
+        poll_until(  # they watch the supervisor's pid (consumer/serve/supervisor_watch.py)
             lambda: not any(r.is_running() and r.status() != "zombie" for r in replicas),
             60,
             "the replicas to stop after their supervisor was killed",

@@ -1,10 +1,10 @@
-"""Start-up helpers of ``kbatch serve`` (consumer/app.py) that need no broker or model."""
+"""Start-up helpers of ``kbatch serve`` (consumer/serve/app.py) that need no broker or model."""
 
 from __future__ import annotations
 
 import gc
 
-from consumer.app import GC_THRESHOLDS, freeze_startup_heap
+from consumer.serve.app import GC_THRESHOLDS, freeze_startup_heap
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:

@@ -17,7 +17,7 @@ from consumer.backfill.extract import (
     parse_text_path,
 )
 from consumer.batching.types import ItemOutcome
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo

@@ -16,7 +16,7 @@ from consumer.batching.types import InferenceItem
 from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.range_source import plan_partition
 from consumer.kafka.records import InRecord
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.models import ModelInfo
 from tests.fakes import AnsweringEngine as FakeEngine

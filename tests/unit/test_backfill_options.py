@@ -9,7 +9,7 @@ import pytest
 
 from consumer.backfill.job import BackfillJob
 from consumer.options import ModelProfile
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.embedding import decode_embedding
 from schemas.models import EmbedResult, ModelInfo

@@ -1,4 +1,4 @@
-"""The checkpoint (consumer/checkpoint.py): chosen once per delivery mode; cadence, kb1
+"""The checkpoint (consumer/finish/checkpoint.py): chosen once per delivery mode; cadence, kb1
 metadata, lag base and read-back, with fakes and a fake clock (the pipeline's and the
 backfill job's own tests cover it in their flows)."""
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from consumer.checkpoint import (
+from consumer.finish.checkpoint import (
     Checkpoint,
     PlainCheckpoint,
     TransactionalCheckpoint,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.dedup import DedupCache, DedupKind
+from consumer.serve.dedup import DedupCache, DedupKind
 
 P0 = ("requests", 0)
 P1 = ("requests", 1)

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from consumer.delivery import DEAD_LETTER_CUT_BYTES, Delivery
+from consumer.finish.delivery import DEAD_LETTER_CUT_BYTES, Delivery
 from consumer.kafka.errors import DeliveryError, SinkClosedError
 from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
 from schemas.records import OutRecord

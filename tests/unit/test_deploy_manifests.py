@@ -87,7 +87,7 @@ def test_prometheus_scrapes_the_metrics_port() -> None:
 
 def _metric_names() -> set[str]:
     """Every sample name the service exports (histograms add _bucket/_sum/_count)."""
-    from consumer.metrics import Metrics
+    from consumer.serve.metrics import Metrics
 
     names: set[str] = set()
     for family in Metrics().registry.collect():

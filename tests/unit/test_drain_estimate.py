@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.metrics import DrainEstimate, Metrics
+from consumer.serve.metrics import DrainEstimate, Metrics
 
 
 def test_no_backlog_drains_in_zero_seconds() -> None:

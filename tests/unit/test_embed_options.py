@@ -2,7 +2,7 @@
 
 Each request goes the serving path without Kafka: option check and prompt
 (:func:`consumer.options.admit_options`), the real tokenizer and torch runner
-(:func:`consumer.app.load_model`), the reply builder, the codec, and back through
+(:func:`consumer.serve.app.load_model`), the reply builder, the codec, and back through
 ``decode_reply``. The reference is computed here with ``SentenceTransformer(model_dir).encode``
 (``prompt_name``, ``normalize_embeddings``, ``truncate_dim``) and
 ``quantize_embeddings(..., precision="ubinary")``. The two models share their weights; one has
@@ -27,7 +27,7 @@ from consumer.batching.types import Batch, InferenceItem, ItemOutcome, Rejected,
 from consumer.config import ModelSettings
 from consumer.model.loader import LoadedModel, load_model
 from consumer.options import EmbedOptions, OptionError, admit_options, prompted_text
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply
 from schemas.embedding import decode_embedding
 from schemas.models import EmbedResult, Reply, Request

@@ -9,15 +9,15 @@ from collections.abc import Mapping
 import pytest
 
 from consumer.config import ServeSettings
-from consumer.delivery import Delivery
-from consumer.exactly_once import IntervalGate, commit_transactions
+from consumer.finish.delivery import Delivery
+from consumer.finish.exactly_once import IntervalGate, commit_transactions
 from consumer.kafka.errors import TransactionError
 from consumer.kafka.offset_metadata import Encoded, decode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import Metrics
+from consumer.serve.pipeline import Pipeline
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
 from schemas.records import OutRecord

@@ -13,7 +13,7 @@ import pytest
 from consumer.batching.types import ItemOutcome
 from consumer.kafka.errors import FENCED, TransactionError
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.pipeline import Pipeline
+from consumer.serve.pipeline import Pipeline
 from schemas.codec import decode_reply
 from tests.fakes import FakeEngine, FakeTransactions
 from tests.unit.test_exactly_once import RecordingSource, eos_pipeline

@@ -1,11 +1,11 @@
-"""Which revoked partitions an assignment gives back unchanged (consumer.handover), and the
+"""Which revoked partitions an assignment gives back unchanged (consumer.serve.handover), and the
 tracker's suspended state that carries them (OffsetTracker.suspend/resume)."""
 
 from __future__ import annotations
 
-from consumer.handover import NO_MEMBERSHIP, handover
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import Membership, TopicPartition
+from consumer.serve.handover import NO_MEMBERSHIP, handover
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)

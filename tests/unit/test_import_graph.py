@@ -1,8 +1,17 @@
-"""The import graph of consumer/, schemas/ and producer_tools/: no circle, and who may import
-whom among kbatch's own modules (test_import_boundaries.py holds the third-party rules).
+"""The import graph of consumer/, schemas/ and producer_tools/: no circle, no upward import, and
+who may import whom among kbatch's own modules (test_import_boundaries.py holds the third-party
+rules).
 
 Every import counts, at module level, inside a function or under ``if TYPE_CHECKING:``
 (a circle of type-only imports still tangles the modules for a reader).
+
+Rooms and layers (docs/ARCHITECTURE.md §Rooms): a *room* is a sub-package of ``consumer``
+(``consumer.kafka``), a loose module of its root (``consumer.config``), or a top-level package
+(``schemas``, ``producer_tools``). Each room sits in one layer of :data:`LAYERS`. A module may
+import the modules of its own room and of the rooms of lower layers only: an import of a room
+of its own layer (a peer) or of a higher one is *upward*. So the rooms form a layered order
+without a cycle between them, and the root of ``consumer`` holds no module that its rooms'
+layers would have to import upward (``consumer.config`` importing ``consumer.jobs`` was one).
 """
 
 from __future__ import annotations
@@ -106,13 +115,146 @@ def test_the_detector_finds_a_circle(tmp_path: Path) -> None:
     assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "leaves",
+        ("schemas", "consumer", "consumer.cpu", "consumer.deadline", "consumer.entities"),
+    ),
+    (
+        "building blocks",
+        ("consumer.kafka", "consumer.batching", "consumer.options", "consumer.lifecycle"),
+    ),
+    (
+        "model and replies",
+        ("consumer.model", "consumer.replies", "consumer.broker", "consumer.tracing"),
+    ),
+    ("settings and finishing", ("consumer.config", "consumer.finish", "producer_tools")),
+    ("backfill", ("consumer.backfill",)),
+    ("jobs", ("consumer.jobs",)),
+    ("serve and bench", ("consumer.serve", "consumer.bench")),
+    ("command line", ("consumer.cli",)),
+)
+"""The layers, lowest first: (name, its rooms). A new room, or an import a layer does not
+allow, is placed here (and in docs/ARCHITECTURE.md: ``python scripts/room_graph.py --write``)."""
+
+
+def room_of(module: str, split: str = "consumer") -> str:
+    """``consumer.kafka.source`` → ``consumer.kafka``; ``schemas.models`` → ``schemas`` (only the
+    ``split`` package is cut into rooms)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == split else parts[0]
+
+
+def room_graph(graph: dict[str, set[str]], split: str = "consumer") -> dict[str, set[str]]:
+    """Room → the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        room = room_of(module, split)
+        rooms.setdefault(room, set()).update(
+            room_of(d, split) for d in deps if room_of(d, split) != room
+        )
+    return rooms
+
+
+def upward_imports(
+    graph: dict[str, set[str]],
+    layers: tuple[tuple[str, tuple[str, ...]], ...],
+    split: str = "consumer",
+) -> list[str]:
+    """``"importer -> imported"`` for each import of a module of another room of the importer's
+    layer or above (a room missing from ``layers`` counts as above the top), sorted."""
+    level = {room: i for i, (_, rooms) in enumerate(layers) for room in rooms}
+    top = len(layers)
+    return sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        if room_of(dep, split) != room_of(module, split)
+        and level.get(room_of(dep, split), top) >= level.get(room_of(module, split), top)
+    )
+
+
+def _short(room: str) -> str:
+    """How a room reads in the diagram: ``kafka/``, ``config.py``, ``schemas/``."""
+    if room.startswith("consumer."):
+        name = room.removeprefix("consumer.")
+        return f"{name}/" if (ROOT / "consumer" / name).is_dir() else f"{name}.py"
+    return f"{room}/" if room != "consumer" else "consumer/__init__.py"
+
+
+def room_diagram(root: Path = ROOT) -> str:
+    """The layers, top first, each room with the rooms it imports (text; docs/ARCHITECTURE.md
+    §Rooms holds it, scripts/room_graph.py writes it there)."""
+    rooms = room_graph(import_graph(root, PACKAGES))
+    lines = []
+    for i, (name, members) in reversed(list(enumerate(LAYERS))):
+        lines.append(f"{i} {name}")
+        for room in members:
+            deps = " ".join(sorted(_short(d) for d in rooms.get(room, set())))
+            lines.append(f"    {_short(room):<22}" + (f"-> {deps}" if deps else "").rstrip())
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def test_no_upward_import() -> None:
+    assert upward_imports(import_graph(ROOT, PACKAGES), LAYERS) == []
+
+
+def test_every_room_has_one_layer() -> None:
+    placed = [room for _, rooms in LAYERS for room in rooms]
+    assert len(placed) == len(set(placed))
+    assert set(room_graph(import_graph(ROOT, PACKAGES))) == set(placed)
+
+
+def test_the_layer_rule_finds_upward_and_peer_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    for room in ("low", "mid", "peer", "high"):
+        (pkg / room).mkdir(parents=True)
+        (pkg / room / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from pkg.high.b import x\n")  # upward
+    (pkg / "mid" / "a.py").write_text("from pkg.peer.c import y\nfrom pkg.low.a import f\n")
+    (pkg / "peer" / "c.py").write_text("y = 1\n")
+    (pkg / "high" / "b.py").write_text("from ..mid import a\nx = 1\n")  # downward: allowed
+    layers = (("0", ("pkg.low",)), ("1", ("pkg.mid", "pkg.peer")), ("2", ("pkg.high",)))
+    graph = import_graph(tmp_path, ("pkg",))
+    assert upward_imports(graph, layers, split="pkg") == [
+        "pkg.low.a -> pkg.high.b",
+        "pkg.mid.a -> pkg.peer.c",
+    ]
+    assert upward_imports(graph, (("all", ("pkg.low", "pkg.mid", "pkg.peer")),), "pkg") == [
+        "pkg.low.a -> pkg.high.b",  # a room missing from the layers sits above them all
+        "pkg.mid.a -> pkg.low.a",  # peers now
+        "pkg.mid.a -> pkg.peer.c",
+    ]
+
+
+def test_the_architecture_document_holds_the_current_room_diagram() -> None:
+    """docs/ARCHITECTURE.md §Rooms shows :func:`room_diagram`; after a change of rooms or of
+    their imports, ``python scripts/room_graph.py --write`` brings it up to date."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert room_diagram() in text
+
+
+def test_the_architecture_document_names_every_module() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "__init__.py" and f"`{path.relative_to(ROOT)}`" not in text
+    ]
+    assert unnamed == []
+
+
 def _importers_of(target: str) -> list[str]:
     graph = import_graph(ROOT, PACKAGES)
     return sorted(m for m, deps in graph.items() if target in deps)
 
 
 def test_only_the_cli_imports_the_serve_wiring() -> None:
-    assert [m for m in _importers_of("consumer.app") if not m.startswith("consumer.cli")] == []
+    assert [
+        m for m in _importers_of("consumer.serve.app") if not m.startswith("consumer.cli")
+    ] == []
 
 
 def _imports_of_consumer_outside(package: str) -> dict[str, list[str]]:
@@ -135,7 +277,7 @@ def test_schemas_errors_is_a_leaf_of_schemas() -> None:
     assert {d for d in graph["schemas.errors"] if d.startswith("schemas")} == set()
 
 
-COMMANDS = ("consumer.config", "consumer.cli", "consumer.app", "consumer.backfill.config")
+COMMANDS = ("consumer.config", "consumer.cli", "consumer.serve.app", "consumer.backfill.config")
 """The command modules: settings of whole commands, the CLI, the serve wiring."""
 
 

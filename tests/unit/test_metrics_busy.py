@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.metrics import BusyWindow, Metrics, PrometheusStats
+from consumer.serve.metrics import BusyWindow, Metrics, PrometheusStats
 
 
 class FakeClock:

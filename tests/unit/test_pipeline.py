@@ -15,13 +15,13 @@ import pytest
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.deadline import Deadline
-from consumer.delivery import DEAD_LETTER_CUT_BYTES
+from consumer.finish.delivery import DEAD_LETTER_CUT_BYTES
 from consumer.kafka.offset_metadata import decode_completed, encode_completed
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.kafka.sink import DeliveryError
-from consumer.metrics import Metrics
-from consumer.pipeline import FIRST_POLL_RECORDS, Pipeline
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import Metrics
+from consumer.serve.pipeline import FIRST_POLL_RECORDS, Pipeline
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
 from schemas.errors import ErrorCode

@@ -15,10 +15,10 @@ from consumer.batching.fanout import CHUNKS
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.config import ServeSettings
 from consumer.kafka.records import InRecord
-from consumer.metrics import Metrics
 from consumer.options import ModelProfile
-from consumer.pipeline import Pipeline
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import Metrics
+from consumer.serve.pipeline import Pipeline
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, decode_request
 from schemas.embedding import decode_embedding

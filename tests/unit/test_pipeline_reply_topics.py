@@ -12,9 +12,9 @@ import msgpack
 from consumer.config import ServeSettings
 from consumer.kafka.errors import DeliveryDeniedError
 from consumer.kafka.records import InRecord
-from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import Metrics
+from consumer.serve.pipeline import Pipeline
 from schemas import headers as H
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo

@@ -162,9 +162,9 @@ def test_the_cli_exits_1_with_the_gate_s_message(
 ) -> None:
     from click.testing import CliRunner
 
-    from consumer import app
     from consumer.backfill import app as backfill_app
     from consumer.cli import cli
+    from consumer.serve import app
 
     async def refused(*_a: object, **_k: object) -> int:
         raise LossyBackendError("--backend onnx --quantize int8 answers too far (min cosine 0.97)")

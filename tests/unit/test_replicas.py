@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from consumer.config import ServeSettings, load_settings
-from consumer.replicas import (
+from consumer.serve.replicas import (
     PER_REPLICA_FLAGS,
     RestartPolicy,
     RestartState,
@@ -100,7 +100,7 @@ def test_a_replica_stopped_while_starting_counts_as_drained(
 
 
 def test_the_drain_deadline_exit_code_is_serves() -> None:
-    from consumer import app, replicas
+    from consumer.serve import app, replicas
 
     assert replicas.EXIT_DRAIN_DEADLINE == app.EXIT_DRAIN_DEADLINE
 
@@ -169,7 +169,7 @@ def test_every_gauge_says_how_replicas_combine() -> None:
     series per pid: each gauge of Metrics names its multiprocess_mode."""
     from prometheus_client import Gauge
 
-    from consumer.metrics import Metrics
+    from consumer.serve.metrics import Metrics
 
     metrics = Metrics()
     gauges = {

@@ -1,5 +1,5 @@
-"""The reply-topic allow-list (consumer/reply_policy.py): table of topics → verdicts, and the
-log rate limit on a fake clock."""
+"""The reply-topic allow-list (consumer/replies/topic_policy.py): table of topics → verdicts,
+and the log rate limit on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from consumer.reply_policy import LOG_INTERVAL_S, ReplyTopicPolicy
+from consumer.replies.topic_policy import LOG_INTERVAL_S, ReplyTopicPolicy
 from tests.fakes import FakeClock
 
 

@@ -14,8 +14,14 @@ from consumer.backfill.config import CUDA_MAX_BATCH_TOKENS, BackfillSettings
 from consumer.batching.config import BatchPolicyConfig
 from consumer.cli.backfill import backfill_command
 from consumer.cli.serve import serve_command
-from consumer.config import ModelSettings, RunSettings, ServeSettings, SettingsBase, project
-from consumer.jobs.config import JobsSettings
+from consumer.config import (
+    JobsSettings,
+    ModelSettings,
+    RunSettings,
+    ServeSettings,
+    SettingsBase,
+    project,
+)
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,

@@ -1,4 +1,4 @@
-"""A replica drains when its supervisor is gone (``consumer.supervisor_watch``)."""
+"""A replica drains when its supervisor is gone (``consumer.serve.supervisor_watch``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from consumer.supervisor_watch import SUPERVISOR_PID_ENV, supervisor_pid, watch_supervisor
+from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV, supervisor_pid, watch_supervisor
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 from consumer.batching.fanout import FanOutEngine
 from consumer.batching.types import InferenceItem, ItemOutcome, OutcomeStatus
-from consumer.task_options import (
+from consumer.replies.task_options import (
     TASK_OPTIONS,
     TaskOptionError,
     TaskOptions,

@@ -30,7 +30,7 @@ from consumer.entities import redact
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
-from consumer.task_options import TaskOptions, shape_task_result
+from consumer.replies.task_options import TaskOptions, shape_task_result
 from schemas.models import Aggregation
 from schemas.sparse import decode_sparse
 from tests.fixtures.task_models import (

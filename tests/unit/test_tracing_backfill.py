@@ -15,7 +15,7 @@ from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.batching.types import Batch, TokenizedItem
 from consumer.kafka.records import InRecord
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from consumer.tracing.batches import BatchTracing
 from consumer.tracing.jobs import start_job_span
 from schemas.models import ModelInfo

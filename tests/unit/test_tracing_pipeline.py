@@ -17,9 +17,9 @@ from opentelemetry.trace import SpanKind
 from consumer.batching.types import Batch, InferenceItem, TokenizedItem
 from consumer.config import ServeSettings
 from consumer.kafka.records import InRecord
-from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import Metrics
+from consumer.serve.pipeline import Pipeline
 from consumer.tracing.batches import BatchTracing
 from consumer.tracing.provider import LinkedSampler
 from consumer.tracing.requests import RequestTracing

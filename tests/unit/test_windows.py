@@ -17,7 +17,7 @@ from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS, TokenScores, merge_overlapping, redact, redact_windows
 from consumer.model.tokenize import HFTokenizer
 from consumer.model.windows import TokenWindows
-from consumer.task_options import FIRST_WINDOW, window_rule
+from consumer.replies.task_options import FIRST_WINDOW, window_rule
 from schemas.errors import ErrorCode
 from tests.fakes import FakeEngine
 from tests.fixtures.tiny_models import minilm_dir

@@ -31,12 +31,12 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.fanout import CHUNKS
 from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
-from consumer.chunking import shape_chunks
 from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
 from consumer.model.windows import TokenWindows, fan_out_for
 from consumer.options import EmbedOptions, ModelProfile
-from consumer.task_options import TaskOptions, shape_task_result
+from consumer.replies.chunking import shape_chunks
+from consumer.replies.task_options import TaskOptions, shape_task_result
 from schemas.models import Aggregation
 from tests.fixtures.task_models import build_tag_everything_classifier, build_tiny_token_classifier
 

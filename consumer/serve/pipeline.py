@@ -45,21 +45,21 @@ from typing import TYPE_CHECKING, Protocol
 
 from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome, Lane
-from consumer.checkpoint import Committed, TransactionalSinkLike, checkpoint_for
 from consumer.config import ServeSettings, project
 from consumer.deadline import Deadline
-from consumer.dedup import DedupCache, DedupKind
-from consumer.delivery import Delivery, SinkLike
-from consumer.handover import NO_MEMBERSHIP, Handover, Membership, handover
+from consumer.finish.checkpoint import Committed, TransactionalSinkLike, checkpoint_for
+from consumer.finish.delivery import Delivery, SinkLike
 from consumer.kafka.errors import KafkaUnavailableError, TransactionError
 from consumer.kafka.flow import FlowConfig, FlowControl
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.metrics import Metrics
 from consumer.options import EmbedOptions, OptionError, admit_options, dedup_key, prompted_text
-from consumer.replies import ReplyBuilder
-from consumer.reply_policy import ReplyTopicPolicy
-from consumer.task_options import NEW_TASKS, check_task_options, window_rule
+from consumer.replies.builder import ReplyBuilder
+from consumer.replies.task_options import NEW_TASKS, check_task_options, window_rule
+from consumer.replies.topic_policy import ReplyTopicPolicy
+from consumer.serve.dedup import DedupCache, DedupKind
+from consumer.serve.handover import NO_MEMBERSHIP, Handover, Membership, handover
+from consumer.serve.metrics import Metrics
 from schemas.errors import ErrorCode
 from schemas.headers import STATUS, last_value
 from schemas.records import (

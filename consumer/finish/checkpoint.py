@@ -13,7 +13,8 @@ delivery mode runs.
                              (a retriable failure: logged, retried at the next interval)
     TransactionalCheckpoint  commit: hold new sends of each partition, wait for started ones,
                              offsets_now() → kb1 metadata → send_offsets_to_transaction →
-                             commit_transaction (:func:`consumer.exactly_once.commit_transactions`);
+                             commit_transaction
+                             (:func:`consumer.finish.exactly_once.commit_transactions`);
                              assign: open the partition's producer (fences the previous owner)
                              before reading its committed offset, then seek there;
                              revoke: abort what is open
@@ -32,8 +33,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from consumer.delivery import SourcedSinkLike
-from consumer.exactly_once import GateOwner, TransactionsLike, commit_transactions
+from consumer.finish.delivery import SourcedSinkLike
+from consumer.finish.exactly_once import GateOwner, TransactionsLike, commit_transactions
 from consumer.kafka.errors import CommitError, RangeSourceError, TransactionError
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
@@ -150,7 +151,7 @@ class Checkpoint:
         Raises:
             TransactionError: transactional, a transaction could not be committed; what was
                 committed is recorded first, and the failed partitions' producers are closed
-                (serve rewinds them unless fenced: :meth:`consumer.pipeline.Pipeline.commit`;
+                (serve rewinds them unless fenced: :meth:`consumer.serve.pipeline.Pipeline.commit`;
                 backfill stops).
         """
         raise NotImplementedError
@@ -217,7 +218,7 @@ class PlainCheckpoint(Checkpoint):
 
 class TransactionalCheckpoint(Checkpoint):
     """``--exactly-once``: each input partition's replies and offsets in its own Kafka
-    transaction (:mod:`consumer.exactly_once`, :mod:`consumer.kafka.transactions`); one
+    transaction (:mod:`consumer.finish.exactly_once`, :mod:`consumer.kafka.transactions`); one
     commit at a time.
 
     Args:
@@ -271,7 +272,7 @@ class TransactionalCheckpoint(Checkpoint):
 
         Raises:
             KafkaUnavailableError: the producer did not start (within ``timeout_s`` seconds
-                when given: a rewind, :meth:`consumer.pipeline.Pipeline.commit`).
+                when given: a rewind, :meth:`consumer.serve.pipeline.Pipeline.commit`).
         """
         await self._transactions.open(tp, timeout_s)
         committed = await self._read_back(tp, source)

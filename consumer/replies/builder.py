@@ -20,10 +20,10 @@ from dataclasses import replace
 from typing import Any
 
 from consumer.batching.types import ItemOutcome
-from consumer.chunking import CHUNKS, shape_chunks
 from consumer.kafka.records import InRecord
 from consumer.options import EmbedOptions, ModelProfile, shape_result
-from consumer.task_options import NEW_TASKS, TaskOptions, shape_task_result
+from consumer.replies.chunking import CHUNKS, shape_chunks
+from consumer.replies.task_options import NEW_TASKS, TaskOptions, shape_task_result
 from schemas.errors import ErrorCode
 from schemas.models import (
     ChunkOutput,
@@ -151,8 +151,8 @@ class ReplyBuilder:
         """The contract's reply value for ``outcome`` (ok, error or expired), without a record
         around it (``kbatch backfill`` writes it to its own output records); ``options`` shape
         an embedding (:func:`consumer.options.shape_result`), ``task_options`` a 1.2 task's
-        result (:func:`consumer.task_options.shape_task_result`; default: no options),
-        ``chunk_output`` a chunked embedding's (:func:`consumer.chunking.shape_chunks`).
+        result (:func:`consumer.replies.task_options.shape_task_result`; default: no options),
+        ``chunk_output`` a chunked embedding's (:func:`consumer.replies.chunking.shape_chunks`).
 
         Raises:
             ValueError: ``outcome.error_code`` is not a contract error code.

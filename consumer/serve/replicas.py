@@ -19,7 +19,7 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
 - **Signals**: SIGTERM/SIGINT are forwarded to every replica, which drains as ``kbatch serve``
   does; the supervisor waits for all of them (at most ``drain_timeout_s`` +
   :data:`KILL_GRACE_S`, then SIGKILL). A supervisor killed with SIGKILL forwards nothing: each
-  replica watches for its death and drains by itself (:mod:`consumer.supervisor_watch`).
+  replica watches for its death and drains by itself (:mod:`consumer.serve.supervisor_watch`).
 - **Restarts**: a replica that exits while no stop was asked for is restarted after a capped
   exponential backoff (:class:`RestartPolicy`), logged with its pid; one that fails to start
   (exit 1) before it was ever ready ends the whole host with exit 1.
@@ -57,7 +57,7 @@ from consumer.cpu.budget import read_cpu_budget
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
-from consumer.supervisor_watch import SUPERVISOR_PID_ENV
+from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV
 
 __all__ = [
     "RestartPolicy",
@@ -75,7 +75,7 @@ log = logging.getLogger("kbatch.replicas")
 
 EXIT_DRAIN_DEADLINE = 3
 """A replica's and the supervisor's exit code when a drain ran out of ``drain_timeout_s`` (the
-value of ``consumer.app.EXIT_DRAIN_DEADLINE``, which this module may not import: only the CLI
+value of ``consumer.serve.app.EXIT_DRAIN_DEADLINE``, which this module may not import: only the CLI
 imports the serve wiring; a unit test holds them equal)."""
 
 KILL_GRACE_S = 30.0
@@ -488,7 +488,7 @@ class Supervisor:
     async def run(self) -> int:
         """Start the replicas, supervise them until a signal, wait for their drains; the exit
         code (:func:`combined_exit_code`)."""
-        from consumer.metrics import HealthServer
+        from consumer.serve.metrics import HealthServer
 
         s = self.settings
         try:

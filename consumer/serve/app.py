@@ -39,12 +39,12 @@ from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
 from consumer.lifecycle import Lifecycle
-from consumer.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
-from consumer.pipeline import Pipeline
-from consumer.replies import ReplyBuilder
-from consumer.supervisor_watch import supervisor_pid, watch_supervisor
+from consumer.replies.builder import ReplyBuilder
+from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
+from consumer.serve.pipeline import Pipeline
+from consumer.serve.supervisor_watch import supervisor_pid, watch_supervisor
 from consumer.tracing.provider import TracingUnavailableError
 
 if TYPE_CHECKING:

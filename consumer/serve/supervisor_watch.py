@@ -1,7 +1,7 @@
 """A replica of ``kbatch serve --replicas N`` stops when its supervisor is gone.
 
-The supervisor (:mod:`consumer.replicas`) forwards SIGTERM/SIGINT, but a supervisor killed with
-SIGKILL (or by the OOM killer) forwards nothing: without this watch its replicas would run on
+The supervisor (:mod:`consumer.serve.replicas`) forwards SIGTERM/SIGINT, but a supervisor killed
+with SIGKILL (or by the OOM killer) forwards nothing: without this watch its replicas would run on
 as orphans, still members of the consumer group, and a restarted supervisor would add N more.
 So each replica learns its supervisor's pid (:data:`SUPERVISOR_PID_ENV`) and checks its parent
 pid every :data:`WATCH_INTERVAL_S`: once the parent is no longer that process (an orphan is

@@ -15,9 +15,9 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -41,6 +41,9 @@ _LATENCY_BUCKETS_S = (
     30,
     60,
 )
+_MultiprocessMode = Literal["livesum", "livemax", "livemin", "liveall", "livemostrecent"]
+"""How the supervisor combines a gauge over the replicas (prometheus-client's names)."""
+
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 _EFFICIENCY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0)
 
@@ -50,223 +53,186 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.records_consumed = Counter(
-            "kbatch_records_consumed_total",
-            "Request records taken from Kafka.",
-            ["topic"],
-            registry=r,
+        self.records_consumed = self._counter(
+            "kbatch_records_consumed_total", "Request records taken from Kafka.", ["topic"]
         )
-        self.replies = Counter(
-            "kbatch_replies_total",
-            "Replies acknowledged by the broker, by status.",
-            ["status"],
-            registry=r,
+        self.replies = self._counter(
+            "kbatch_replies_total", "Replies acknowledged by the broker, by status.", ["status"]
         )
-        self.lane_replies = Counter(
+        self.lane_replies = self._counter(
             "kbatch_lane_replies_total",
             "Replies acknowledged by the broker, by lane (the request's priority: live or "
             "bulk) and status; kbatch_replies_total is their sum over lanes.",
             ["lane", "status"],
-            registry=r,
         )
         self._reply_children: dict[tuple[str, str], _ReplyCount] = {}
-        self.dead_letters = Counter(
-            "kbatch_dead_letters_total",
-            "Dead letters acknowledged, by error code.",
-            ["code"],
-            registry=r,
+        self.dead_letters = self._counter(
+            "kbatch_dead_letters_total", "Dead letters acknowledged, by error code.", ["code"]
         )
-        self.dead_letters_failed = Counter(
+        self.dead_letters_failed = self._counter(
             "kbatch_dead_letters_failed_total",
             "Bad records whose dead letter the broker refused even cut down (logged with "
             "their offset; the record was still completed so its partition moves on).",
             ["code"],
-            registry=r,
         )
-        self.skipped_completed = Counter(
+        self.skipped_completed = self._counter(
             "kbatch_records_skipped_completed_total",
             "Request records skipped on intake because a previous owner of their partition "
             "answered them (its commit metadata said so): neither computed nor answered again.",
-            registry=r,
         )
-        self.commit_metadata_truncated = Counter(
+        self.commit_metadata_truncated = self._counter(
             "kbatch_commit_metadata_truncated_total",
             "Partition commits whose finished-offset metadata did not fit the broker's "
             "offset.metadata.max.bytes; the lowest offsets were kept, the rest are recomputed "
             "after a crash.",
-            registry=r,
         )
-        self.transaction_recoveries = Counter(
+        self.transaction_recoveries = self._counter(
             "kbatch_transaction_recoveries_total",
             "--exactly-once: partitions whose transaction failed without a fence (reason: "
             "unknown_outcome, unacknowledged_send, aborted) and were recovered in place: new "
             "producer, rewound to the committed offset, computed again.",
             ["reason"],
-            registry=r,
         )
-        self.dedup_hits = Counter(
-            "kbatch_dedup_hits_total",
-            "Requests answered from another copy of the same key.",
-            registry=r,
+        self.dedup_hits = self._counter(
+            "kbatch_dedup_hits_total", "Requests answered from another copy of the same key."
         )
-        self.trace_headers_ignored = Counter(
+        self.trace_headers_ignored = self._counter(
             "kbatch_trace_headers_ignored_total",
             "Request trace headers (traceparent, tracestate) ignored under --tracing: "
             "repeated, oversized, encoding (not ASCII), invalid; the request is served "
             "without them (docs/TRACING.md).",
             ["reason"],
-            registry=r,
         )
-        self.expired = Counter(
-            "kbatch_expired_total", "Requests answered expired, never computed.", registry=r
+        self.expired = self._counter(
+            "kbatch_expired_total", "Requests answered expired, never computed."
         )
-        self.oom_splits = Counter(
-            "kbatch_oom_splits_total", "Batches split in half after a failure.", registry=r
+        self.oom_splits = self._counter(
+            "kbatch_oom_splits_total", "Batches split in half after a failure."
         )
-        self.failed_items = Counter(
-            "kbatch_inference_failed_total", "Requests answered inference_failed.", registry=r
+        self.failed_items = self._counter(
+            "kbatch_inference_failed_total", "Requests answered inference_failed."
         )
-        self.batch_size = Histogram(
+        self.batch_size = self._histogram(
             "kbatch_batch_size",
             "Requests per batch run, by lane (live or bulk; a batch never mixes lanes).",
             ["lane"],
             buckets=_BATCH_SIZE_BUCKETS,
-            registry=r,
         )
-        self.tokens_real = Counter(
-            "kbatch_tokens_real_total", "Real (non-padding) tokens computed.", registry=r
+        self.tokens_real = self._counter(
+            "kbatch_tokens_real_total", "Real (non-padding) tokens computed."
         )
-        self.tokens_padded = Counter(
-            "kbatch_tokens_padded_total",
-            "Padded tokens computed (padded_len × batch size).",
-            registry=r,
+        self.tokens_padded = self._counter(
+            "kbatch_tokens_padded_total", "Padded tokens computed (padded_len × batch size)."
         )
-        self.padding_efficiency = Histogram(
+        self.padding_efficiency = self._histogram(
             "kbatch_padding_efficiency",
             "Real / padded tokens per batch.",
             buckets=_EFFICIENCY_BUCKETS,
-            registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = self._histogram(
             "kbatch_queue_wait_seconds",
             "Time a request waited in its bucket, by lane (live or bulk).",
             ["lane"],
             buckets=_LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.inference_time = Histogram(
-            "kbatch_inference_seconds",
-            "Model time of one batch.",
-            buckets=_LATENCY_BUCKETS_S,
-            registry=r,
+        self.inference_time = self._histogram(
+            "kbatch_inference_seconds", "Model time of one batch.", buckets=_LATENCY_BUCKETS_S
         )
-        self.end_to_end = Histogram(
+        self.end_to_end = self._histogram(
             "kbatch_end_to_end_seconds",
             "Record timestamp to reply acknowledged (includes producer→broker time).",
             buckets=_LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.commit_time = Histogram(
-            "kbatch_commit_seconds",
-            "Latency of one offset commit.",
-            buckets=_LATENCY_BUCKETS_S,
-            registry=r,
+        self.commit_time = self._histogram(
+            "kbatch_commit_seconds", "Latency of one offset commit.", buckets=_LATENCY_BUCKETS_S
         )
-        self.in_flight_records = Gauge(
-            "kbatch_in_flight_records",
-            "Records taken in and not yet answered.",
-            registry=r,
-            multiprocess_mode="livesum",
+        self.in_flight_records = self._gauge(
+            "kbatch_in_flight_records", "Records taken in and not yet answered."
         )
-        self.in_flight_tokens = Gauge(
-            "kbatch_in_flight_tokens",
-            "Tokens of the records in flight.",
-            registry=r,
-            multiprocess_mode="livesum",
+        self.in_flight_tokens = self._gauge(
+            "kbatch_in_flight_tokens", "Tokens of the records in flight."
         )
-        self.pauses = Counter(
-            "kbatch_pauses_total",
-            "Partitions paused by backpressure (each pause counted).",
-            registry=r,
+        self.pauses = self._counter(
+            "kbatch_pauses_total", "Partitions paused by backpressure (each pause counted)."
         )
-        self.paused_partitions = Gauge(
-            "kbatch_paused_partitions",
-            "Partitions paused by backpressure.",
-            registry=r,
-            multiprocess_mode="livesum",
+        self.paused_partitions = self._gauge(
+            "kbatch_paused_partitions", "Partitions paused by backpressure."
         )
-        self.assigned_partitions = Gauge(
+        self.assigned_partitions = self._gauge(
             "kbatch_assigned_partitions",
             "Partitions assigned to this member (with replicas: to this host's members).",
-            registry=r,
-            multiprocess_mode="livesum",
         )
-        self.lag = Gauge(
+        # replicas: a partition's owner wrote last (a revoked owner's series goes stale)
+        self.lag = self._gauge(
             "kbatch_consumer_lag",
             "Records not yet committed per assigned partition: log end offset minus the "
             "committed offset (or, before the first commit, the offset reading started from).",
             ["topic", "partition"],
-            registry=r,
-            # replicas: a partition's owner wrote last (a revoked owner's series goes stale)
-            multiprocess_mode="livemostrecent",
+            mode="livemostrecent",
         )
-        self.rebalances = Counter(
-            "kbatch_rebalances_total",
-            "Partition revocations and assignments.",
-            ["kind"],
-            registry=r,
+        self.rebalances = self._counter(
+            "kbatch_rebalances_total", "Partition revocations and assignments.", ["kind"]
         )
-        self.engine_healthy = Gauge(
+        self.engine_healthy = self._gauge(
             "kbatch_engine_healthy",
             "1 unless a batch overran the watchdog (with replicas: of every replica).",
-            registry=r,
-            multiprocess_mode="livemin",
+            mode="livemin",
         )
-        self.gpu_memory = Gauge(
+        self.gpu_memory = self._gauge(
             "kbatch_gpu_memory_bytes",
             "CUDA memory allocated by torch (0 on CPU; with replicas: their sum).",
-            registry=r,
-            multiprocess_mode="livesum",
         )
         self.model_busy = BusyWindow()
-        self.model_busy_ratio = Gauge(
+        self.model_busy_ratio = self._gauge(
             "kbatch_model_busy_ratio",
             f"Fraction of the last {self.model_busy.window_s:g} s of wall time the model ran "
             "batches (the accelerator-utilisation proxy; also on CPU; with replicas: one "
             "series per replica process, its pid in /readyz).",
-            registry=r,
-            multiprocess_mode="liveall",
+            mode="liveall",
         )
         self.model_busy_ratio.set_function(self.model_busy.ratio)
         self.drain = DrainEstimate()
-        self.time_to_drain = Gauge(
+        self.time_to_drain = self._gauge(
             "kbatch_time_to_drain_seconds",
             "Seconds to answer the current backlog at the recent reply rate: the sum of "
             f"kbatch_consumer_lag over the replies of the last {self.drain.window_s:g} s per "
             f"second (capped at {self.drain.cap_s:g}; 0 without a backlog). The signal to "
             "autoscale on (docs/CLUSTER.md §KEDA); with replicas: the slowest replica's.",
-            registry=r,
-            multiprocess_mode="livemax",
+            mode="livemax",
         )
-        self.cpu_budget = Gauge(
+        self.cpu_budget = self._gauge(
             "kbatch_cpu_budget_cores",
             "Cores this process may use: the smallest of its affinity set, the cgroup CPU "
             "quota (rounded up) and --cpu-budget (docs/CPU.md; with replicas: the sum of "
             "their shares, the host's budget).",
-            registry=r,
-            multiprocess_mode="livesum",
         )
-        self.threads = Gauge(
+        self.threads = self._gauge(
             "kbatch_threads",
             "Threads of each pool sized from the CPU budget: torch (intra-op, also ONNX "
             "Runtime's), torch_interop, tokenizer (the Rust tokenizer's Rayon pool), event_loop "
             "(with replicas: summed over them).",
             ["pool"],
-            registry=r,
-            multiprocess_mode="livesum",
         )
         self._refreshed_s = 0.0
+
+    def _counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, help_text, labels, registry=self.registry)
+
+    def _gauge(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        mode: _MultiprocessMode = "livesum",
+    ) -> Gauge:
+        """``mode``: how the supervisor combines the replicas' values (prometheus-client's
+        ``multiprocess_mode``); a sum over the host unless the metric says otherwise."""
+        return Gauge(name, help_text, labels, registry=self.registry, multiprocess_mode=mode)
+
+    def _histogram(
+        self, name: str, help_text: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, help_text, labels, buckets=buckets, registry=self.registry)
 
     def show_cpu_plan(self, budget_cores: float, pools: Mapping[str, int]) -> None:
         """Publish this process's CPU budget (cores) and its pools' thread counts
@@ -411,7 +377,7 @@ ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 
 class Exposition(Protocol):
     """What :class:`HealthServer` serves on ``/metrics``: :class:`Metrics`, or the host-wide
-    view of ``kbatch serve --replicas`` (:mod:`consumer.replicas`)."""
+    view of ``kbatch serve --replicas`` (:mod:`consumer.serve.replicas`)."""
 
     def render(self) -> bytes:
         """The text exposition."""

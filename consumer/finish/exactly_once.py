@@ -17,7 +17,7 @@ that, per input partition:
   transaction.
 
 :func:`commit_transactions` is that commit step; its one caller is
-:class:`consumer.checkpoint.TransactionalCheckpoint`, the commit half of serve and backfill
+:class:`consumer.finish.checkpoint.TransactionalCheckpoint`, the commit half of serve and backfill
 under ``--exactly-once`` (the Kafka side is :mod:`consumer.kafka.transactions`).
 
 Why replies finished above the committed offset are committed with kb1 metadata rather than
@@ -130,7 +130,7 @@ class TransactionsLike(Protocol):
 
 
 class GateOwner(Protocol):
-    """What :func:`commit_transactions` needs of :class:`consumer.delivery.Delivery`."""
+    """What :func:`commit_transactions` needs of :class:`consumer.finish.delivery.Delivery`."""
 
     async def quiesce(
         self, tps: frozenset[TopicPartition], timeout_s: float

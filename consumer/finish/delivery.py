@@ -26,7 +26,7 @@ Rules (CONTRACT.md §Delivery):
   answered after a restart.
 * ``--exactly-once`` (``sourced`` given): each record's sends go to its input partition's
   transaction (``sourced.send_from``), and :meth:`Delivery.quiesce` / :meth:`Delivery.reopen`
-  bound a transaction between commits (:class:`consumer.exactly_once.IntervalGate`).
+  bound a transaction between commits (:class:`consumer.finish.exactly_once.IntervalGate`).
 * A revoke (both modes) quiesces its partitions too: their new replies are held until the
   next assignment says whether the partition stays (:meth:`Delivery.reopen`: sent) or moved
   (:meth:`Delivery.drop`: never sent, the next owner answers the records).
@@ -43,11 +43,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from consumer.exactly_once import IntervalGate
+from consumer.finish.exactly_once import IntervalGate
 from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.replies import ReplyBuilder
+from consumer.replies.builder import ReplyBuilder
 from schemas.errors import ErrorCode
 from schemas.records import OutRecord, cut_dead_letter
 
