@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, Tracer
 
 from consumer.kafka.admin import create_topics, delete_topics
 from producer_tools.client import ReplyEnvelope, RequestReplyClient
+from producer_tools.load import SLOWEST_TRACES, LoadOptions, run_load
 from tests.conftest import TopicFactory, unique_group
 from tests.fixtures.task_models import build_tiny_cross_encoder
 from tests.integration.harness import ServeProcess
@@ -272,3 +273,33 @@ async def test_a_backfill_is_one_trace_of_its_batches(
     assert batches and all(b.parent_span_id == job.span_id for b in batches)
     assert all(b.trace_id == job.trace_id for b in batches)
     assert sum(b.attributes["messaging.batch.message_count"] for b in batches) == len(texts)
+
+
+async def test_kbatch_load_traceparent_names_traces_kbatch_continued(setting: Setting) -> None:
+    """``kbatch load --traceparent``: each request starts a trace; the report's slowest trace
+    ids are the traces of kbatch's request spans (children of the load's span ids)."""
+    requests, replies, _ = setting.topics
+    async with traced_serve(setting, Path("noop")) as _:
+        run = await run_load(
+            LoadOptions(
+                bootstrap=setting.bootstrap,
+                request_topic=requests,
+                reply_topic=replies,
+                texts=["a short text", "another one"],
+                rate_per_s=20,
+                count=10,
+                warmup_s=0,
+                traceparent=True,
+            ),
+            progress=False,
+        )
+    slowest = run.report["slowest_traces"]
+    assert len(slowest) == SLOWEST_TRACES
+    assert slowest == sorted(slowest, key=lambda t: -t["latency_ms"])
+    wanted = {t["trace_id"] for t in slowest}
+    spans = wait_for(
+        setting.receiver,
+        lambda got: wanted <= {s.trace_id for s in got if s.name == f"process {requests}"},
+    )
+    parents = {s.trace_id: s.parent_span_id for s in spans if s.trace_id in wanted}
+    assert all(parent != "" for parent in parents.values())  # the load's span, remote
