@@ -156,8 +156,6 @@ class RequestTracing:
             attributes: dict[str, str | int | float | bool] = {"kbatch.status": request.status}
             if record.topic is not None:
                 attributes["kbatch.reply.topic"] = record.topic
-            if dedup:
-                attributes["kbatch.dedup"] = span_dedup(span)
             if outcome is not None and not dedup:  # a copy's batch is its original's
                 attributes["kbatch.queue_wait_ms"] = round(outcome.queue_ms, 3)
                 attributes["kbatch.infer_ms"] = round(outcome.infer_ms, 3)
@@ -190,13 +188,6 @@ class RequestTracing:
                 span.set_status(StatusCode.ERROR, code)
             span.end()
             request.trace = None
-
-
-def span_dedup(span: Span) -> str:
-    """The ``kbatch.dedup`` a dedup copy's span holds already, else ``answered``."""
-    attributes = getattr(span, "attributes", None) or {}
-    value = attributes.get("kbatch.dedup")
-    return value if isinstance(value, str) else "answered"
 
 
 def _remote_context(parent: TraceParent) -> Context:
