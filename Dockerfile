@@ -6,7 +6,8 @@ COPY pyproject.toml README.md ./
 COPY consumer ./consumer
 COPY producer_tools ./producer_tools
 COPY schemas ./schemas
-RUN --mount=type=cache,target=/root/.cache/pip pip install .
+# [otel]: OpenTelemetry tracing (--tracing, docs/TRACING.md); kbatch runs without it.
+RUN --mount=type=cache,target=/root/.cache/pip pip install '.[otel]'
 USER nobody
 EXPOSE 9400
 ENTRYPOINT ["kbatch"]

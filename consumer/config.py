@@ -43,6 +43,7 @@ from consumer.kafka.config import (
 )
 from consumer.kafka.flow import FlowConfig
 from consumer.model.settings import PACKAGED_MODEL, ModelSettings
+from consumer.tracing.settings import TracingSettings
 
 __all__ = [
     "COMMAND_CONFIG",
@@ -191,6 +192,7 @@ def project(group: type[G], settings: BaseModel) -> G:
 
 
 class ServeSettings(  # fields in --help: the last base's first, the class's own last
+    TracingSettings,
     JobsSettings,
     RunSettings,
     FlowConfig,

@@ -54,6 +54,7 @@ from aiokafka.structs import ConsumerRecord
 from consumer.kafka.admin import denied_topics
 from consumer.kafka.client_config import start_client
 from consumer.kafka.errors import DENIALS, KafkaUnavailableError, describe_denial
+from producer_tools.tracing import current_trace_headers, reply_context, reply_traceparent
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.embedding import decode_embedding
@@ -187,6 +188,21 @@ class ReplyEnvelope:
         """Seconds from the first send to the reply's arrival."""
         return self.received_s - self.sent_s
 
+    @property
+    def traceparent(self) -> str | None:
+        """The reply's ``traceparent``: kbatch's request span (None when kbatch runs without
+        ``--tracing``); docs/TRACING.md."""
+        return reply_traceparent(self.record.headers)
+
+    def trace_context(self) -> Any:
+        """An OpenTelemetry ``Context`` continuing the trace from kbatch's span (start the
+        reply's handling span in it: ``tracer.start_span(name, context=env.trace_context())``).
+
+        Raises:
+            RuntimeError: ``opentelemetry-api`` is not installed.
+        """
+        return reply_context(self.record.headers)
+
     def embedding(self, *, unpack_bits: bool = True) -> npt.NDArray[Any] | None:
         """The reply's embedding as a numpy vector, whatever ``encoding_format`` carried it;
         None for a reply without one (error, classify).
@@ -303,6 +319,8 @@ class RequestReplyClient:
             committed transactions (a server run with ``--exactly-once``).
         dead_letter_topic: The server's dead-letter topic (``kbatch serve --dlq-topic``), if
             known: refused as ``reply_topic``, as ``request_topic`` always is.
+        propagate_trace: Send the current OpenTelemetry span's ``traceparent``/``tracestate``
+            with each request (when ``opentelemetry-api`` is installed; docs/TRACING.md).
 
     Raises:
         ValueError: ``reply_topic`` is ``request_topic`` or ``dead_letter_topic`` (kbatch never
@@ -326,6 +344,7 @@ class RequestReplyClient:
         kafka_options: Mapping[str, Any] | None = None,
         read_committed: bool = False,
         dead_letter_topic: str | None = None,
+        propagate_trace: bool = True,
     ) -> None:
         for role, topic in (("request", request_topic), ("dead-letter", dead_letter_topic)):
             if reply_topic == topic:
@@ -348,6 +367,7 @@ class RequestReplyClient:
         self._client_id = client_id
         self._kafka_options = dict(kafka_options or {})
         self._isolation_level = "read_committed" if read_committed else "read_uncommitted"
+        self._propagate_trace = propagate_trace
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -514,6 +534,7 @@ class RequestReplyClient:
         redact: bool | None = None,
         priority: Priority | None = None,
         chunking: Chunking | Mapping[str, Any] | None = None,
+        trace_headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> ReplyEnvelope:
         """Send ``text`` and return its reply (any status: ok, error or expired).
 
@@ -543,6 +564,9 @@ class RequestReplyClient:
                 :class:`~schemas.models.Chunking`): embed the text in chunks; ``output``
                 ``"pooled"`` answers one vector (:meth:`ReplyEnvelope.embedding`),
                 ``"chunks"`` each chunk's (:meth:`ReplyEnvelope.chunks`).
+            trace_headers: ``traceparent``/``tracestate`` headers to send (every attempt);
+                default: the current OpenTelemetry span's (``propagate_trace``). The reply's
+                :attr:`ReplyEnvelope.traceparent` is kbatch's span, their child.
 
         Raises:
             RequestTimeoutError: no reply within ``timeout_s``.
@@ -584,6 +608,8 @@ class RequestReplyClient:
             ),
             enc,
         )
+        if trace_headers is None:
+            trace_headers = current_trace_headers() if self._propagate_trace else ()
         interval_s = retry_after_s if retry_after_s is not None else timeout_s / (retries + 1)
         call = _Call(asyncio.get_running_loop().create_future())
         first_sent_s = time.monotonic()
@@ -594,7 +620,7 @@ class RequestReplyClient:
                 call.attempts[correlation_id] = attempt
                 self._calls[correlation_id] = call
                 attempt_sent_s = time.monotonic()
-                await self._send(raw_key, value, correlation_id, enc, deadline_s)
+                await self._send(raw_key, value, correlation_id, enc, deadline_s, trace_headers)
                 last = attempt > retries
                 wait_until_s = deadline_s if last else min(deadline_s, attempt_sent_s + interval_s)
                 done, _ = await asyncio.wait(
@@ -624,13 +650,20 @@ class RequestReplyClient:
         )
 
     async def _send(
-        self, key: bytes, value: bytes, correlation_id: bytes, enc: Encoding, deadline_s: float
+        self,
+        key: bytes,
+        value: bytes,
+        correlation_id: bytes,
+        enc: Encoding,
+        deadline_s: float,
+        trace_headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         assert self._producer is not None
         headers = [
             *self._reply_headers,
             (H.CORRELATION_ID, correlation_id),
             (H.CONTENT_TYPE, enc.value.encode()),
+            *trace_headers,
         ]
         try:
             ack = await self._producer.send(self.request_topic, value, key=key, headers=headers)

@@ -33,6 +33,7 @@ import numpy as np
 from producer_tools import arrivals
 from producer_tools.client import ClientError, RequestReplyClient, RequestTimeoutError
 from producer_tools.report import Outcome, RunLog, build_report
+from producer_tools.tracing import new_trace_headers
 from schemas.codec import Encoding
 
 __all__ = ["LoadError", "LoadOptions", "LoadRun", "build_schedule", "run_load"]
@@ -79,6 +80,7 @@ class LoadOptions:
     probe: bool = True
     probe_timeout_s: float = 30.0
     keep_up_ratio: float = 0.9
+    traceparent: bool = False
     client_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -172,6 +174,7 @@ class _Runner:
         self.first_error: str | None = None
         self.tokens: list[tuple[float, float] | None] = [None] * (len(schedule.segments) + 1)
         self.progress = progress
+        self.trace_ids: dict[int, str] = {}  # --traceparent: request index → its trace id
 
     async def one(self, client: RequestReplyClient, i: int) -> None:
         opts, log = self.opts, self.log
@@ -180,6 +183,9 @@ class _Runner:
             if opts.deadline_after_ms is not None
             else None
         )
+        trace_headers: list[tuple[str, bytes]] = []
+        if opts.traceparent:  # a trace of its own per request, named in the report
+            self.trace_ids[i], trace_headers = new_trace_headers()
         log.sent_s[i] = time.monotonic() - self.t0
         self.sent += 1
         try:
@@ -190,6 +196,7 @@ class _Runner:
                 deadline_ms=deadline_ms,
                 task=opts.task,
                 encoding=opts.encoding,
+                trace_headers=trace_headers,
             )
         except RequestTimeoutError:
             log.outcome[i] = Outcome.TIMEOUT
@@ -337,6 +344,8 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
     )
     if runner.first_error is not None:
         report["first_error"] = runner.first_error
+    if runner.trace_ids:
+        report["slowest_traces"] = slowest_traces(runner.log, runner.trace_ids)
     report["setup"] = {
         "bootstrap": opts.bootstrap,
         "request_topic": opts.request_topic,
@@ -362,6 +371,23 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
         "metrics_url": opts.metrics_url,
     }
     return LoadRun(schedule=schedule, log=runner.log, report=report)
+
+
+SLOWEST_TRACES = 5
+"""``kbatch load --traceparent`` names this many of the slowest answered requests' traces."""
+
+
+def slowest_traces(log: RunLog, trace_ids: dict[int, str]) -> list[dict[str, Any]]:
+    """The :data:`SLOWEST_TRACES` answered requests with the longest latency (scheduled send
+    to reply), slowest first: ``{"trace_id", "latency_ms", "key_index"}`` — to look up in a
+    tracing backend (docs/TRACING.md)."""
+    latency_ms = (log.received_s - log.intended_s) * 1000.0
+    answered = [i for i in trace_ids if not np.isnan(latency_ms[i])]
+    answered.sort(key=lambda i: -latency_ms[i])
+    return [
+        {"trace_id": trace_ids[i], "latency_ms": round(float(latency_ms[i]), 1), "key_index": i}
+        for i in answered[:SLOWEST_TRACES]
+    ]
 
 
 def write_plots(run: LoadRun, out_dir: Path, prefix: str) -> list[Path]:

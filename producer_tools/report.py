@@ -496,5 +496,7 @@ def print_report(report: dict[str, Any], console: Any) -> None:
                 f"p99 during {b['p99_during_ms']} ms, after {b['p99_after_ms']} ms "
                 f"(next {b['after_window_s']} s), recovered in {b['recovery_s']} s"
             )
+    for t in report.get("slowest_traces", []):  # kbatch load --traceparent
+        console.print(f"slow request {t['latency_ms']} ms: trace {t['trace_id']}")
     for path in report.get("plots", []):
         console.print(f"plot: {path}")

@@ -34,6 +34,7 @@ ROLES = {
     "consumer.model": "the only torch importer: backends, tokenizers, loader",
     "consumer.replies": "what a reply says: builder, task options, chunking, topic policy",
     "consumer.broker": "local Kafka brokers for development and tests",
+    "consumer.tracing": "OpenTelemetry traces: trace headers, request, batch and job spans",
     "consumer.finish": "what finishes a record: delivery, checkpoint, exactly once",
     "consumer.backfill": "`kbatch backfill`",
     "consumer.jobs": "backfill jobs run by `kbatch serve`",

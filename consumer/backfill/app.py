@@ -79,6 +79,11 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
+    tracing = None
+    if settings.tracing:  # TracingUnavailableError without kbatch[otel]
+        from consumer.tracing.wiring import open_backfill_tracing
+
+        tracing = open_backfill_tracing(topic=settings.source_topic, task=settings.task)
 
     group_id = settings.effective_group_id
     client = project(KafkaClientSettings, settings)
@@ -145,6 +150,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 _progress(settings),
                 stats=stats,
                 transactions=transactions,
+                trace=tracing.trace if tracing is not None else None,
             )
             # rerank: each (query, document) pair is one engine item; token-classify: each
             # window of a long text (contract 1.3). The fan-out gathers them.
@@ -163,6 +169,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 stats=stats,
                 batch_timeout_s=settings.batch_timeout_s,
                 warmup="all" if cuda else "largest",
+                on_batch_run=tracing.batches if tracing is not None else None,
             )
             if fanout is not None:
                 fanout.bind(engine)
@@ -171,6 +178,8 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
                 await part.start()
                 life.enter(name, part.stop)
         summary = await job.run(stop, life.drain_deadline)
+    if tracing is not None:
+        await tracing.finish(summary.complete, "" if summary.complete else "incomplete")
     render_summary(summary)
     if json_summary:
         sys.stdout.write(json.dumps(summary.to_json()) + "\n")

@@ -27,6 +27,7 @@ from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSetting
 from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
 from consumer.replies.task_options import TaskOptions
+from consumer.tracing.settings import TracingSettings
 from schemas.models import EMBED_OPTIONS, Aggregation, Chunking, ChunkOutput, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
@@ -40,6 +41,7 @@ CUDA_MAX_BATCH_TOKENS = 16_384
 
 
 class BackfillSettings(  # fields in --help: the last base's first, the class's own last
+    TracingSettings,
     RunSettings,
     BatchPolicyConfig,
     SinkSettings,

@@ -107,6 +107,8 @@ class BackfillJob:
         transactions: ``--exactly-once``: the started
             :class:`~consumer.kafka.transactions.TransactionalSink`, every partition of the
             range open (``sink`` is then unused).
+        trace: ``--tracing``: the job's :class:`~consumer.tracing.jobs.JobTrace`, carried by
+            every item (its batches are child spans of the job's); None: no tracing.
     """
 
     def __init__(
@@ -120,8 +122,10 @@ class BackfillJob:
         stats: EngineStats | None = None,
         clock: Callable[[], float] = time.monotonic,
         transactions: TransactionalSinkLike | None = None,
+        trace: object | None = None,
     ) -> None:
         self.settings = settings
+        self._trace = trace
         self._source = source
         self._replies = replies
         self._progress: ProgressSink = progress or NullProgress()
@@ -285,6 +289,7 @@ class BackfillJob:
                     documents=got.documents,
                     windows=self._windows,
                     chunking=self._chunking,
+                    trace=self._trace,
                 )
             )
         if items:

@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 WarmupMode = Literal["all", "largest", "none"]
 OutcomeCallback = Callable[[list[ItemOutcome]], None]
 """Receives a list of outcomes on the event loop thread."""
+BatchObserver = Callable[[Batch, float, float], None]
+"""Called on the loop thread after the model ran a batch: ``(batch, start_s, end_s)``,
+monotonic seconds of the engine's clock (``--tracing``'s batch spans)."""
 _T = TypeVar("_T")
 
 INLINE_TOKENIZE_CHARS = 1024
@@ -116,6 +119,8 @@ class Engine:
         warmup: which worst-case bucket shapes :meth:`start` runs: ``all`` buckets (GPU: shows
             a too-large budget and pre-builds kernels), the ``largest`` padded length only (CPU),
             or ``none``.
+        on_batch_run: an observer of each batch the model ran (:data:`BatchObserver`); None
+            (the default) costs nothing.
 
     Raises:
         ValueError: when ``max_batch_tokens`` cannot hold one item of the model's max length.
@@ -132,8 +137,10 @@ class Engine:
         stats: StatsSink | None = None,
         batch_timeout_s: float = 60.0,
         warmup: WarmupMode = "all",
+        on_batch_run: BatchObserver | None = None,
     ) -> None:
         self._runner = runner
+        self._on_batch_run = on_batch_run
         self._tokenizer = tokenizer
         self._on_outcomes = on_outcomes
         self._clock = clock
@@ -485,6 +492,8 @@ class Engine:
                     batch,
                 )
                 self._lanes.note_batch(lane, (self._clock() - start) * 1000.0, self._clock())
+                if self._on_batch_run is not None:
+                    self._on_batch_run(batch, start, self._clock())
             if len(runs) != len(batch.items):
                 raise RuntimeError(f"runner returned {len(runs)} runs for {len(batch.items)}")
             outcomes = [_ok_or_error(t, r, start) for t, r in zip(batch.items, runs, strict=True)]

@@ -59,6 +59,9 @@ class InferenceItem:
         window: set on one window of a split item (by the fan-out), else None.
         chunking: embed (contract 1.3): how to chunk ``text`` (:class:`ChunkPlan`); the
             fan-out's windower makes one item per chunk.
+        trace: the request's span under ``--tracing`` (opaque here; a fan-out's parts keep
+            it), read by the engine's batch observer (:mod:`consumer.tracing.batches`);
+            None without tracing.
     """
 
     item_id: int
@@ -73,6 +76,7 @@ class InferenceItem:
     windows: bool = False
     window: Window | None = None
     chunking: ChunkPlan | None = None
+    trace: object | None = None
 
 
 @dataclass(slots=True)

@@ -19,6 +19,9 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
   tokenizer and its network — replaced by no-ops (:data:`consumer.model.loader.NOOP_MODEL`): what is
   left is kbatch's own cost per record (decode, dedup, buckets, replies, commits);
+- ``passthrough_trace1``, ``passthrough_trace100`` — ``passthrough`` under ``--tracing``
+  (docs/TRACING.md) at 1 % and 100 % head sampling, spans exported over OTLP/HTTP to a
+  discarding endpoint in this process (:mod:`consumer.bench.otlp_sink`): the cost of tracing;
 - ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
   (:mod:`consumer.bench.e2e_workers`, its own process).
 
@@ -89,7 +92,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from consumer.bench.e2e_report import (
     REPLICATED,
     SERVED,
+    TRACED,
     VARIANTS,
     cpu_device_figures,
     frontier_points,
@@ -110,6 +114,7 @@ from consumer.bench.e2e_report import (
     seq_per_s,
     variant_key,
 )
+from consumer.bench.otlp_sink import otlp_sink
 from consumer.kafka.admin import create_topics, delete_topics
 from schemas.headers import STATUS, last_value
 
@@ -175,16 +180,25 @@ Say = Callable[[str], None]
 class _Process:
     """One consumer process (``kbatch serve`` or an e2e worker) with its log file."""
 
-    def __init__(self, name: str, args: list[str], log_path: Path, ready: Callable[[], bool]):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        log_path: Path,
+        ready: Callable[[], bool],
+        env: Mapping[str, str] | None = None,
+    ):
         self.name = name
         self.args = args
+        self.env = env  # added to this process's environment
         self.log_path = log_path
         self._ready = ready
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+            env = None if self.env is None else {**os.environ, **self.env}
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process and its live children (replicas)."""
@@ -274,6 +288,7 @@ def _serve_process(
     log_dir: Path,
     replicas: int,
     extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> tuple[_Process, str]:
     port = _free_port()
     args = [
@@ -295,7 +310,7 @@ def _serve_process(
         *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"))
+    proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"), env)
     return proc, f"{base}/metrics"
 
 
@@ -486,15 +501,21 @@ async def _kafka_variant(
     await create_topics(opts.bootstrap, [topics.reply, topics.dlq], partitions=1)
     metrics_url: str | None = None
     model: str | None = None
+    spans = contextlib.ExitStack()  # the traced variants' OTLP endpoint
     if name in SERVED:
-        model = "noop" if name == "passthrough" else (opts.serve_model or str(opts.model_dir))
+        noop = name == "passthrough" or name in TRACED
+        model = "noop" if noop else (opts.serve_model or str(opts.model_dir))
         backend = "onnx" if name == "kbatch_onnx" else opts.backend
-        extra: tuple[str, ...] = ("--backend", backend) if name != "passthrough" else ()
+        extra: tuple[str, ...] = ("--backend", backend) if not noop else ()
+        env: dict[str, str] | None = None
         if name == "kbatch_eos":
             extra = (*extra, "--exactly-once")
         if name == "kbatch_bf16":
             extra = (*extra, "--dtype", "bfloat16")
-        proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra)
+        if name in TRACED:
+            extra = (*extra, "--tracing")
+            env = _tracing_env(spans.enter_context(otlp_sink()).endpoint, TRACED[name])
+        proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra, env)
     else:
         proc = _worker_process(name, topics, opts, log_dir)
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
@@ -556,7 +577,19 @@ async def _kafka_variant(
         await counter.close()
         await backlog.close()
         await proc.stop()
+        spans.close()
         await delete_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq])
+
+
+def _tracing_env(endpoint: str, ratio: float) -> dict[str, str]:
+    """The ``OTEL_*`` variables of a traced variant: head sampling at ``ratio`` (the requests
+    carry no ``traceparent``, so each is a root), exported to ``endpoint``."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": str(ratio),
+        "OTEL_SERVICE_NAME": "kbatch-bench",
+    }
 
 
 # ---- the engine alone -----------------------------------------------------------------------

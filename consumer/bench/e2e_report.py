@@ -54,9 +54,21 @@ __all__ = [
 REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 """The variants ``--replicas`` applies to (``kbatch serve`` processes)."""
 
-SERVED: tuple[str, ...] = ("kbatch", "kbatch_eos", "kbatch_onnx", "kbatch_bf16", "passthrough")
-"""The variants that run a ``kbatch serve`` process (``kbatch_eos``, ``kbatch_onnx`` and
-``kbatch_bf16`` at one replica only)."""
+TRACED: dict[str, float] = {"passthrough_trace1": 0.01, "passthrough_trace100": 1.0}
+"""``passthrough`` under ``--tracing`` at this head-sampling ratio
+(``OTEL_TRACES_SAMPLER=parentbased_traceidratio``), exporting to a discarding OTLP/HTTP
+endpoint in the bench process (issue 35: what tracing costs)."""
+
+SERVED: tuple[str, ...] = (
+    "kbatch",
+    "kbatch_eos",
+    "kbatch_onnx",
+    "kbatch_bf16",
+    "passthrough",
+    *TRACED,
+)
+"""The variants that run a ``kbatch serve`` process (all but ``kbatch`` and ``passthrough``
+at one replica only)."""
 
 VARIANTS: tuple[str, ...] = (
     "naive",
@@ -66,6 +78,8 @@ VARIANTS: tuple[str, ...] = (
     "kbatch_bf16",
     "engine",
     "passthrough",
+    "passthrough_trace1",
+    "passthrough_trace100",
     "raw_loop",
     "raw_tokenize",
 )
@@ -79,6 +93,8 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_kbatch_bf16_vs_kbatch", "kbatch_bf16", "kbatch"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
+    ("ratio_passthrough_trace1_vs_passthrough", "passthrough_trace1", "passthrough"),
+    ("ratio_passthrough_trace100_vs_passthrough", "passthrough_trace100", "passthrough"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""
 

@@ -47,6 +47,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
     from consumer.model.errors import LossyBackendError
     from consumer.model.loader import check_model
     from consumer.options import OptionError
+    from consumer.tracing.provider import TracingUnavailableError
 
     try:  # fail before anything starts
         check_model(settings)
@@ -56,7 +57,12 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))
     except (RangeSpecError, OptionError) as err:
         raise click.UsageError(str(err)) from err
-    except (RangeSourceError, FileNotFoundError, LossyBackendError) as err:
+    except (
+        RangeSourceError,
+        FileNotFoundError,
+        LossyBackendError,
+        TracingUnavailableError,
+    ) as err:
         raise click.ClickException(str(err)) from err
     except KafkaUnavailableError as err:  # KafkaSecurityError: a refused login or an ACL
         raise click.ClickException(str(err)) from None

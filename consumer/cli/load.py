@@ -140,6 +140,13 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
     "replies, send failures; expired replies do not count).",
 )
 @click.option("--no-probe", is_flag=True, help="Skip the probe request before the run.")
+@click.option(
+    "--traceparent",
+    is_flag=True,
+    help="Send a W3C traceparent (a new sampled trace) with each request; the report names "
+    "the slowest requests' trace ids, to look up in a tracing backend (kbatch serve "
+    "--tracing; docs/TRACING.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no tables).")
 @click.option(
     "--plots-dir",

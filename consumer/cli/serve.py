@@ -23,11 +23,16 @@ def _serve(config: Path | None, **flags: Any) -> None:
         raise click.UsageError(str(err)) from err
     from consumer.model.loader import check_model
     from consumer.serve.app import serve
+    from consumer.tracing.provider import TracingUnavailableError, check_tracing
 
     try:  # fail before anything starts
         check_model(settings)
+        if settings.tracing:  # also before a supervisor starts replicas that could not start
+            check_tracing()
     except (FileNotFoundError, ValueError) as err:
         raise click.UsageError(str(err)) from err
+    except TracingUnavailableError as err:
+        raise click.ClickException(str(err)) from None
 
     if settings.replicas > 1:
         from consumer.serve.replicas import supervise

@@ -70,8 +70,10 @@ class JobRunner:
         flow: BulkFlow | None = None,
         member: str | None = None,
         session_timeout_ms: int | None = None,
+        tracer: object | None = None,
     ) -> None:
         self.settings = settings
+        self._tracer = tracer  # --tracing: each assignment is a job span (consumer.tracing.jobs)
         self.topic = settings.jobs_topic
         self.member = member or member_id()
         self._engine = engine
@@ -202,6 +204,7 @@ class JobRunner:
                 bus=self,
                 member=self.member,
                 session_timeout_ms=self._session_timeout_ms,
+                tracer=self._tracer,
             )
             log.info("job %s: joining group %s", job_id, job.group_id)
             self._workers[job_id] = (worker, asyncio.create_task(worker.run(), name=job_id))

@@ -77,8 +77,10 @@ class JobWorker:
         progress_interval_s: float = 1.0,
         session_timeout_ms: int = 10_000,
         wall_clock: Callable[[], float] = time.time,
+        tracer: object | None = None,
     ) -> None:
         self.job = job
+        self._tracer: Any = tracer  # an OpenTelemetry Tracer (typed here without the extra)
         self.settings = settings
         self._engine = engine
         self._replies = replies.with_dlq_topic(settings.dead_letter_topic)
@@ -179,8 +181,23 @@ class JobWorker:
         self._run_stop = asyncio.Event()
         if self._stop.is_set():
             self._run_stop.set()
+        trace = None
+        if self._tracer is not None:  # --tracing: this assignment's batches in one trace
+            from consumer.tracing.jobs import start_job_span
+
+            trace = start_job_span(
+                self._tracer,
+                topic=self.job.source_topic,
+                task=self.settings.task,
+                job_id=self.job.job_id,
+            )
         job = BackfillJob(
-            self.settings, assigned, self._sink, self._replies, transactions=self._transactions
+            self.settings,
+            assigned,
+            self._sink,
+            self._replies,
+            transactions=self._transactions,
+            trace=trace,
         )
         job.bind(self._engine)
         self._engine.bind(job.on_outcomes)
@@ -199,7 +216,11 @@ class JobWorker:
             await asyncio.wait({running}, timeout=self._interval_s)
             if not running.done():
                 await self._publish("running")
-        await self._finish_run()
+        try:
+            await self._finish_run()
+        finally:
+            if trace is not None:
+                trace.end(not job.undelivered, "dead letters undelivered")
         await self._publish("idle")
 
     async def _finish_run(self) -> None:

@@ -18,6 +18,7 @@ import json
 import logging
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
@@ -44,6 +45,10 @@ from consumer.replies.builder import ReplyBuilder
 from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.serve.pipeline import Pipeline
 from consumer.serve.supervisor_watch import supervisor_pid, watch_supervisor
+from consumer.tracing.provider import TracingUnavailableError
+
+if TYPE_CHECKING:
+    from consumer.tracing.wiring import ServeTracing
 
 log = logging.getLogger("kbatch")
 
@@ -110,6 +115,11 @@ async def serve(settings: ServeSettings) -> int:
         return 1
 
     metrics = Metrics()
+    try:
+        tracing = _open_tracing(settings, metrics)  # None unless --tracing
+    except TracingUnavailableError as err:
+        log.error("%s", err)
+        return 1
     stats = PrometheusStats(metrics)
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
@@ -128,7 +138,14 @@ async def serve(settings: ServeSettings) -> int:
     else:
         sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
-    pipeline = Pipeline(settings, sink, replies, metrics, transactions=transactions)
+    pipeline = Pipeline(
+        settings,
+        sink,
+        replies,
+        metrics,
+        transactions=transactions,
+        tracing=tracing.requests if tracing is not None else None,
+    )
     # rerank: each (query, document) pair is one engine item; token-classify: each window of a
     # long text (contract 1.3). The fan-out gathers them.
     fanout = fan_out_for(
@@ -149,6 +166,7 @@ async def serve(settings: ServeSettings) -> int:
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
         # CPU the largest shape alone (all ~30 shapes cost ~8 s at start-up on 2 cores).
         warmup="all" if device.startswith("cuda") else "largest",
+        on_batch_run=tracing.batches if tracing is not None else None,
     )
     source = KafkaSource(
         client,
@@ -187,6 +205,8 @@ async def serve(settings: ServeSettings) -> int:
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        if tracing is not None:  # first in, last out: the drain's spans are exported too
+            life.enter("tracing", tracing.stop)
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
@@ -225,7 +245,8 @@ async def serve(settings: ServeSettings) -> int:
             return 1
         if settings.run_jobs:
             jobs_engine = engine if fanout is None else fanout
-            await _start_jobs(settings, jobs_engine, pipeline.flow, replies, stop, life)
+            tracer = tracing.tracer if tracing is not None else None
+            await _start_jobs(settings, jobs_engine, pipeline.flow, replies, stop, life, tracer)
         frozen = freeze_startup_heap()
         log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
@@ -255,6 +276,24 @@ async def serve(settings: ServeSettings) -> int:
     return EXIT_DRAIN_DEADLINE
 
 
+def _open_tracing(settings: ServeSettings, metrics: Metrics) -> ServeTracing | None:
+    """``--tracing``: start OpenTelemetry (docs/TRACING.md); None when off.
+
+    Raises:
+        TracingUnavailableError: the ``kbatch[otel]`` extra is missing.
+    """
+    if not settings.tracing:
+        return None
+    from consumer.tracing.wiring import open_serve_tracing
+
+    return open_serve_tracing(
+        topic=settings.request_topic,
+        task=settings.task,
+        group=settings.effective_group_id,
+        ignored=lambda reason: metrics.trace_headers_ignored.labels(reason).inc(),
+    )
+
+
 async def _start_jobs(
     settings: ServeSettings,
     engine: Engine | FanOutEngine,
@@ -262,13 +301,14 @@ async def _start_jobs(
     replies: ReplyBuilder,
     stop: asyncio.Event,
     life: Lifecycle,
+    tracer: object | None = None,
 ) -> None:
     """Start the backfill job runner (docs/JOBS.md); a jobs topic that cannot be created or
     read leaves serve running without it (one error line)."""
     from consumer.jobs.runner import JobRunner
     from consumer.kafka.errors import KafkaLayerError
 
-    jobs = JobRunner(settings, engine, replies, flow=flow)
+    jobs = JobRunner(settings, engine, replies, flow=flow, tracer=tracer)
     try:
         await jobs.start(stop)
     except KafkaLayerError as err:

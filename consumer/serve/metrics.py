@@ -96,6 +96,13 @@ class Metrics:
         self.dedup_hits = self._counter(
             "kbatch_dedup_hits_total", "Requests answered from another copy of the same key."
         )
+        self.trace_headers_ignored = self._counter(
+            "kbatch_trace_headers_ignored_total",
+            "Request trace headers (traceparent, tracestate) ignored under --tracing: "
+            "repeated, oversized, encoding (not ASCII), invalid; the request is served "
+            "without them (docs/TRACING.md).",
+            ["reason"],
+        )
         self.expired = self._counter(
             "kbatch_expired_total", "Requests answered expired, never computed."
         )

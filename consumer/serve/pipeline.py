@@ -41,7 +41,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from consumer.batching.engine import EngineClosedError
 from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome, Lane
@@ -68,6 +68,9 @@ from schemas.records import (
     RecordDecodeError,
     parse_request_record,
 )
+
+if TYPE_CHECKING:
+    from consumer.tracing.requests import RequestTracing
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,8 @@ class Pending:
     """Its reply's ``kbatch-status`` once built (the ``kbatch_replies_total`` label)."""
     lane: Lane = "live"
     """Its request's ``priority`` (contract 1.2), once admitted: the engine lane it rides."""
+    trace: object | None = None
+    """Its request span under ``--tracing`` (:mod:`consumer.tracing.requests`), else None."""
 
 
 class Pipeline:
@@ -142,6 +147,9 @@ class Pipeline:
     :class:`~consumer.kafka.transactions.TransactionalSink` that sends and commits per input
     partition (``sink`` is then unused); it picks the checkpoint, once
     (:func:`consumer.checkpoint.checkpoint_for`).
+
+    ``tracing`` (``--tracing``): makes each request's span and puts its ``traceparent`` on the
+    reply (:mod:`consumer.tracing.requests`); None (the default) adds nothing per record.
     """
 
     def __init__(
@@ -153,8 +161,10 @@ class Pipeline:
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         transactions: TransactionalSinkLike | None = None,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.settings = settings
+        self._tracing = tracing
         self._replies = replies
         self._reply_topics = ReplyTopicPolicy(
             reply_topic=settings.reply_topic,
@@ -276,6 +286,7 @@ class Pipeline:
         consumed: dict[str, int] = {}
         taken: dict[TopicPartition, int] = {}  # counted into flow control once per chunk
         skipped = 0
+        tracing = self._tracing
         for record in records:
             generation = self.tracker.generation(record.tp)
             if generation is None:  # fetched just before its partition was revoked
@@ -303,6 +314,8 @@ class Pipeline:
             except RecordDecodeError as err:
                 self._dead_letter(pending, err.code, err.message, err)
                 continue
+            if tracing is not None:
+                pending.trace = tracing.received(record, pending.parsed.address.correlation_id)
             refusal = self._reply_topics.check(pending.parsed.address.topic)
             if refusal is not None:  # nothing is written to the named topic
                 if refusal.log:
@@ -369,6 +382,8 @@ class Pipeline:
         key = pending.dedup_key = dedup_key(pending.record.key or b"", name)
         item_id = next(self._ids)
         decision = self.dedup.begin(key, pending.record.tp, now, item_id)
+        if pending.trace is not None:
+            self._trace_dedup(pending, decision.kind, decision.item_id)
         if decision.kind is DedupKind.DONE:
             assert decision.result is not None
             self._metrics.dedup_hits.inc()
@@ -399,6 +414,7 @@ class Pipeline:
             lane=pending.lane,
             windows=windows,
             chunking=plan,
+            trace=pending.trace,
         )
 
     # ---- outcomes → replies -------------------------------------------------------------------
@@ -438,9 +454,15 @@ class Pipeline:
     def _send_due(self) -> None:
         """Build the replies due and hand them to delivery as one batch."""
         due, self._due = self._due, []
-        self._delivery.send(
-            [(pending, self._build(pending, what, dedup)) for pending, what, dedup in due]
-        )
+        built = [(pending, self._build(pending, what, dedup)) for pending, what, dedup in due]
+        if self._tracing is not None:  # each reply carries its request span's traceparent
+            self._tracing.replying(
+                [
+                    (p, what if isinstance(what, ItemOutcome) else None, dedup, record)
+                    for (p, what, dedup), (_, record) in zip(due, built, strict=True)
+                ]
+            )
+        self._delivery.send(built)
 
     def _build(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool) -> OutRecord:
         """``pending``'s reply record; its status (for ``kbatch_replies_total``) on ``pending``."""
@@ -474,6 +496,8 @@ class Pipeline:
             m.end_to_end.observe(max(0.0, (now_ms - pending.record.timestamp_ms) / 1000))
         for (status, lane), n in by_status.items():
             m.reply_status(status, lane).inc(n)
+        if self._tracing is not None:
+            self._tracing.delivered([pending for pending, _ in delivered])
 
     def on_dead_lettered(
         self, pending: Pending, code: ErrorCode, sent: bool, reply_sent: bool
@@ -485,6 +509,8 @@ class Pipeline:
             self._metrics.dead_letters_failed.labels(code.value).inc()
         if reply_sent:
             self._metrics.reply_status("error", pending.lane).inc()
+        if self._tracing is not None:
+            self._tracing.dead_lettered(pending, code.value)
 
     def on_finished(self, pending: Pending, completed: bool) -> None:
         """Delivery: ``pending`` is done; its flow credit is released when its offset was
@@ -492,6 +518,16 @@ class Pipeline:
         if completed:
             self.flow.remove(pending.record.tp, 1, pending.n_tokens)
         self._progress.set()
+
+    def _trace_dedup(self, pending: Pending, kind: DedupKind, item_id: int | None) -> None:
+        """``--tracing``: mark a dedup copy's span (``in_flight``: linked to the computing
+        request's span)."""
+        assert self._tracing is not None
+        if kind is DedupKind.DONE:
+            self._tracing.dedup(pending.trace, "answered", None)
+        elif kind is DedupKind.IN_FLIGHT:
+            computing = self._computing.get(item_id) if item_id is not None else None
+            self._tracing.dedup(pending.trace, "in_flight", computing and computing.trace)
 
     def _readmit(self, waiters: list[Pending]) -> None:
         """Copies that waited for a computation that expired: admit each again on its own.

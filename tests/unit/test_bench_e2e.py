@@ -72,6 +72,7 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
         "kbatch_bf16": {"seq_per_s": 480.0},
         "engine": {"seq_per_s": 250.0},
         "passthrough": {"seq_per_s": 900.0},
+        "passthrough_trace100": {"seq_per_s": 720.0},
     }
     assert ratios(report) == {
         "ratio_kbatch_vs_naive": 3.0,
@@ -81,6 +82,8 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
         "ratio_kbatch_onnx_vs_naive": None,
         "ratio_kbatch_bf16_vs_kbatch": 2.0,
         "ratio_passthrough_vs_raw": None,
+        "ratio_passthrough_trace1_vs_passthrough": None,
+        "ratio_passthrough_trace100_vs_passthrough": 0.8,
     }
 
 

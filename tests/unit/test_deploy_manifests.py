@@ -35,6 +35,15 @@ def test_services_are_the_documented_ones() -> None:
     assert (ROOT / "Dockerfile").is_file()
 
 
+def test_jaeger_receives_the_consumers_traces_over_otlp_http() -> None:
+    services = _compose()["services"]
+    assert "4318:4318" in services["jaeger"]["ports"]
+    env = services["kbatch"]["environment"]
+    assert ServeSettings(tracing=env["KBATCH_TRACING"]).tracing
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "[otel]" in (ROOT / "Dockerfile").read_text()  # the image can trace
+
+
 def test_kafka_image_matches_the_local_broker_version() -> None:
     services = _compose()["services"]
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"

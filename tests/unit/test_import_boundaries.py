@@ -17,6 +17,7 @@ RULES: list[tuple[str, set[str]]] = [
     ("consumer/kafka", {"torch", "transformers"}),
     ("consumer/cpu", {"aiokafka", "torch", "transformers", "tokenizers", "onnxruntime"}),
     ("producer_tools", {"torch", "transformers"}),
+    ("consumer/tracing", {"aiokafka", "torch", "transformers"}),
 ]
 # aiokafka may appear only under these; torch/transformers only under these.
 ONLY_UNDER = {
@@ -25,6 +26,8 @@ ONLY_UNDER = {
     "transformers": ("consumer/model",),
     "onnxruntime": ("consumer/model",),
     "sentence_transformers": ("consumer/model",),
+    # the optional kbatch[otel] extra (docs/TRACING.md), imported only where tracing lives
+    "opentelemetry": ("consumer/tracing", "producer_tools/tracing.py"),
 }
 
 

@@ -124,7 +124,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "building blocks",
         ("consumer.kafka", "consumer.batching", "consumer.options", "consumer.lifecycle"),
     ),
-    ("model and replies", ("consumer.model", "consumer.replies", "consumer.broker")),
+    (
+        "model and replies",
+        ("consumer.model", "consumer.replies", "consumer.broker", "consumer.tracing"),
+    ),
     ("settings and finishing", ("consumer.config", "consumer.finish", "producer_tools")),
     ("backfill", ("consumer.backfill",)),
     ("jobs", ("consumer.jobs",)),

@@ -29,6 +29,7 @@ from consumer.kafka.config import (
     SinkSettings,
 )
 from consumer.kafka.flow import FlowConfig
+from consumer.tracing.settings import TracingSettings
 
 COMMANDS: dict[str, tuple[type[SettingsBase], click.Command]] = {
     "serve": (ServeSettings, serve_command),
@@ -44,6 +45,7 @@ GROUPS: list[type[BaseModel]] = [
     BatchPolicyConfig,
     FlowConfig,
     JobsSettings,
+    TracingSettings,
 ]
 # The flags ``kbatch backfill`` spells differently from its field names.
 RENAMED = {"range_from": "--from", "range_to": "--to"}

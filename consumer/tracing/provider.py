@@ -1,0 +1,158 @@
+"""Start OpenTelemetry for one kbatch process: an SDK tracer provider exporting over OTLP/HTTP.
+
+The SDK reads its standard variables itself (the OpenTelemetry specification's "SDK
+Environment Variables"): ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_
+ENDPOINT`` (default ``http://localhost:4318``), ``OTEL_EXPORTER_OTLP_HEADERS``,
+``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default ``parentbased_always_on``),
+``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` (kbatch's default service name is
+``kbatch``), ``OTEL_BSP_SCHEDULE_DELAY`` and the other batch span processor limits. The span
+export runs in the SDK's own thread, never on the event loop.
+
+The OpenTelemetry packages are the optional extra ``kbatch[otel]``: they are imported only
+here, when tracing is asked for (:class:`TracingUnavailableError` when missing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
+
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "OpenTracer",
+    "TracingUnavailableError",
+    "check_tracing",
+    "open_tracer",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "kbatch"
+"""``service.name`` unless ``OTEL_SERVICE_NAME`` (or ``service.name`` in
+``OTEL_RESOURCE_ATTRIBUTES``) says otherwise."""
+
+SHUTDOWN_TIMEOUT_MS = 5_000
+"""At most this long the exit waits for the last spans to be exported."""
+
+
+class TracingUnavailableError(RuntimeError):
+    """Tracing was asked for and the ``kbatch[otel]`` extra is not installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTracer:
+    """A started provider and kbatch's tracer from it (``instrumentation scope`` ``kbatch``)."""
+
+    provider: TracerProvider
+    tracer: Tracer
+
+    def shutdown(self) -> None:
+        """Export what is buffered (within :data:`SHUTDOWN_TIMEOUT_MS`) and stop the export
+        thread; idempotent."""
+        self.provider.force_flush(SHUTDOWN_TIMEOUT_MS)
+        self.provider.shutdown()
+
+
+def check_tracing() -> None:
+    """Raise :class:`TracingUnavailableError` unless the ``kbatch[otel]`` extra is installed
+    (``kbatch serve --tracing`` checks before anything starts, replicas included)."""
+    _sdk()
+
+
+def _sdk() -> tuple[Any, Any, Any, Any]:
+    """The SDK's ``OTLPSpanExporter``, ``Resource``, ``TracerProvider``, ``BatchSpanProcessor``.
+
+    Raises:
+        TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing.
+    """
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as err:
+        raise TracingUnavailableError(
+            f"--tracing needs the OpenTelemetry SDK: pip install 'kbatch[otel]' ({err.name} "
+            "is missing)"
+        ) from None
+    return OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor
+
+
+def open_tracer(component: str) -> OpenTracer:
+    """Start the SDK from the ``OTEL_*`` environment for ``component`` (``serve``,
+    ``backfill``: the resource's ``kbatch.component``).
+
+    The sampler is the environment's, wrapped so that a span with no parent that *links* a
+    sampled span is sampled too (:class:`LinkedSampler`: a batch span exists for the sampled
+    requests in it, whatever the ratio).
+
+    Raises:
+        TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing.
+    """
+    OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor = _sdk()
+    attributes: dict[str, str] = {"kbatch.component": component}
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    ):
+        attributes["service.name"] = DEFAULT_SERVICE_NAME
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.sampler = LinkedSampler.wrap(provider.sampler)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    tracer = provider.get_tracer("kbatch")
+    log.info(
+        "tracing on: %s to %s",
+        provider.sampler.get_description(),
+        os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
+        ),
+    )
+    return OpenTracer(provider, tracer)
+
+
+class LinkedSampler:
+    """Samples a root span that links a sampled span; otherwise asks the configured sampler.
+
+    OpenTelemetry's messaging conventions make the span of a batch that processes many
+    messages a span of its own that *links* each message's context: with a ratio sampler
+    it would be sampled at random, independently of the requests in it. Under this rule
+    every sampled request's batch is exported and a batch of unsampled requests never is.
+    Built by :meth:`wrap` (subclassing the SDK's ``Sampler`` needs the SDK at import).
+    """
+
+    @staticmethod
+    def wrap(inner: Any) -> Any:
+        from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+        from opentelemetry.trace import get_current_span
+
+        class _Linked(Sampler):
+            def should_sample(
+                self,
+                parent_context: Any,
+                trace_id: int,
+                name: str,
+                kind: Any = None,
+                attributes: Any = None,
+                links: Sequence[Any] | None = None,
+                trace_state: Any = None,
+            ) -> SamplingResult:
+                parent = get_current_span(parent_context).get_span_context()
+                if links and not parent.is_valid:
+                    if any(link.context.trace_flags.sampled for link in links):
+                        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+                    return SamplingResult(Decision.DROP)
+                return inner.should_sample(  # type: ignore[no-any-return]
+                    parent_context, trace_id, name, kind, attributes, links, trace_state
+                )
+
+            def get_description(self) -> str:
+                return f"LinkedSampler{{{inner.get_description()}}}"
+
+        return _Linked()
