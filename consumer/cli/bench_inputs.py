@@ -11,7 +11,31 @@ from pathlib import Path
 
 import click
 
-__all__ = ["bench_model", "packaged_model", "sample_texts"]
+__all__ = [
+    "bench_model",
+    "bootstrap_option",
+    "model_option",
+    "packaged_model",
+    "sample_texts",
+    "texts_option",
+]
+
+model_option = click.option(
+    "--model",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
+)
+texts_option = click.option(
+    "--texts",
+    "texts_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="JSONL/text file of texts (default: the VADER corpus).",
+)
+bootstrap_option = click.option(
+    "--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap."
+)
 
 
 def packaged_model() -> Path:

@@ -17,6 +17,7 @@ import click
 from pydantic import ValidationError
 
 from consumer.cli.client_security import security_options
+from consumer.cli.options import flag, option
 from consumer.config import ServeSettings
 from schemas.models import AGGREGATIONS, TASKS
 
@@ -88,106 +89,88 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 
 @click.command("request")
 @click.argument("text", required=False)
-@click.option(
+@option(
     "--text-file",
     type=click.File("rb"),
-    default=None,
     metavar="PATH",
     help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
     "are dropped.",
 )
-@click.option("--key", default=None, help="Idempotency key (default: a random one).")
-@click.option(
+@option("--key", help="Idempotency key (default: a random one).")
+@option(
     "--timeout-s",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
-    show_default=True,
     help="Seconds to wait for the reply, retries included.",
 )
-@click.option(
+@option(
     "--retries",
     type=click.IntRange(min=0),
     default=0,
-    show_default=True,
     help="Re-send the same key this many times while unanswered (the server dedups).",
 )
-@click.option("--task", type=click.Choice(list(TASKS)), default=None)
-@click.option(
+@option("--task", type=click.Choice(list(TASKS)))
+@option(
     "--deadline-after-ms",
     type=click.IntRange(min=0),
-    default=None,
     help="Set deadline_ms this many ms from now: later, the server answers expired.",
 )
-@click.option("--meta", default=None, help="A JSON object echoed in the reply.")
-@click.option("--truncate/--no-truncate", default=None, help="Over-length policy.")
-@click.option(
+@option("--meta", help="A JSON object echoed in the reply.")
+@option("--truncate/--no-truncate", help="Over-length policy.")
+@option(
     "--dimensions",
     type=click.IntRange(min=1),
-    default=None,
     help="Keep the first N values of the embedding (then re-normalised if normalised).",
 )
-@click.option(
-    "--normalize/--no-normalize", default=None, help="L2-normalise; default: as the model says."
-)
-@click.option("--prompt-name", default=None, help="A prompt of the model's config, e.g. query.")
-@click.option(
+@option("--normalize/--no-normalize", help="L2-normalise; default: as the model says.")
+@option("--prompt-name", help="A prompt of the model's config, e.g. query.")
+@option(
     "--encoding-format",
     type=click.Choice(["float", "f32le", "f16le", "binary"]),
-    default=None,
     help="How the embedding (or sparse vector: not binary) travels; printed as lists.",
 )
-@click.option(
+@option(
     "--document",
     "documents",
     multiple=True,
     help="rerank: a document to score against TEXT (the query); repeat, 1 to 64.",
 )
-@click.option("--top-n", type=click.IntRange(min=1), default=None, help="rerank: the best N too.")
-@click.option(
-    "--top-k", type=click.IntRange(min=1), default=None, help="sparse: keep the K largest weights."
-)
-@click.option(
+@option("--top-n", type=click.IntRange(min=1), help="rerank: the best N too.")
+@option("--top-k", type=click.IntRange(min=1), help="sparse: keep the K largest weights.")
+@option(
     "--aggregation",
     type=click.Choice(list(AGGREGATIONS)),
-    default=None,
     help="token-classify: how tokens become entities (default simple).",
 )
-@click.option(
-    "--redact/--no-redact", default=None, help="token-classify: also the text with [LABEL]s."
-)
-@click.option(
+@option("--redact/--no-redact", help="token-classify: also the text with [LABEL]s.")
+@option(
     "--chunk-max-tokens",
     type=click.IntRange(min=4),
-    default=None,
     help="embed (contract 1.3): embed in chunks of at most N tokens (prompt and special "
     "tokens included).",
 )
-@click.option(
+@option(
     "--chunk-overlap",
     type=click.IntRange(min=0),
-    default=None,
     help="embed: tokens consecutive chunks share (with --chunk-max-tokens; default 0).",
 )
-@click.option(
+@option(
     "--chunk-output",
     type=click.Choice(["pooled", "chunks"]),
-    default=None,
     help="embed: one pooled vector (default) or every chunk's with its start/end.",
 )
-@click.option(
+@option(
     "--priority",
     type=click.Choice(["live", "bulk"]),
-    default=None,
     help="live (the server's default) or bulk: computed in the capacity live requests leave "
     "idle (contract 1.2).",
 )
-@click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
+@flag("--full", help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
-@click.option(
+@option(
     "--dlq-topic",
     default=_default("dlq_topic"),
-    show_default=True,
     envvar="KBATCH_DLQ_TOPIC",
     help="The server's dead-letter topic, refused as --reply-topic: a dead letter is not a "
     "reply (env KBATCH_DLQ_TOPIC)",
