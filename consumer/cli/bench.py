@@ -26,6 +26,7 @@ from consumer.cli.bench_inputs import (
     bootstrap_option,
     model_option,
     packaged_model,
+    progress_printer,
     sample_texts,
     texts_option,
 )
@@ -466,27 +467,11 @@ def e2e(
     from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
     from consumer.bench.e2e_report import plot_e2e, plot_frontier, print_e2e_table
 
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown or not variants:
-        raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
-    if any(not 0 < f <= 1 for f in latency_fractions):
-        raise click.BadParameter("fractions in (0, 1]", param_hint="--latency-fractions")
-    if any(not r > 0 for r in latency_rates):
-        raise click.BadParameter("rates > 0", param_hint="--latency-rates")
-    if not replicas or min(replicas) < 1:
-        raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
+    _check_e2e_lists(variants, latency_fractions, latency_rates, replicas)
     model, sim = bench_model(model_name)
     serve_model = model_name if sim else None
     if sim:
-        given = click.get_current_context().get_parameter_source("variants")
-        if given is click.core.ParameterSource.DEFAULT:
-            variants = ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
-        elif {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
-            raise click.BadParameter(
-                "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
-                "simulated device",
-                param_hint="--variants",
-            )
+        variants = _simulated_variants(variants)
     texts = sample_texts(texts_file, n, seed)
     opts = E2EBenchOptions(
         model_dir=model,
@@ -509,16 +494,8 @@ def e2e(
         seed=seed,
         log_dir=log_dir,
     )
-
-    import time
-
-    t_start = time.monotonic()
-
-    def say(msg: str) -> None:
-        click.echo(f"[bench e2e {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
-
     try:
-        report = asyncio.run(run_e2e_bench(opts, say))
+        report = asyncio.run(run_e2e_bench(opts, progress_printer("bench e2e")))
     except E2EError as err:
         raise click.ClickException(str(err)) from err
     if plots_dir is not None and not no_plots:
@@ -532,6 +509,40 @@ def e2e(
     from producer_tools.report import report_console
 
     print_e2e_table(report, report_console())
+
+
+def _check_e2e_lists(
+    variants: list[str], fractions: list[float], rates: list[float], replicas: list[int]
+) -> None:
+    """The comma-separated flags of ``kbatch bench e2e``, as usage errors (exit 2)."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
+    if any(not 0 < f <= 1 for f in fractions):
+        raise click.BadParameter("fractions in (0, 1]", param_hint="--latency-fractions")
+    if any(not r > 0 for r in rates):
+        raise click.BadParameter("rates > 0", param_hint="--latency-rates")
+    if not replicas or min(replicas) < 1:
+        raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
+
+
+def _simulated_variants(variants: list[str]) -> list[str]:
+    """The variants a simulated device (``--model sim:…``) runs: without ``--variants``, those
+    that need no model directory.
+
+    Raises:
+        click.BadParameter: ``--variants`` names one that needs a model directory.
+    """
+    given = click.get_current_context().get_parameter_source("variants")
+    if given is click.core.ParameterSource.DEFAULT:
+        return ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
+    if {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
+        raise click.BadParameter(
+            "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
+            "simulated device",
+            param_hint="--variants",
+        )
+    return variants
 
 
 from consumer.cli.bench_lanes import lanes_command  # noqa: E402 (a command of its own module)

@@ -7,6 +7,7 @@ BENCHMARKS.md §A simulated device) or absent (the packaged MiniLM); the texts a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ __all__ = [
     "bootstrap_option",
     "model_option",
     "packaged_model",
+    "progress_printer",
     "sample_texts",
     "texts_option",
 ]
@@ -75,3 +77,16 @@ def sample_texts(texts_file: Path | None, n: int, seed: int) -> list[str]:
 
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
     return [t.text for t in corpus.sample(pool, n, seed=seed)]
+
+
+def progress_printer(command: str) -> Callable[[str], None]:
+    """A ``say(msg)`` that prints ``[bench e2e   12.3 s] msg`` on stderr: the seconds since
+    it was made."""
+    import time
+
+    t_start = time.monotonic()
+
+    def say(msg: str) -> None:
+        click.echo(f"[{command} {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
+
+    return say

@@ -8,7 +8,13 @@ from pathlib import Path
 import click
 
 from consumer.batching.config import BatchPolicyConfig
-from consumer.cli.bench_inputs import bench_model, bootstrap_option, sample_texts, texts_option
+from consumer.cli.bench_inputs import (
+    bench_model,
+    bootstrap_option,
+    progress_printer,
+    sample_texts,
+    texts_option,
+)
 from consumer.cli.options import CommaList, group_option, json_option, option, seed_option
 from consumer.model.settings import ModelSettings
 
@@ -73,7 +79,6 @@ def lanes_command(
     the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
     import asyncio
     import json
-    import time
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError
     from consumer.bench.lanes import LanesBenchOptions, run_lanes_bench
@@ -95,11 +100,7 @@ def lanes_command(
         seed=seed,
         log_dir=log_dir,
     )
-    t_start = time.monotonic()
-
-    def say(msg: str) -> None:
-        click.echo(f"[bench lanes {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
-
+    say = progress_printer("bench lanes")
     try:
         report = asyncio.run(run_lanes_bench(LanesBenchOptions(e2e, tuple(fractions)), say))
     except E2EError as err:

@@ -14,11 +14,13 @@ from typing import Any
 
 import click
 
-from consumer.cli.client_security import SECURITY_FIELDS, client_settings, security_options
+from consumer.cli.client_security import (
+    SECURITY_FIELDS,
+    client_kafka_options,
+    security_options,
+)
 from consumer.cli.options import CommaList, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
-from consumer.kafka.client_config import security_kwargs
-from consumer.kafka.errors import KafkaSecurityError
 
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
@@ -169,10 +171,7 @@ def load_command(
     except (corpus_mod.CorpusError, ValueError) as err:
         raise click.ClickException(f"cannot load the corpus: {err}") from err
     security = {name: opts.pop(name) for name in SECURITY_FIELDS if name in opts}
-    try:
-        kafka_options = security_kwargs(client_settings(opts["bootstrap"], security))
-    except KafkaSecurityError as err:  # an unreadable CA, key or password file
-        raise click.ClickException(str(err)) from None
+    kafka_options = client_kafka_options(opts["bootstrap"], security)
     options = LoadOptions(
         texts=texts,
         encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,

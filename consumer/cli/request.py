@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, TypeVar
 import click
 from pydantic import ValidationError
 
-from consumer.cli.client_security import security_options
+from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
 from consumer.cli.options import flag, option
 from consumer.config import ServeSettings
 from schemas.models import AGGREGATIONS, TASKS
@@ -182,30 +182,19 @@ def request_command(
     key: str | None,
     timeout_s: float,
     retries: int,
-    task: str | None,
     deadline_after_ms: int | None,
     meta: str | None,
-    truncate: bool | None,
-    dimensions: int | None,
-    normalize: bool | None,
-    prompt_name: str | None,
-    encoding_format: str | None,
     documents: tuple[str, ...],
-    top_n: int | None,
-    top_k: int | None,
-    aggregation: str | None,
-    redact: bool | None,
     chunk_max_tokens: int | None,
     chunk_overlap: int | None,
     chunk_output: str | None,
-    priority: str | None,
     full: bool,
     encoding: str,
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
     dlq_topic: str,
-    **security: Any,
+    **fields: Any,
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
 
@@ -221,26 +210,11 @@ def request_command(
     from schemas.codec import Encoding
 
     input_text = read_text(text, text_file)
-    meta_obj: dict[str, Any] | None = None
-    if meta is not None:
-        try:
-            meta_obj = json.loads(meta)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--meta") from err
-        if not isinstance(meta_obj, dict):
-            raise click.BadParameter("must be a JSON object", param_hint="--meta")
-    enc = Encoding.JSON if encoding == "json" else Encoding.MSGPACK
-    from consumer.cli.client_security import client_settings
-    from consumer.kafka.client_config import security_kwargs
-    from consumer.kafka.errors import KafkaSecurityError
-
-    try:
-        kafka_options = security_kwargs(client_settings(bootstrap, security))
-    except KafkaSecurityError as err:  # an unreadable CA, key or password file
-        raise click.ClickException(str(err)) from None
-    deadline_ms = (
-        int(time.time() * 1000) + deadline_after_ms if deadline_after_ms is not None else None
-    )
+    meta_obj = _parse_meta(meta)
+    security = {name: fields.pop(name) for name in SECURITY_FIELDS if name in fields}
+    kafka_options = client_kafka_options(bootstrap, security)
+    if deadline_after_ms is not None:
+        fields["deadline_ms"] = int(time.time() * 1000) + deadline_after_ms
     chunk_fields = {"max_tokens": chunk_max_tokens, "overlap": chunk_overlap,
                     "output": chunk_output}  # fmt: skip
     chunking = {k: v for k, v in chunk_fields.items() if v is not None} or None
@@ -250,7 +224,7 @@ def request_command(
             bootstrap=bootstrap,
             request_topic=request_topic,
             reply_topic=reply_topic,
-            encoding=enc,
+            encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,
             start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
             kafka_options=kafka_options,
             dead_letter_topic=dlq_topic,
@@ -260,21 +234,10 @@ def request_command(
                 key,
                 timeout_s=timeout_s,
                 retries=retries,
-                task=task,  # type: ignore[arg-type]  # click.Choice guarantees the literal
-                deadline_ms=deadline_ms,
                 meta=meta_obj,
-                truncate=truncate,
-                dimensions=dimensions,
-                normalize=normalize,
-                prompt_name=prompt_name,
-                encoding_format=encoding_format,  # type: ignore[arg-type]  # click.Choice
                 documents=list(documents) or None,
-                top_n=top_n,
-                top_k=top_k,
-                aggregation=aggregation,  # type: ignore[arg-type]  # click.Choice
-                redact=redact,
-                priority=priority,  # type: ignore[arg-type]  # click.Choice
                 chunking=chunking,
+                **fields,  # --task, --truncate, --dimensions …: click.Choice keeps the literals
             )
         out = envelope.to_json()
         return out if full else out["reply"]
@@ -284,14 +247,35 @@ def request_command(
     except ClientError as err:
         raise click.ClickException(str(err)) from err
     except ValidationError as err:  # the request breaks the contract (schemas.records.Request)
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']} (got {e.get('input')!r})"
-            for e in err.errors()
-        )
-        raise click.UsageError(f"not a valid request: {problems}") from err
+        raise click.UsageError(f"not a valid request: {_problems(err)}") from err
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     click.echo(json.dumps(result))
     status = result["reply"]["status"] if full else result["status"]
     if status != "ok":
         raise SystemExit(EXIT_NOT_OK)
+
+
+def _parse_meta(meta: str | None) -> dict[str, Any] | None:
+    """``--meta``'s JSON object (None when not given).
+
+    Raises:
+        click.BadParameter: not JSON, or JSON but not an object.
+    """
+    if meta is None:
+        return None
+    try:
+        meta_obj = json.loads(meta)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"not JSON: {err}", param_hint="--meta") from err
+    if not isinstance(meta_obj, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--meta")
+    return meta_obj
+
+
+def _problems(err: ValidationError) -> str:
+    """``field: message (got value)`` per problem of a request the contract refuses."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']} (got {e.get('input')!r})"
+        for e in err.errors()
+    )
