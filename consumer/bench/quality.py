@@ -31,7 +31,7 @@ __all__ = ["QualityBenchOptions", "load_candidate", "run_quality_bench"]
 
 class CandidateOptions(Protocol):
     """The flags that choose a benchmark's model path (``--backend``, ``--quantize``,
-    ``--dtype`` → ``autocast``, ``--device``)."""
+    ``--dtype`` → ``autocast``, ``--device``): read-only, as frozen dataclasses have them."""
 
     @property
     def model_dir(self) -> Path: ...
