@@ -236,7 +236,7 @@ class BucketBatcher:
             prior_per_token_us=PRIOR_PER_TOKEN_US,
         )
         self._budget_tokens = config.max_batch_tokens
-        self._budget_tokens = self._fit_budget()
+        self._budget_tokens = fit_budget(self.config, self.cost, self.max_length, self.max_batch_ms)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -279,28 +279,16 @@ class BucketBatcher:
         """The runner computed a batch of ``padded_tokens`` (size × padded length) in
         ``batch_ms`` milliseconds: refit the cost model and the token budget (rule 8)."""
         self.cost.observe(padded_tokens, batch_ms)
-        self._budget_tokens = self._fit_budget()
+        self._budget_tokens = fit_budget(self.config, self.cost, self.max_length, self.max_batch_ms)
 
     def set_max_batch_ms(self, max_batch_ms: float | None) -> None:
         """Change the ``max_batch_ms`` cap (None: none) and refit the token budget; the
         engine's automatic bulk cap (consumer/batching/lanes.py rule 2) moves it per batch."""
         if max_batch_ms != self.max_batch_ms:
             self.max_batch_ms = max_batch_ms
-            self._budget_tokens = self._fit_budget()
-
-    def _fit_budget(self) -> int:
-        """Rule 8's budget: ``target_p99_ms`` applies once measured; ``max_batch_ms`` from the
-        start, on the prior cost model until then (a prior for a CPU overestimates a GPU's
-        cost: bulk batches start small, never too long)."""
-        caps_ms: list[float] = []
-        if self.config.target_p99_ms is not None and self.measured:
-            caps_ms.append(self.config.target_p99_ms / 2.0)
-        if self.max_batch_ms is not None:
-            caps_ms.append(self.max_batch_ms)
-        if not caps_ms:
-            return self.config.max_batch_tokens
-        fit = self.cost.tokens_within(min(caps_ms))
-        return min(self.config.max_batch_tokens, max(self.max_length, fit))
+            self._budget_tokens = fit_budget(
+                self.config, self.cost, self.max_length, self.max_batch_ms
+            )
 
     def worst_case_shapes(self) -> list[tuple[int, int]]:
         """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""
@@ -344,7 +332,7 @@ class BucketBatcher:
         """
         out = Ready()
         if self._with_deadline:
-            out.expired = self._expire(now)
+            out.expired = self.cancel(_overdue_at(now), now)
         limit = math.inf if max_batches is None else max_batches
         while len(out.batches) < limit:
             due = [b for b in self._buckets if b.items and (force or self._due[b.index] <= now)]
@@ -470,13 +458,14 @@ class BucketBatcher:
         seed = self._head_that_fits(b, n_taken=0, padded=0)
         plan: list[tuple[_Bucket, list[TokenizedItem]]] = [(b, seed)]
         n_taken, padded = len(seed), max(t.n_tokens for t in seed)
-        if deadline_flush and self._overhead_tokens() > 0:
+        overhead = self._overhead_tokens()
+        if deadline_flush and overhead > 0:
             used = {b.index}
             while True:
                 best: tuple[int, _Bucket, list[TokenizedItem]] | None = None
                 for c in self._merge_candidates(used):
                     head = self._head_that_fits(c, n_taken=n_taken, padded=padded)
-                    gain = self._merge_gain_tokens(n_taken, padded, head) if head else 0
+                    gain = merge_gain_tokens(n_taken, padded, head, overhead) if head else 0
                     if gain > 0 and (best is None or gain > best[0]):
                         best = (gain, c, head)
                 if best is None:
@@ -530,19 +519,6 @@ class BucketBatcher:
                     break
         return out
 
-    def _merge_gain_tokens(self, n: int, padded: int, head: list[TokenizedItem]) -> int:
-        """Padded tokens saved by running ``head`` inside the batch instead of on its own.
-
-        Two batches cost ``2 × overhead + n·padded + m·padded_head``; one merged batch costs
-        ``overhead + (n + m)·max(padded, padded_head)``. Positive = merging is cheaper (the
-        cost model of the field report: a batch's time ≈ fixed cost + padded tokens).
-        """
-        m = len(head)
-        p_head = max(t.n_tokens for t in head)
-        merged = (n + m) * max(padded, p_head)
-        separate = n * padded + m * p_head + self._overhead_tokens()
-        return separate - merged
-
     def _overhead_tokens(self) -> int:
         """Rule 5's fixed cost of a batch in padded tokens: ``batch_overhead_tokens``, or once
         measured (rule 8) :data:`MERGE_SHARE` of the fitted one when that is larger; 0 when
@@ -551,13 +527,6 @@ class BucketBatcher:
         if configured == 0 or not self.measured:
             return configured
         return max(configured, round(MERGE_SHARE * self.cost.overhead_tokens))
-
-    def _expire(self, now: float) -> list[TokenizedItem]:
-        def overdue(t: TokenizedItem) -> bool:
-            d = t.item.deadline_s
-            return d is not None and d <= now
-
-        return self.cancel(overdue, now)
 
     def _account_removed(self, removed: list[TokenizedItem]) -> None:
         self._queued_items -= len(removed)
@@ -568,6 +537,49 @@ class BucketBatcher:
                 self._queued_deadlines.discard(id(t))
         if not self._with_deadline:
             self._deadlines.clear()
+
+
+def fit_budget(
+    config: BatchPolicyConfig, cost: BatchCostModel, max_length: int, max_batch_ms: float | None
+) -> int:
+    """Rule 8's padded-token budget of a batch: ``max_batch_tokens``, lowered to what ``cost``
+    says finishes within ``target_p99_ms / 2`` (once measured) and ``max_batch_ms`` (from the
+    start, on the prior cost model until then: a prior for a CPU overestimates a GPU's cost,
+    so bulk batches start small, never too long); never below one item of ``max_length``."""
+    caps_ms: list[float] = []
+    if config.target_p99_ms is not None and cost.batches >= MIN_FIT_BATCHES:
+        caps_ms.append(config.target_p99_ms / 2.0)
+    if max_batch_ms is not None:
+        caps_ms.append(max_batch_ms)
+    if not caps_ms:
+        return config.max_batch_tokens
+    fit = cost.tokens_within(min(caps_ms))
+    return min(config.max_batch_tokens, max(max_length, fit))
+
+
+def merge_gain_tokens(n: int, padded: int, head: list[TokenizedItem], overhead_tokens: int) -> int:
+    """Padded tokens saved by running ``head`` inside a batch of ``n`` items padded to
+    ``padded`` instead of on its own (rule 5; ``overhead_tokens``: a batch's fixed cost).
+
+    Two batches cost ``2 × overhead + n·padded + m·padded_head``; one merged batch costs
+    ``overhead + (n + m)·max(padded, padded_head)``. Positive = merging is cheaper (the
+    cost model of the field report: a batch's time ≈ fixed cost + padded tokens).
+    """
+    m = len(head)
+    p_head = max(t.n_tokens for t in head)
+    merged = (n + m) * max(padded, p_head)
+    separate = n * padded + m * p_head + overhead_tokens
+    return separate - merged
+
+
+def _overdue_at(now: float) -> Callable[[TokenizedItem], bool]:
+    """Whether an item's ``deadline_s`` has passed at ``now`` (monotonic seconds)."""
+
+    def overdue(t: TokenizedItem) -> bool:
+        d = t.item.deadline_s
+        return d is not None and d <= now
+
+    return overdue
 
 
 def _put_group_first(b: _Bucket, group: Hashable | None) -> None:

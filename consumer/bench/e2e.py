@@ -499,25 +499,12 @@ async def _kafka_variant(
     n = len(texts)
     await create_topics(opts.bootstrap, [topics.request], partitions=max(opts.replicas))
     await create_topics(opts.bootstrap, [topics.reply, topics.dlq], partitions=1)
-    metrics_url: str | None = None
-    model: str | None = None
     spans = contextlib.ExitStack()  # the traced variants' OTLP endpoint
     if name in SERVED:
-        noop = name == "passthrough" or name in TRACED
-        model = "noop" if noop else (opts.serve_model or str(opts.model_dir))
-        backend = "onnx" if name == "kbatch_onnx" else opts.backend
-        extra: tuple[str, ...] = ("--backend", backend) if not noop else ()
-        env: dict[str, str] | None = None
-        if name == "kbatch_eos":
-            extra = (*extra, "--exactly-once")
-        if name == "kbatch_bf16":
-            extra = (*extra, "--dtype", "bfloat16")
-        if name in TRACED:
-            extra = (*extra, "--tracing")
-            env = _tracing_env(spans.enter_context(otlp_sink()).endpoint, TRACED[name])
+        model, extra, env = _serve_args(name, opts, spans)
         proc, metrics_url = _serve_process(key, model, topics, opts, log_dir, replicas, extra, env)
     else:
-        proc = _worker_process(name, topics, opts, log_dir)
+        proc, metrics_url, model = _worker_process(name, topics, opts, log_dir), None, None
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
     backlog = _HeldBacklog(opts.bootstrap)
     committed = name == "kbatch_eos"  # its replies count once their transaction committed
@@ -579,6 +566,26 @@ async def _kafka_variant(
         await proc.stop()
         spans.close()
         await delete_topics(opts.bootstrap, [topics.request, topics.reply, topics.dlq])
+
+
+def _serve_args(
+    name: str, opts: E2EBenchOptions, spans: contextlib.ExitStack
+) -> tuple[str, tuple[str, ...], dict[str, str] | None]:
+    """A served variant's ``--model``, its extra ``kbatch serve`` flags and environment (a
+    traced variant: an OTLP sink entered on ``spans``, closed with the variant)."""
+    noop = name == "passthrough" or name in TRACED
+    model = "noop" if noop else (opts.serve_model or str(opts.model_dir))
+    backend = "onnx" if name == "kbatch_onnx" else opts.backend
+    extra: tuple[str, ...] = ("--backend", backend) if not noop else ()
+    env: dict[str, str] | None = None
+    if name == "kbatch_eos":
+        extra = (*extra, "--exactly-once")
+    if name == "kbatch_bf16":
+        extra = (*extra, "--dtype", "bfloat16")
+    if name in TRACED:
+        extra = (*extra, "--tracing")
+        env = _tracing_env(spans.enter_context(otlp_sink()).endpoint, TRACED[name])
+    return model, extra, env
 
 
 def _tracing_env(endpoint: str, ratio: float) -> dict[str, str]:

@@ -340,12 +340,7 @@ def plot_e2e(report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e.pn
     for ax in (ax_t, ax_l):
         ax.tick_params(axis="x", labelrotation=15)
         ax.grid(axis="y", alpha=0.3, which="both")
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / name)
 
 
 def plot_frontier(
@@ -392,9 +387,15 @@ def plot_frontier(
     ax.set_title(f"Latency vs offered load ({label})")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
+    return _save(fig, out_dir / name)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` as a PNG (110 dpi) at ``path`` (its folder made if missing); close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -72,10 +72,10 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, WarmupMode
 from consumer.batching.stats import EngineStats, NullStats
 from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
+from consumer.bench.quality import load_candidate
 from consumer.cpu.plan import budget_cores_whole
 from consumer.model.baselines import BaselineRun, PlainModel, plain_loop, sorted_offline
 from consumer.model.batch_runner import ModelRunner
-from consumer.model.loader import load_runner
 from consumer.model.tokenize import HFTokenizer
 from consumer.model.torch_backend import configure_threads, describe_runner
 
@@ -132,6 +132,48 @@ def poisson_arrivals(
         paced.append((t, texts[rng.randrange(len(texts))]))
         t += rng.expovariate(rate_per_s)
     return paced
+
+
+def _paced_rate(
+    opts: EngineBenchOptions, strategies: dict[str, _Strategy]
+) -> tuple[float, str | None]:
+    """The paced phase's arrivals per second and what it is a fraction of (None: ``--rate``):
+    ``rate_fraction`` of the single strategy's backlog throughput, or half that fraction of
+    the bucketed one's when single does not run; at least 1/s."""
+    if opts.rate_per_s:
+        return opts.rate_per_s, None
+    if "single" in strategies:
+        base, fraction = strategies["single"], opts.rate_fraction
+        basis = f"{opts.rate_fraction} x single backlog seq/s"
+    else:
+        base, fraction = strategies["bucketed"], opts.rate_fraction / 2
+        basis = f"{opts.rate_fraction / 2} x bucketed backlog seq/s"
+    return max(1.0, fraction * base.backlog_items / base.backlog_s), basis
+
+
+def _bucketed_bounds(
+    b: dict[str, Any], max_wait_ms: float, cuda_info: dict[str, Any]
+) -> dict[str, Any]:
+    """The bucketed strategy's p99 against the issue's bound, and (on CUDA, ``cuda_info``:
+    :func:`describe_runner`'s) its model TFLOP/s and MFU.
+
+    The bound: max wait + two batch times (the batch running when an item's bucket flushes,
+    then its own). As a worst case it takes the longest batch of the paced phase; the
+    stricter variant takes the p99 batch time instead.
+    """
+    bound = max_wait_ms + 2 * b["batch_ms_max"]
+    strict = max_wait_ms + 2 * b["batch_ms_p99"]
+    out = {
+        "bucketed_p99_bound_ms": round(bound, 1),
+        "bucketed_p99_within_bound": bool(b["p99_ms"] <= bound),
+        "bucketed_p99_bound_p99_batch_ms": round(strict, 1),
+        "bucketed_p99_within_bound_p99_batch": bool(b["p99_ms"] <= strict),
+    }
+    if cuda_info.get("params_non_embedding") and cuda_info.get("peak_tflops_bf16"):
+        achieved = b["padded_tokens_per_s"] * 2 * cuda_info["params_non_embedding"] / 1e12
+        out["bucketed_model_tflops"] = round(achieved, 3)
+        out["bucketed_mfu_vs_bf16_peak"] = round(achieved / cuda_info["peak_tflops_bf16"], 5)
+    return out
 
 
 def _configs(opts: EngineBenchOptions, max_length: int, cuda: bool) -> dict[str, BatchPolicyConfig]:
@@ -422,14 +464,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
     if not opts.texts:
         raise ValueError("no texts")
     threads = configure_threads(opts.threads or budget_cores_whole())
-    runner = load_runner(
-        opts.model_dir,
-        device=opts.device,
-        autocast=opts.autocast,  # type: ignore[arg-type]
-        backend=opts.backend,  # type: ignore[arg-type]
-        quantize=opts.quantize,  # type: ignore[arg-type]
-        threads=threads,
-    )
+    runner = load_candidate(opts, threads)
     tokenizer = HFTokenizer(opts.model_dir, max_length=runner.max_length)
     info = describe_runner(runner)
     cuda = str(info.get("device", "")).startswith("cuda")
@@ -458,12 +493,7 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
             baselines.run(texts[lo:hi])
         # Paced phase: the same Poisson arrivals for every strategy, by default at half the
         # single strategy's throughput (see the module docstring).
-        if "single" in strategies:
-            base = strategies["single"]
-            fraction = opts.rate_fraction
-        else:
-            base, fraction = strategies["bucketed"], opts.rate_fraction / 2
-        rate = opts.rate_per_s or max(1.0, fraction * base.backlog_items / base.backlog_s)
+        rate, rate_basis = _paced_rate(opts, strategies)
         paced = poisson_arrivals(texts, rate, opts.seconds, opts.seed + 1)
         for n in order:
             report[n] = await strategies[n].paced(paced)
@@ -476,35 +506,15 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
     if paced_ms:
         report["runner_loop"]["paced_batch_ms_p50"] = round(_percentile(paced_ms, 50), 2)
     report.update(ratios(report))
-    b = report["bucketed"]
-    # The issue's bound: max wait + two batch times (the batch running when an item's bucket
-    # flushes, then its own). As a worst case it takes the longest batch of the paced phase;
-    # the stricter variant takes the p99 batch time instead.
-    bound = opts.max_wait_ms + 2 * b["batch_ms_max"]
-    report["bucketed_p99_bound_ms"] = round(bound, 1)
-    report["bucketed_p99_within_bound"] = bool(b["p99_ms"] <= bound)
-    strict = opts.max_wait_ms + 2 * b["batch_ms_p99"]
-    report["bucketed_p99_bound_p99_batch_ms"] = round(strict, 1)
-    report["bucketed_p99_within_bound_p99_batch"] = bool(b["p99_ms"] <= strict)
-    if cuda and info.get("params_non_embedding") and info.get("peak_tflops_bf16"):
-        achieved = b["padded_tokens_per_s"] * 2 * info["params_non_embedding"] / 1e12
-        report["bucketed_model_tflops"] = round(achieved, 3)
-        report["bucketed_mfu_vs_bf16_peak"] = round(achieved / info["peak_tflops_bf16"], 5)
-    tokens = tokenizer.encode(texts)
-    lengths = sorted(len(x) for x in tokens)
+    report.update(_bucketed_bounds(report["bucketed"], opts.max_wait_ms, info if cuda else {}))
+    lengths = sorted(len(x) for x in tokenizer.encode(texts))
     report["setup"] = {
         "model": str(opts.model_dir),
         "texts": len(texts),
         "median_tokens": lengths[len(lengths) // 2],
         "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
         "paced_rate_per_s": round(rate, 1),
-        "paced_rate_basis": None
-        if opts.rate_per_s
-        else (
-            f"{opts.rate_fraction} x single backlog seq/s"
-            if "single" in strategies
-            else f"{opts.rate_fraction / 2} x bucketed backlog seq/s"
-        ),
+        "paced_rate_basis": rate_basis,
         "paced_items": len(paced),
         "paced_seconds": opts.seconds,
         "max_wait_ms": opts.max_wait_ms,

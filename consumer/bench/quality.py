@@ -17,15 +17,48 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from consumer.cpu.plan import budget_cores_whole
+from consumer.model.batch_runner import ModelRunner
 from consumer.model.loader import load_runner
 from consumer.model.quality import compare_results, min_cosine_required, score_texts
 from consumer.model.tokenize import HFTokenizer
 from consumer.model.torch_backend import configure_threads
 
-__all__ = ["QualityBenchOptions", "run_quality_bench"]
+__all__ = ["QualityBenchOptions", "load_candidate", "run_quality_bench"]
+
+
+class CandidateOptions(Protocol):
+    """The flags that choose a benchmark's model path (``--backend``, ``--quantize``,
+    ``--dtype`` → ``autocast``, ``--device``): read-only, as frozen dataclasses have them."""
+
+    @property
+    def model_dir(self) -> Path: ...
+    @property
+    def device(self) -> str | None: ...
+    @property
+    def autocast(self) -> str | None: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def quantize(self) -> str: ...
+
+
+def load_candidate(opts: CandidateOptions, threads: int) -> ModelRunner:
+    """The runner of ``opts``' backend and precision (ONNX Runtime: ``threads`` intra-op).
+
+    Raises:
+        ValueError: a combination :func:`consumer.model.settings.check_backend` refuses.
+    """
+    return load_runner(
+        opts.model_dir,
+        device=opts.device,
+        autocast=opts.autocast,  # type: ignore[arg-type]  # the CLI's choices
+        backend=opts.backend,  # type: ignore[arg-type]
+        quantize=opts.quantize,  # type: ignore[arg-type]
+        threads=threads,
+    )
 
 
 @dataclass(frozen=True)
@@ -53,14 +86,7 @@ def run_quality_bench(opts: QualityBenchOptions) -> dict[str, Any]:
     threads = configure_threads(opts.threads or budget_cores_whole())
     texts = list(opts.texts)
     reference = load_runner(opts.model_dir, device=opts.device, trace=False)  # eager fp32
-    candidate = load_runner(
-        opts.model_dir,
-        device=opts.device,
-        autocast=opts.autocast,  # type: ignore[arg-type]
-        backend=opts.backend,  # type: ignore[arg-type]
-        quantize=opts.quantize,  # type: ignore[arg-type]
-        threads=threads,
-    )
+    candidate = load_candidate(opts, threads)
     tokenizer = HFTokenizer(opts.model_dir, max_length=reference.max_length)
     timed: dict[str, float] = {}
     results = {}

@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
-from consumer.cli.options import describe_validation_error, settings_options
-from consumer.config import load_settings
+from consumer.cli.options import settings_from_flags, settings_options
 
 _EXPLICIT = frozenset({"source_topic", "output_topic", "range_from", "range_to"})
 
@@ -31,12 +29,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         if config is not None or as_json or any(v is not None for v in flags.values()):
             raise click.UsageError("give the flags after the subcommand")
         return
-    try:
-        settings = load_settings(BackfillSettings, config, **flags)
-    except ValidationError as err:
-        raise click.UsageError(describe_validation_error(err)) from None
-    except FileNotFoundError as err:
-        raise click.UsageError(str(err)) from None
+    settings = settings_from_flags(BackfillSettings, config, flags)
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import (
         KafkaUnavailableError,

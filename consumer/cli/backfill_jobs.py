@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from pydantic import ValidationError
 
-from consumer.cli.options import describe_validation_error, settings_options
-from consumer.config import load_settings, project
+from consumer.cli.options import settings_from_flags, settings_options
+from consumer.config import project
 from consumer.jobs.settings import JobsClientSettings, SubmitSettings
 from consumer.kafka.config import KafkaClientSettings
 
@@ -100,12 +99,7 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
     from consumer.jobs.client import submit_job
     from consumer.jobs.spec import jobs_topic_clash, unsupported
 
-    try:
-        settings = load_settings(SubmitSettings, config, **flags)
-    except ValidationError as err:
-        raise click.UsageError(describe_validation_error(err)) from None
-    except FileNotFoundError as err:
-        raise click.UsageError(str(err)) from None
+    settings = settings_from_flags(SubmitSettings, config, flags)
     why = unsupported(settings) or jobs_topic_clash(settings, settings.jobs_topic)
     if why is not None:
         raise click.UsageError(why)
@@ -127,12 +121,7 @@ def _submit(config: Path | None, as_json: bool, **flags: Any) -> None:
 
 
 def _client(config: Path | None, flags: dict[str, Any]) -> JobsClientSettings:
-    try:
-        return load_settings(JobsClientSettings, config, **flags)
-    except ValidationError as err:
-        raise click.UsageError(describe_validation_error(err)) from None
-    except FileNotFoundError as err:
-        raise click.UsageError(str(err)) from None
+    return settings_from_flags(JobsClientSettings, config, flags)
 
 
 def _status(job: str | None, as_json: bool, config: Path | None, **flags: Any) -> None:

@@ -21,23 +21,17 @@ import click
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.bench.e2e_report import VARIANTS
-from consumer.cli.bench_inputs import bench_model, packaged_model, sample_texts
-from consumer.cli.options import CommaList, group_option
+from consumer.cli.bench_inputs import (
+    bench_model,
+    bootstrap_option,
+    model_option,
+    packaged_model,
+    progress_printer,
+    sample_texts,
+    texts_option,
+)
+from consumer.cli.options import CommaList, flag, group_option, json_option, option, seed_option
 from consumer.model.settings import DTYPE_AUTOCAST, ModelSettings, check_backend
-
-model_option = click.option(
-    "--model",
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    default=None,
-    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
-)
-texts_option = click.option(
-    "--texts",
-    "texts_file",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="JSONL/text file of texts (default: the VADER corpus).",
-)
 
 backend_option = group_option(ModelSettings, "backend")
 quantize_option = group_option(ModelSettings, "quantize")
@@ -84,70 +78,63 @@ def bench_group() -> None:
 @bench_group.command("engine")
 @model_option
 @texts_option
-@click.option(
+@option(
     "--n",
     type=click.IntRange(min=1),
     default=1500,
-    show_default=True,
     help="Texts in the backlog phase.",
 )
-@click.option(
+@option(
     "--seconds",
     type=click.FloatRange(min=0.1),
     default=10.0,
-    show_default=True,
     help="Length of the paced (latency) phase.",
 )
-@click.option(
+@option(
     "--rate",
     type=click.FloatRange(min=0.1),
-    default=None,
     help="Paced arrivals per second (default: --rate-fraction × the single strategy's "
     "backlog throughput).",
 )
-@click.option(
+@option(
     "--rate-fraction",
     type=click.FloatRange(min=0.01, max=4.0),
     default=0.5,
-    show_default=True,
     help="Paced rate as a fraction of the single strategy's backlog throughput (without "
     "single: half this fraction of the bucketed one).",
 )
 @group_option(BatchPolicyConfig, "max_wait_ms", note="The fixed strategy's too.")
 @group_option(BatchPolicyConfig, "max_batch_tokens", default=None, note="Bucketed.")
 @group_option(BatchPolicyConfig, "max_batch_size", note="Bucketed.")
-@click.option(
+@option(
     "--fixed-batch-size",
     type=click.IntRange(min=1),
     default=32,
-    show_default=True,
     help="The fixed strategy's batch size.",
 )
 @group_option(ModelSettings, "device")
 @dtype_option
 @_threads_option(None)
-@click.option(
+@option(
     "--rounds",
     type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Backlog slices, interleaved across the strategies (3 on a shared, noisy machine).",
 )
 @group_option(
     BatchPolicyConfig, "batch_overhead_tokens", default=None, note="Bucketed; default: serve's."
 )
-@click.option(
+@option(
     "--strategies",
     type=CommaList(str),
     default="single,fixed,bucketed,plain_loop,sorted_offline,runner_loop",
-    show_default=True,
     help="Comma-separated subset of the engine strategies single,fixed,bucketed (bucketed is "
     "always run) and the baselines plain_loop,sorted_offline,runner_loop.",
 )
 @backend_option
 @quantize_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@seed_option("Sampling seed.")
+@json_option
 def engine(
     model: Path | None,
     texts_file: Path | None,
@@ -244,26 +231,22 @@ def _print_engine_table(report: dict[str, Any]) -> None:
 @texts_option
 @backend_option
 @quantize_option
-@click.option(
-    "--n", type=click.IntRange(min=1), default=400, show_default=True, help="Texts compared."
-)
-@click.option(
+@option("--n", type=click.IntRange(min=1), default=400, help="Texts compared.")
+@option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=16,
-    show_default=True,
     help="Texts per mixed-length batch.",
 )
 @_threads_option(None)
 @group_option(ModelSettings, "device", default="cpu")
 @dtype_option
-@click.option(
+@flag(
     "--no-sentence-transformers",
-    is_flag=True,
     help="Skip the comparison with sentence-transformers' encode (embed models).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@seed_option("Sampling seed.")
+@json_option
 def quality(
     model: Path | None,
     texts_file: Path | None,
@@ -316,20 +299,15 @@ def quality(
 
 
 @bench_group.command("encoding")
-@click.option(
+@option(
     "--dims",
     type=CommaList(int),
     default="384,1024",
-    show_default=True,
     help="Embedding dimensions to measure.",
 )
-@click.option(
-    "--n", type=click.IntRange(min=1), default=2000, show_default=True, help="Replies per round."
-)
-@click.option(
-    "--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Best of this many."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@option("--n", type=click.IntRange(min=1), default=2000, help="Replies per round.")
+@option("--rounds", type=click.IntRange(min=1), default=5, help="Best of this many.")
+@flag("--json", "as_json", help="Print the report as one JSON object.")
 def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     """Bytes and µs per reply of each encoding_format (float, f32le, f16le, binary) through
     the serving path's reply builder and codec, msgpack and JSON."""
@@ -351,41 +329,36 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 
 
 @bench_group.command("e2e")
-@click.option(
+@option(
     "--model",
     "model_name",
-    default=None,
     help="Model directory (default: the packaged all-MiniLM-L6-v2) or a simulated device "
     "sim:FIXED_MS,US_PER_TOKEN[,DIM] (kbatch serves it; default variants then "
     "kbatch,passthrough,raw_loop).",
 )
 @texts_option
-@click.option(
+@option(
     "--n",
     type=click.IntRange(min=1),
     default=3000,
-    show_default=True,
     help="Requests pre-filled for each variant's throughput drain (the same N texts for all).",
 )
-@click.option(
+@option(
     "--latency-s",
     type=click.FloatRange(min=0.1),
     default=10.0,
-    show_default=True,
     help="Measured length of each variant's open-loop latency phase.",
 )
-@click.option(
+@option(
     "--latency-warmup-s",
     type=click.FloatRange(min=0.0),
     default=2.0,
-    show_default=True,
     help="Warm-up before each latency phase (sent, not measured; Kafka variants).",
 )
-@click.option(
+@option(
     "--load-fraction",
     type=click.FloatRange(min=0.0, max=1.0, min_open=True),
     default=0.7,
-    show_default=True,
     help="Latency phase rate as a fraction of the variant's measured throughput.",
 )
 @click.option(
@@ -402,20 +375,18 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     help="Frontier phases at these absolute rates (req/s), the same for every variant, e.g. "
     "up to naive's drain rate.",
 )
-@click.option(
+@option(
     "--max-latency-rate",
     type=click.FloatRange(min=0.0, min_open=True),
     default=600.0,
-    show_default=True,
     help="Cap of the latency phase rate (req/s): the load generator shares the cores.",
 )
-@click.option(
+@option(
     "--torch-threads",
     "--threads",
     "torch_threads",
     type=ThreadsParam(),
     default="auto",
-    show_default=True,
     help="Torch intra-op threads of every process, or 'auto': each process's own default "
     "(kbatch serve's CPU budget plan, docs/CPU.md; torch's default for naive).",
 )
@@ -429,39 +400,35 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 @group_option(BatchPolicyConfig, "max_wait_ms", note="Of kbatch, passthrough and engine.")
 @group_option(BatchPolicyConfig, "target_p99_ms", note="Of the kbatch variants and the engine.")
 @backend_option
-@click.option(
+@option(
     "--variants",
     type=CommaList(str),
     default=",".join(VARIANTS),
-    show_default=True,
     help="Comma-separated subset of the variants to run.",
 )
-@click.option(
+@option(
     "--replicas",
     type=CommaList(int),
     default="1",
-    show_default=True,
     help="Replica counts of the kbatch and passthrough variants (kbatch serve --replicas N), "
     "e.g. 1,2: each runs once per count, reported as <variant>_x<N> with "
     "ratio_<variant>_x<N>_vs_x1.",
 )
-@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and arrivals seed.")
-@click.option(
+@bootstrap_option
+@seed_option("Sampling and arrivals seed.")
+@option(
     "--plots-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=None,
     help="Write bench_e2e.png (and bench_e2e_frontier.png with a frontier) here; default: "
     "no plot (kbatch writes only where it is told to).",
 )
-@click.option("--no-plots", is_flag=True, help="Write no plot (the default; kept for scripts).")
-@click.option(
+@flag("--no-plots", help="Write no plot (the default; kept for scripts).")
+@option(
     "--log-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=None,
     help="Keep the consumer processes' logs here (default: a temporary directory).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 def e2e(
     model_name: str | None,
     texts_file: Path | None,
@@ -500,27 +467,11 @@ def e2e(
     from consumer.bench.e2e import E2EBenchOptions, E2EError, run_e2e_bench
     from consumer.bench.e2e_report import plot_e2e, plot_frontier, print_e2e_table
 
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown or not variants:
-        raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
-    if any(not 0 < f <= 1 for f in latency_fractions):
-        raise click.BadParameter("fractions in (0, 1]", param_hint="--latency-fractions")
-    if any(not r > 0 for r in latency_rates):
-        raise click.BadParameter("rates > 0", param_hint="--latency-rates")
-    if not replicas or min(replicas) < 1:
-        raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
+    _check_e2e_lists(variants, latency_fractions, latency_rates, replicas)
     model, sim = bench_model(model_name)
     serve_model = model_name if sim else None
     if sim:
-        given = click.get_current_context().get_parameter_source("variants")
-        if given is click.core.ParameterSource.DEFAULT:
-            variants = ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
-        elif {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
-            raise click.BadParameter(
-                "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
-                "simulated device",
-                param_hint="--variants",
-            )
+        variants = _simulated_variants(variants)
     texts = sample_texts(texts_file, n, seed)
     opts = E2EBenchOptions(
         model_dir=model,
@@ -543,16 +494,8 @@ def e2e(
         seed=seed,
         log_dir=log_dir,
     )
-
-    import time
-
-    t_start = time.monotonic()
-
-    def say(msg: str) -> None:
-        click.echo(f"[bench e2e {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
-
     try:
-        report = asyncio.run(run_e2e_bench(opts, say))
+        report = asyncio.run(run_e2e_bench(opts, progress_printer("bench e2e")))
     except E2EError as err:
         raise click.ClickException(str(err)) from err
     if plots_dir is not None and not no_plots:
@@ -566,6 +509,40 @@ def e2e(
     from producer_tools.report import report_console
 
     print_e2e_table(report, report_console())
+
+
+def _check_e2e_lists(
+    variants: list[str], fractions: list[float], rates: list[float], replicas: list[int]
+) -> None:
+    """The comma-separated flags of ``kbatch bench e2e``, as usage errors (exit 2)."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        raise click.BadParameter(f"known variants: {','.join(VARIANTS)}", param_hint="--variants")
+    if any(not 0 < f <= 1 for f in fractions):
+        raise click.BadParameter("fractions in (0, 1]", param_hint="--latency-fractions")
+    if any(not r > 0 for r in rates):
+        raise click.BadParameter("rates > 0", param_hint="--latency-rates")
+    if not replicas or min(replicas) < 1:
+        raise click.BadParameter("replica counts >= 1, e.g. 1,2", param_hint="--replicas")
+
+
+def _simulated_variants(variants: list[str]) -> list[str]:
+    """The variants a simulated device (``--model sim:…``) runs: without ``--variants``, those
+    that need no model directory.
+
+    Raises:
+        click.BadParameter: ``--variants`` names one that needs a model directory.
+    """
+    given = click.get_current_context().get_parameter_source("variants")
+    if given is click.core.ParameterSource.DEFAULT:
+        return ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
+    if {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
+        raise click.BadParameter(
+            "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "
+            "simulated device",
+            param_hint="--variants",
+        )
+    return variants
 
 
 from consumer.cli.bench_lanes import lanes_command  # noqa: E402 (a command of its own module)

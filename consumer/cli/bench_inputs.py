@@ -7,11 +7,37 @@ BENCHMARKS.md §A simulated device) or absent (the packaged MiniLM); the texts a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-__all__ = ["bench_model", "packaged_model", "sample_texts"]
+__all__ = [
+    "bench_model",
+    "bootstrap_option",
+    "model_option",
+    "packaged_model",
+    "progress_printer",
+    "sample_texts",
+    "texts_option",
+]
+
+model_option = click.option(
+    "--model",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Model directory (default: the packaged all-MiniLM-L6-v2).",
+)
+texts_option = click.option(
+    "--texts",
+    "texts_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="JSONL/text file of texts (default: the VADER corpus).",
+)
+bootstrap_option = click.option(
+    "--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap."
+)
 
 
 def packaged_model() -> Path:
@@ -51,3 +77,16 @@ def sample_texts(texts_file: Path | None, n: int, seed: int) -> list[str]:
 
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
     return [t.text for t in corpus.sample(pool, n, seed=seed)]
+
+
+def progress_printer(command: str) -> Callable[[str], None]:
+    """A ``say(msg)`` that prints ``[bench e2e   12.3 s] msg`` on stderr: the seconds since
+    it was made."""
+    import time
+
+    t_start = time.monotonic()
+
+    def say(msg: str) -> None:
+        click.echo(f"[{command} {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
+
+    return say

@@ -8,8 +8,14 @@ from pathlib import Path
 import click
 
 from consumer.batching.config import BatchPolicyConfig
-from consumer.cli.bench_inputs import bench_model, sample_texts
-from consumer.cli.options import CommaList, group_option
+from consumer.cli.bench_inputs import (
+    bench_model,
+    bootstrap_option,
+    progress_printer,
+    sample_texts,
+    texts_option,
+)
+from consumer.cli.options import CommaList, group_option, json_option, option, seed_option
 from consumer.model.settings import ModelSettings
 
 __all__ = ["lanes_command"]
@@ -23,41 +29,37 @@ __all__ = ["lanes_command"]
     help="Model directory (default: the packaged all-MiniLM-L6-v2) or a simulated device "
     "sim:FIXED_MS,US_PER_TOKEN[,DIM].",
 )
-@click.option(
-    "--texts",
-    "texts_file",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="JSONL/text file of texts (default: the VADER corpus).",
-)
-@click.option(
-    "--n", type=click.IntRange(min=1), default=3000, show_default=True,
+@texts_option
+@option(
+    "--n",
+    type=click.IntRange(min=1),
+    default=3000,
     help="Texts of the drain (and the pool the live requests and the job draw from).",
-)  # fmt: skip
-@click.option(
+)
+@option(
     "--fractions",
     type=CommaList(float),
     default="0.3,0.6",
-    show_default=True,
     help="Live rates as fractions of the measured drain rate.",
 )
-@click.option("--latency-s", type=float, default=20.0, show_default=True, help="Each phase.")
-@click.option("--latency-warmup-s", type=float, default=3.0, show_default=True, help="Warm-up.")
-@click.option(
-    "--max-latency-rate", type=float, default=600.0, show_default=True,
+@option("--latency-s", type=float, default=20.0, help="Each phase.")
+@option("--latency-warmup-s", type=float, default=3.0, help="Warm-up.")
+@option(
+    "--max-latency-rate",
+    type=float,
+    default=600.0,
     help="Cap of the live rate (the load generator shares the machine).",
-)  # fmt: skip
+)
 @group_option(ModelSettings, "torch_threads", default=2, aliases=("--threads",))
 @group_option(BatchPolicyConfig, "max_wait_ms")
-@click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling and arrivals seed.")
-@click.option(
+@bootstrap_option
+@seed_option("Sampling and arrivals seed.")
+@option(
     "--log-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=None,
     help="Keep serve's log here (default: a temporary directory).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 def lanes_command(
     model_name: str | None,
     texts_file: Path | None,
@@ -77,7 +79,6 @@ def lanes_command(
     the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
     import asyncio
     import json
-    import time
 
     from consumer.bench.e2e import E2EBenchOptions, E2EError
     from consumer.bench.lanes import LanesBenchOptions, run_lanes_bench
@@ -99,11 +100,7 @@ def lanes_command(
         seed=seed,
         log_dir=log_dir,
     )
-    t_start = time.monotonic()
-
-    def say(msg: str) -> None:
-        click.echo(f"[bench lanes {time.monotonic() - t_start:6.1f} s] {msg}", err=True)
-
+    say = progress_printer("bench lanes")
     try:
         report = asyncio.run(run_lanes_bench(LanesBenchOptions(e2e, tuple(fractions)), say))
     except E2EError as err:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from consumer.cli.options import json_option, option
+
 __all__ = ["windows_command"]
 
 
@@ -18,14 +20,12 @@ __all__ = ["windows_command"]
     default=None,
     help="Model directory (default: the packaged all-MiniLM-L6-v2, task embed).",
 )
-@click.option(
-    "--task", type=click.Choice(["embed", "token-classify"]), default="embed", show_default=True
-)
-@click.option("--windows", type=click.IntRange(min=2), default=10, show_default=True)
-@click.option("--stride", type=click.IntRange(min=0), default=None, help="token-classify.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@option("--task", type=click.Choice(["embed", "token-classify"]), default="embed")
+@option("--windows", type=click.IntRange(min=2), default=10)
+@option("--stride", type=click.IntRange(min=0), help="token-classify.")
+@option("--repeats", type=click.IntRange(min=1), default=5)
+@option("--device", default="cpu")
+@json_option
 def windows_command(
     model_dir: Path | None,
     task: str,

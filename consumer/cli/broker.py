@@ -7,12 +7,12 @@ import click
 
 from consumer.broker.cluster import MAX_NODES, LocalCluster, status_at, stop_at
 from consumer.broker.local import DEFAULT_PORT, KAFKA_VERSION, BrokerError, LocalBroker
+from consumer.cli.options import flag, option
 
-port_option = click.option(
+port_option = option(
     "--port",
     type=int,
     default=DEFAULT_PORT,
-    show_default=True,
     envvar="KBATCH_BROKER_PORT",
     help="Broker port; the controller listens on port + 1 (env KBATCH_BROKER_PORT).",
 )
@@ -33,24 +33,21 @@ def _fail(err: BrokerError) -> None:
 
 @broker_group.command()
 @port_option
-@click.option("--fresh", is_flag=True, help="Stop it and wipe its data first.")
-@click.option(
+@flag("--fresh", help="Stop it and wipe its data first.")
+@option(
     "--kafka-version",
     default=KAFKA_VERSION,
-    show_default=True,
     help="Apache Kafka release to run (4.x, or 3.9.x for the previous line).",
 )
-@click.option(
+@option(
     "--nodes",
     type=click.IntRange(1, MAX_NODES),
     default=1,
-    show_default=True,
     help="Nodes: above 1, a KRaft cluster on ports PORT.. (docs/CLUSTER.md), topics "
     "replicated 3 times with min.insync.replicas 2.",
 )
-@click.option(
+@flag(
     "--secure",
-    is_flag=True,
     help="TLS, SCRAM and mutual TLS with ACLs (default port 9094; docs/SECURITY.md).",
 )
 @click.pass_context

@@ -54,3 +54,19 @@ def client_settings(bootstrap: str, flags: dict[str, Any]) -> KafkaClientSetting
     return KafkaClientSettings.model_validate(
         {name: getattr(settings, name) for name in KafkaClientSettings.model_fields}
     )
+
+
+def client_kafka_options(bootstrap: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """aiokafka's security keyword arguments from :func:`client_settings`.
+
+    Raises:
+        click.UsageError: an invalid value or combination.
+        click.ClickException: an unreadable CA, key or password file.
+    """
+    from consumer.kafka.client_config import security_kwargs
+    from consumer.kafka.errors import KafkaSecurityError
+
+    try:
+        return security_kwargs(client_settings(bootstrap, flags))
+    except KafkaSecurityError as err:
+        raise click.ClickException(str(err)) from None

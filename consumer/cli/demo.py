@@ -6,23 +6,18 @@ from pathlib import Path
 
 import click
 
+from consumer.cli.options import option
+
 
 @click.command("demo")
-@click.option(
-    "--steady-s", type=float, default=30.0, show_default=True, help="Steady phase length."
-)
-@click.option(
-    "--steady-rate", type=float, default=30.0, show_default=True, help="Requests/s, steady."
-)
-@click.option("--pulse-s", type=float, default=30.0, show_default=True, help="Pulse phase length.")
-@click.option(
-    "--plots-dir", type=click.Path(path_type=Path), default=None, help="Write PNG plots here."
-)
-@click.option(
+@option("--steady-s", type=float, default=30.0, help="Steady phase length.")
+@option("--steady-rate", type=float, default=30.0, help="Requests/s, steady.")
+@option("--pulse-s", type=float, default=30.0, help="Pulse phase length.")
+@option("--plots-dir", type=click.Path(path_type=Path), help="Write PNG plots here.")
+@option(
     "--broker-port",
     type=int,
     default=9092,
-    show_default=True,
     envvar="KBATCH_BROKER_PORT",
     help="Port of the local broker it starts (env KBATCH_BROKER_PORT, as kbatch broker start).",
 )

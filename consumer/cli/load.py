@@ -14,148 +14,121 @@ from typing import Any
 
 import click
 
-from consumer.cli.client_security import SECURITY_FIELDS, client_settings, security_options
-from consumer.cli.options import CommaList
+from consumer.cli.client_security import (
+    SECURITY_FIELDS,
+    client_kafka_options,
+    security_options,
+)
+from consumer.cli.options import CommaList, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
-from consumer.kafka.client_config import security_kwargs
-from consumer.kafka.errors import KafkaSecurityError
 
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
 @click.command("load")
-@click.option(
+@option(
     "--pattern",
     type=click.Choice(["constant", "poisson", "step", "pulse"]),
     default="constant",
-    show_default=True,
     help="constant: evenly spaced; poisson: exponential gaps; step: a rate sweep; "
     "pulse: base rate with bursts.",
 )
-@click.option(
+@option(
     "--rate",
     "rate_per_s",
     type=_POSITIVE,
     default=20.0,
-    show_default=True,
     help="Requests per second (pulse: the base rate; step: the first step, see --steps).",
 )
-@click.option(
+@option(
     "--duration-s",
     type=_POSITIVE,
-    default=None,
     help="Measured length (default 20 s; step: steps x --step-s). Warm-up comes on top.",
 )
-@click.option(
+@option(
     "--count",
     type=click.IntRange(min=1),
-    default=None,
     help="Measured requests: stop after this many (constant/poisson: instead of a duration).",
 )
-@click.option(
+@option(
     "--corpus",
     default="vader",
-    show_default=True,
     help="'vader' (the VADER texts, fetched once) or a JSONL/text file.",
 )
-@click.option(
+@option(
     "--warmup-s",
     type=click.FloatRange(min=0),
     default=2.0,
-    show_default=True,
     help="Seconds of load at the first rate before measuring (sent, left out of the report).",
 )
-@click.option(
+@option(
     "--rates",
     "rates_per_s",
     type=CommaList(float),
-    default=None,
     help="step: the rates of the sweep, e.g. 5,10,20,40 (default: --rate x 1..--steps).",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option(
-    "--step-s", type=_POSITIVE, default=10.0, show_default=True, help="step: seconds per step."
-)
-@click.option(
-    "--burst-factor",
-    type=_POSITIVE,
-    default=5.0,
-    show_default=True,
-    help="pulse: burst rate = factor x --rate.",
-)
-@click.option(
-    "--burst-s", type=_POSITIVE, default=2.0, show_default=True, help="pulse: burst length."
-)
-@click.option(
+@option("--steps", type=click.IntRange(min=1), default=5)
+@option("--step-s", type=_POSITIVE, default=10.0, help="step: seconds per step.")
+@option("--burst-factor", type=_POSITIVE, default=5.0, help="pulse: burst rate = factor x --rate.")
+@option("--burst-s", type=_POSITIVE, default=2.0, help="pulse: burst length.")
+@option(
     "--burst-every-s",
     type=_POSITIVE,
     default=10.0,
-    show_default=True,
     help="pulse: seconds from one burst's start to the next.",
 )
-@click.option(
+@option(
     "--first-burst-s",
     type=click.FloatRange(min=0),
-    default=None,
     help="pulse: start of the first burst after the warm-up (default: half the period).",
 )
-@click.option(
+@option(
     "--after-s",
     type=_POSITIVE,
-    default=None,
     help="pulse: window after each burst reported as 'after burst' (default 2 x --burst-s).",
 )
-@click.option(
+@flag(
     "--poisson-arrivals",
-    is_flag=True,
     help="step/pulse: exponential gaps at each segment's rate instead of even spacing.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Texts and Poisson gaps.")
-@click.option(
+@seed_option("Texts and Poisson gaps.")
+@option(
     "--timeout-s",
     type=_POSITIVE,
     default=30.0,
-    show_default=True,
     help="A request without a reply after this long counts as a timeout.",
 )
-@click.option(
+@option(
     "--deadline-after-ms",
     type=click.IntRange(min=0),
-    default=None,
     help="Give each request deadline_ms = send time + this (late ones come back expired).",
 )
-@click.option("--task", type=click.Choice(["embed", "classify"]), default=None)
-@click.option(
+@option("--task", type=click.Choice(["embed", "classify"]))
+@option(
     "--metrics-url",
-    default=None,
-    help="The server's /metrics URL, e.g. http://127.0.0.1:9400/metrics: adds padding "
-    "efficiency from its token counters.",
+    help="The server's /metrics URL, e.g. http://127.0.0.1:9400/metrics: "
+    "adds padding efficiency from its token counters.",
 )
-@click.option(
+@option(
     "--max-error-rate",
     type=click.FloatRange(0, 1),
     default=0.0,
-    show_default=True,
     help="Exit 1 when more than this fraction of measured requests failed (timeouts, error "
     "replies, send failures; expired replies do not count).",
 )
-@click.option("--no-probe", is_flag=True, help="Skip the probe request before the run.")
-@click.option(
+@flag("--no-probe", help="Skip the probe request before the run.")
+@flag(
     "--traceparent",
-    is_flag=True,
     help="Send a W3C traceparent (a new sampled trace) with each request; the report names "
     "the slowest requests' trace ids, to look up in a tracing backend (kbatch serve "
     "--tracing; docs/TRACING.md).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no tables).")
-@click.option(
-    "--plots-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="Write PNG plots here.",
+@flag("--json", "as_json", help="Print one JSON object (no tables).")
+@option(
+    "--plots-dir", type=click.Path(path_type=Path, file_okay=False), help="Write PNG plots here."
 )
-@click.option("--plots-prefix", default=None, help="File name prefix (default: the pattern).")
-@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@option("--plots-prefix", help="File name prefix (default: the pattern).")
+@flag("--no-progress", help="No progress bar on stderr.")
 @encoding_option
 @topic_options
 @security_options
@@ -198,10 +171,7 @@ def load_command(
     except (corpus_mod.CorpusError, ValueError) as err:
         raise click.ClickException(f"cannot load the corpus: {err}") from err
     security = {name: opts.pop(name) for name in SECURITY_FIELDS if name in opts}
-    try:
-        kafka_options = security_kwargs(client_settings(opts["bootstrap"], security))
-    except KafkaSecurityError as err:  # an unreadable CA, key or password file
-        raise click.ClickException(str(err)) from None
+    kafka_options = client_kafka_options(opts["bootstrap"], security)
     options = LoadOptions(
         texts=texts,
         encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,

@@ -17,7 +17,7 @@ import annotated_types
 import click
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from consumer.config import SettingsBase
+from consumer.config import SettingsBase, load_settings
 
 
 class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
@@ -97,8 +97,43 @@ def settings_options(
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=SettingsBase)
 
 _UNSET: Any = object()
+
+
+def option(*decls: str, default: Any = None, **attrs: Any) -> Callable[[F], F]:
+    """``click.option`` whose help shows the default when there is one (``show_default``)."""
+    attrs.setdefault("show_default", default is not None or None)
+    return click.option(*decls, default=default, **attrs)
+
+
+def flag(*decls: str, help: str) -> Callable[[F], F]:
+    """An on/off ``click.option`` (``is_flag``): present means True."""
+    return click.option(*decls, is_flag=True, help=help)
+
+
+json_option = flag("--json", "as_json", help="Print one JSON object.")
+
+
+def seed_option(help: str) -> Callable[[F], F]:
+    """``--seed N`` (default 0) of a command that samples texts or arrivals."""
+    return option("--seed", type=int, default=0, help=help)
+
+
+def settings_from_flags(model: type[S], config: Path | None, flags: dict[str, Any]) -> S:
+    """:func:`consumer.config.load_settings` of a command's ``--config`` and flags.
+
+    Raises:
+        click.UsageError: a value breaks the model's rules (one line per flag,
+            :func:`describe_validation_error`) or the ``--config`` file does not exist.
+    """
+    try:
+        return load_settings(model, config, **flags)
+    except ValidationError as err:
+        raise click.UsageError(describe_validation_error(err)) from None
+    except FileNotFoundError as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _bounded(field: Any) -> Any:

@@ -16,7 +16,8 @@ from typing import Any, BinaryIO, TypeVar
 import click
 from pydantic import ValidationError
 
-from consumer.cli.client_security import security_options
+from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
+from consumer.cli.options import flag, option
 from consumer.config import ServeSettings
 from schemas.models import AGGREGATIONS, TASKS
 
@@ -88,106 +89,88 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 
 @click.command("request")
 @click.argument("text", required=False)
-@click.option(
+@option(
     "--text-file",
     type=click.File("rb"),
-    default=None,
     metavar="PATH",
     help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
     "are dropped.",
 )
-@click.option("--key", default=None, help="Idempotency key (default: a random one).")
-@click.option(
+@option("--key", help="Idempotency key (default: a random one).")
+@option(
     "--timeout-s",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
-    show_default=True,
     help="Seconds to wait for the reply, retries included.",
 )
-@click.option(
+@option(
     "--retries",
     type=click.IntRange(min=0),
     default=0,
-    show_default=True,
     help="Re-send the same key this many times while unanswered (the server dedups).",
 )
-@click.option("--task", type=click.Choice(list(TASKS)), default=None)
-@click.option(
+@option("--task", type=click.Choice(list(TASKS)))
+@option(
     "--deadline-after-ms",
     type=click.IntRange(min=0),
-    default=None,
     help="Set deadline_ms this many ms from now: later, the server answers expired.",
 )
-@click.option("--meta", default=None, help="A JSON object echoed in the reply.")
-@click.option("--truncate/--no-truncate", default=None, help="Over-length policy.")
-@click.option(
+@option("--meta", help="A JSON object echoed in the reply.")
+@option("--truncate/--no-truncate", help="Over-length policy.")
+@option(
     "--dimensions",
     type=click.IntRange(min=1),
-    default=None,
     help="Keep the first N values of the embedding (then re-normalised if normalised).",
 )
-@click.option(
-    "--normalize/--no-normalize", default=None, help="L2-normalise; default: as the model says."
-)
-@click.option("--prompt-name", default=None, help="A prompt of the model's config, e.g. query.")
-@click.option(
+@option("--normalize/--no-normalize", help="L2-normalise; default: as the model says.")
+@option("--prompt-name", help="A prompt of the model's config, e.g. query.")
+@option(
     "--encoding-format",
     type=click.Choice(["float", "f32le", "f16le", "binary"]),
-    default=None,
     help="How the embedding (or sparse vector: not binary) travels; printed as lists.",
 )
-@click.option(
+@option(
     "--document",
     "documents",
     multiple=True,
     help="rerank: a document to score against TEXT (the query); repeat, 1 to 64.",
 )
-@click.option("--top-n", type=click.IntRange(min=1), default=None, help="rerank: the best N too.")
-@click.option(
-    "--top-k", type=click.IntRange(min=1), default=None, help="sparse: keep the K largest weights."
-)
-@click.option(
+@option("--top-n", type=click.IntRange(min=1), help="rerank: the best N too.")
+@option("--top-k", type=click.IntRange(min=1), help="sparse: keep the K largest weights.")
+@option(
     "--aggregation",
     type=click.Choice(list(AGGREGATIONS)),
-    default=None,
     help="token-classify: how tokens become entities (default simple).",
 )
-@click.option(
-    "--redact/--no-redact", default=None, help="token-classify: also the text with [LABEL]s."
-)
-@click.option(
+@option("--redact/--no-redact", help="token-classify: also the text with [LABEL]s.")
+@option(
     "--chunk-max-tokens",
     type=click.IntRange(min=4),
-    default=None,
     help="embed (contract 1.3): embed in chunks of at most N tokens (prompt and special "
     "tokens included).",
 )
-@click.option(
+@option(
     "--chunk-overlap",
     type=click.IntRange(min=0),
-    default=None,
     help="embed: tokens consecutive chunks share (with --chunk-max-tokens; default 0).",
 )
-@click.option(
+@option(
     "--chunk-output",
     type=click.Choice(["pooled", "chunks"]),
-    default=None,
     help="embed: one pooled vector (default) or every chunk's with its start/end.",
 )
-@click.option(
+@option(
     "--priority",
     type=click.Choice(["live", "bulk"]),
-    default=None,
     help="live (the server's default) or bulk: computed in the capacity live requests leave "
     "idle (contract 1.2).",
 )
-@click.option("--full", is_flag=True, help="Print the record's metadata and latency too.")
+@flag("--full", help="Print the record's metadata and latency too.")
 @encoding_option
 @topic_options
-@click.option(
+@option(
     "--dlq-topic",
     default=_default("dlq_topic"),
-    show_default=True,
     envvar="KBATCH_DLQ_TOPIC",
     help="The server's dead-letter topic, refused as --reply-topic: a dead letter is not a "
     "reply (env KBATCH_DLQ_TOPIC)",
@@ -199,30 +182,19 @@ def request_command(
     key: str | None,
     timeout_s: float,
     retries: int,
-    task: str | None,
     deadline_after_ms: int | None,
     meta: str | None,
-    truncate: bool | None,
-    dimensions: int | None,
-    normalize: bool | None,
-    prompt_name: str | None,
-    encoding_format: str | None,
     documents: tuple[str, ...],
-    top_n: int | None,
-    top_k: int | None,
-    aggregation: str | None,
-    redact: bool | None,
     chunk_max_tokens: int | None,
     chunk_overlap: int | None,
     chunk_output: str | None,
-    priority: str | None,
     full: bool,
     encoding: str,
     bootstrap: str,
     request_topic: str,
     reply_topic: str,
     dlq_topic: str,
-    **security: Any,
+    **fields: Any,
 ) -> None:
     """Send TEXT to kbatch serve and print its reply as JSON.
 
@@ -238,26 +210,11 @@ def request_command(
     from schemas.codec import Encoding
 
     input_text = read_text(text, text_file)
-    meta_obj: dict[str, Any] | None = None
-    if meta is not None:
-        try:
-            meta_obj = json.loads(meta)
-        except json.JSONDecodeError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--meta") from err
-        if not isinstance(meta_obj, dict):
-            raise click.BadParameter("must be a JSON object", param_hint="--meta")
-    enc = Encoding.JSON if encoding == "json" else Encoding.MSGPACK
-    from consumer.cli.client_security import client_settings
-    from consumer.kafka.client_config import security_kwargs
-    from consumer.kafka.errors import KafkaSecurityError
-
-    try:
-        kafka_options = security_kwargs(client_settings(bootstrap, security))
-    except KafkaSecurityError as err:  # an unreadable CA, key or password file
-        raise click.ClickException(str(err)) from None
-    deadline_ms = (
-        int(time.time() * 1000) + deadline_after_ms if deadline_after_ms is not None else None
-    )
+    meta_obj = _parse_meta(meta)
+    security = {name: fields.pop(name) for name in SECURITY_FIELDS if name in fields}
+    kafka_options = client_kafka_options(bootstrap, security)
+    if deadline_after_ms is not None:
+        fields["deadline_ms"] = int(time.time() * 1000) + deadline_after_ms
     chunk_fields = {"max_tokens": chunk_max_tokens, "overlap": chunk_overlap,
                     "output": chunk_output}  # fmt: skip
     chunking = {k: v for k, v in chunk_fields.items() if v is not None} or None
@@ -267,7 +224,7 @@ def request_command(
             bootstrap=bootstrap,
             request_topic=request_topic,
             reply_topic=reply_topic,
-            encoding=enc,
+            encoding=Encoding.JSON if encoding == "json" else Encoding.MSGPACK,
             start_timeout_s=timeout_s,  # the wait for the topics is bounded by --timeout-s too
             kafka_options=kafka_options,
             dead_letter_topic=dlq_topic,
@@ -277,21 +234,10 @@ def request_command(
                 key,
                 timeout_s=timeout_s,
                 retries=retries,
-                task=task,  # type: ignore[arg-type]  # click.Choice guarantees the literal
-                deadline_ms=deadline_ms,
                 meta=meta_obj,
-                truncate=truncate,
-                dimensions=dimensions,
-                normalize=normalize,
-                prompt_name=prompt_name,
-                encoding_format=encoding_format,  # type: ignore[arg-type]  # click.Choice
                 documents=list(documents) or None,
-                top_n=top_n,
-                top_k=top_k,
-                aggregation=aggregation,  # type: ignore[arg-type]  # click.Choice
-                redact=redact,
-                priority=priority,  # type: ignore[arg-type]  # click.Choice
                 chunking=chunking,
+                **fields,  # --task, --truncate, --dimensions …: click.Choice keeps the literals
             )
         out = envelope.to_json()
         return out if full else out["reply"]
@@ -301,14 +247,35 @@ def request_command(
     except ClientError as err:
         raise click.ClickException(str(err)) from err
     except ValidationError as err:  # the request breaks the contract (schemas.records.Request)
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']} (got {e.get('input')!r})"
-            for e in err.errors()
-        )
-        raise click.UsageError(f"not a valid request: {problems}") from err
+        raise click.UsageError(f"not a valid request: {_problems(err)}") from err
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     click.echo(json.dumps(result))
     status = result["reply"]["status"] if full else result["status"]
     if status != "ok":
         raise SystemExit(EXIT_NOT_OK)
+
+
+def _parse_meta(meta: str | None) -> dict[str, Any] | None:
+    """``--meta``'s JSON object (None when not given).
+
+    Raises:
+        click.BadParameter: not JSON, or JSON but not an object.
+    """
+    if meta is None:
+        return None
+    try:
+        meta_obj = json.loads(meta)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"not JSON: {err}", param_hint="--meta") from err
+    if not isinstance(meta_obj, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--meta")
+    return meta_obj
+
+
+def _problems(err: ValidationError) -> str:
+    """``field: message (got value)`` per problem of a request the contract refuses."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']} (got {e.get('input')!r})"
+        for e in err.errors()
+    )

@@ -8,19 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
-from consumer.cli.options import describe_validation_error, settings_options
-from consumer.config import ServeSettings, load_settings
+from consumer.cli.options import settings_from_flags, settings_options
+from consumer.config import ServeSettings
 
 
 def _serve(config: Path | None, **flags: Any) -> None:
-    try:
-        settings = load_settings(ServeSettings, config, **flags)
-    except ValidationError as err:
-        raise click.UsageError(describe_validation_error(err)) from err
-    except FileNotFoundError as err:
-        raise click.UsageError(str(err)) from err
+    settings = settings_from_flags(ServeSettings, config, flags)
     from consumer.model.loader import check_model
     from consumer.serve.app import serve
     from consumer.tracing.provider import TracingUnavailableError, check_tracing

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
@@ -33,6 +33,9 @@ from consumer.model.settings import DTYPE_AUTOCAST, PACKAGED_MODEL, ModelSetting
 from consumer.model.sim_backend import SimBackend, parse_sim
 from consumer.options import ModelProfile
 from schemas.models import ModelInfo
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("kbatch.model")
 
@@ -123,11 +126,9 @@ def load_model(
         ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
         ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
-    from consumer.cpu.budget import read_cpu_budget
-    from consumer.cpu.plan import apply_native_env, plan_threads
     from consumer.model.prompts import resolve_default_prompt
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
-    from consumer.model.torch_backend import configure_threads, default_device
+    from consumer.model.torch_backend import default_device
 
     model_dir, info = resolve_model(settings)
     check_task(settings, model_dir)
@@ -144,53 +145,9 @@ def load_model(
     device = default_device() if settings.device == "auto" else settings.device
     if settings.backend == "onnx":
         device = "cpu"  # ORT's CPU execution provider (ModelSettings refuses a CUDA device)
-    plan = plan_threads(
-        read_cpu_budget(settings.cpu_budget),
-        accelerator=device != "cpu" or parse_sim(settings.model) is not None,
-        torch_threads=settings.torch_threads,
-        environ=os.environ,
-    )
-    env = apply_native_env(plan)  # before the tokenizer's first use and torch's first op
-    threads = configure_threads(plan.torch_threads, plan.torch_interop_threads)
-    log.info("CPU budget %s; threads: %s", plan.budget.describe(), plan.describe())
-    if plan.torch_threads > plan.budget.thread_cores:
-        log.warning(
-            "torch's %d threads (%s) exceed the %g cores the CPU budget lets them span: "
-            "they will take turns (docs/CPU.md)",
-            plan.torch_threads,
-            plan.torch_from,
-            plan.budget.thread_cores,
-        )
-    if env:
-        log.debug("thread pool environment: %s", env)
+    plan, threads = _plan_threads(settings, device)
     autocast = DTYPE_AUTOCAST[settings.dtype]
-    runner: ModelRunner
-    if settings.model == NOOP_MODEL:
-        from consumer.model.protocol import FakeBackend
-        from consumer.model.tokenize import read_max_length
-
-        cap = max_length or read_max_length(model_dir)
-        runner = ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
-    elif (spec := parse_sim(settings.model)) is not None:
-        from consumer.model.tokenize import read_max_length
-
-        cap = max_length or read_max_length(model_dir)
-        runner = ModelRunner(SimBackend(spec, cap, task=settings.task), stats=stats)
-    else:
-        runner = load_runner(
-            model_dir,
-            task=settings.task,
-            device=device,
-            autocast=autocast,
-            max_length=max_length,
-            stats=stats,
-            name=info.name,
-            revision=info.revision,
-            backend=settings.backend,
-            quantize=settings.quantize,
-            threads=threads,
-            trace=settings.torch_trace,
-        )
+    runner = _settings_runner(settings, model_dir, info, device, threads, max_length, stats)
     tokenizer: TokenizerLike
     if settings.model == NOOP_MODEL:
         tokenizer = WordCountTokenizer(runner.max_length, truncate_by_default=truncate)
@@ -213,6 +170,72 @@ def load_model(
     if lossy_path and settings.model != NOOP_MODEL and parse_sim(settings.model) is None:
         _quality_gate(runner, tokenizer, model_dir, settings, device)
     return LoadedModel(runner, tokenizer, info, device, profile, plan)
+
+
+def _plan_threads(settings: ModelSettings, device: str) -> tuple[ThreadPlan, int]:
+    """Plan the process's thread pools from the CPU budget (docs/CPU.md), set the native
+    pools' environment and torch's threads; returns the plan and torch's intra-op threads."""
+    from consumer.cpu.budget import read_cpu_budget
+    from consumer.cpu.plan import apply_native_env, plan_threads
+    from consumer.model.torch_backend import configure_threads
+
+    plan = plan_threads(
+        read_cpu_budget(settings.cpu_budget),
+        accelerator=device != "cpu" or parse_sim(settings.model) is not None,
+        torch_threads=settings.torch_threads,
+        environ=os.environ,
+    )
+    env = apply_native_env(plan)  # before the tokenizer's first use and torch's first op
+    threads = configure_threads(plan.torch_threads, plan.torch_interop_threads)
+    log.info("CPU budget %s; threads: %s", plan.budget.describe(), plan.describe())
+    if plan.torch_threads > plan.budget.thread_cores:
+        log.warning(
+            "torch's %d threads (%s) exceed the %g cores the CPU budget lets them span: "
+            "they will take turns (docs/CPU.md)",
+            plan.torch_threads,
+            plan.torch_from,
+            plan.budget.thread_cores,
+        )
+    if env:
+        log.debug("thread pool environment: %s", env)
+    return plan, threads
+
+
+def _settings_runner(
+    settings: ModelSettings,
+    model_dir: Path,
+    info: ModelInfo,
+    device: str,
+    threads: int,
+    max_length: int | None,
+    stats: StatsSink,
+) -> ModelRunner:
+    """The runner of ``settings.model``: the no-op backend, a simulated device or
+    :func:`load_runner` of the directory."""
+    from consumer.model.tokenize import read_max_length
+
+    if settings.model == NOOP_MODEL:
+        from consumer.model.protocol import FakeBackend
+
+        cap = max_length or read_max_length(model_dir)
+        return ModelRunner(FakeBackend(settings.task, max_length=cap), stats=stats)
+    if (spec := parse_sim(settings.model)) is not None:
+        cap = max_length or read_max_length(model_dir)
+        return ModelRunner(SimBackend(spec, cap, task=settings.task), stats=stats)
+    return load_runner(
+        model_dir,
+        task=settings.task,
+        device=device,
+        autocast=DTYPE_AUTOCAST[settings.dtype],
+        max_length=max_length,
+        stats=stats,
+        name=info.name,
+        revision=info.revision,
+        backend=settings.backend,
+        quantize=settings.quantize,
+        threads=threads,
+        trace=settings.torch_trace,
+    )
 
 
 def _quality_gate(
@@ -363,8 +386,6 @@ def load_runner(
             ``ValueError`` for a combination :func:`~consumer.model.settings.check_backend`
             refuses (``onnx`` on a non-CPU device, ``int8`` without ``onnx``).
     """
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from consumer.model.tokenize import read_max_length
@@ -375,24 +396,9 @@ def load_runner(
     task = task or _detect_task(path)
     dev = device or default_device()
     check_backend(backend=backend, quantize=quantize, device=dev)
-    model: torch.nn.Module
     if task in ("rerank", "sparse", "token-classify"):
         return _load_task_runner(path, task, dev, max_length, stats, name, revision)
-    if backend == "onnx":
-        from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
-
-        onnx_path = ensure_onnx(path, task, quantize)
-        cfg = AutoConfig.from_pretrained(str(path))
-        model = OrtNetwork(onnx_path, task, cfg, threads or torch.get_num_threads())
-    else:
-        cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
-        model = cls.from_pretrained(str(path))
-        model.eval().to(dev)
-        if autocast is not None and torch.device(dev).type == "cuda":
-            # Weights in the autocast dtype: no per-op casts of fp32 weights (pooling and
-            # softmax still run in fp32; the start-up gate compares with fp32).
-            model.to(torch.bfloat16 if autocast == "bf16" else torch.float16)
-        cfg = model.config
+    model, cfg = _load_network(path, task, dev, autocast, backend, quantize, threads)
     pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) or 0)
     net_backend = TorchBackend(
         model,
@@ -408,6 +414,39 @@ def load_runner(
         trace=trace and backend == "torch",
     )
     return ModelRunner(net_backend, stats=stats)
+
+
+def _load_network(
+    path: Path,
+    task: Task,
+    device: str,
+    autocast: AutocastName | None,
+    backend: BackendName,
+    quantize: Quantize,
+    threads: int | None,
+) -> tuple[torch.nn.Module, Any]:
+    """The ``embed``/``classify`` network and its transformers config: an ONNX Runtime
+    session (exported once, :mod:`consumer.model.onnx_backend`) or the torch model on
+    ``device`` (on CUDA with ``autocast``, its weights in that dtype)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    model: torch.nn.Module
+    if backend == "onnx":
+        from consumer.model.onnx_backend import OrtNetwork, ensure_onnx
+
+        onnx_path = ensure_onnx(path, task, quantize)
+        cfg = AutoConfig.from_pretrained(str(path))
+        model = OrtNetwork(onnx_path, task, cfg, threads or torch.get_num_threads())
+        return model, cfg
+    cls = AutoModelForSequenceClassification if task == "classify" else AutoModel
+    model = cls.from_pretrained(str(path))
+    model.eval().to(device)
+    if autocast is not None and torch.device(device).type == "cuda":
+        # Weights in the autocast dtype: no per-op casts of fp32 weights (pooling and
+        # softmax still run in fp32; the start-up gate compares with fp32).
+        model.to(torch.bfloat16 if autocast == "bf16" else torch.float16)
+    return model, model.config
 
 
 def _load_task_runner(
