@@ -4,7 +4,8 @@ backfill job's own tests cover it in their flows)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
@@ -37,6 +38,15 @@ class OpenGate:
 
     def reopen(self, tps: frozenset[TopicPartition]) -> None:
         self.reopened.append(tps)
+
+    @contextlib.asynccontextmanager
+    async def holding(
+        self, tps: frozenset[TopicPartition], timeout_s: float
+    ) -> AsyncIterator[frozenset[TopicPartition]]:
+        try:
+            yield await self.quiesce(tps, timeout_s)
+        finally:
+            self.reopen(tps)
 
 
 class Committer:

@@ -4,13 +4,15 @@ gate), the commit that ends a transaction, and the pipeline's use of them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
 from consumer.config import ServeSettings
 from consumer.finish.delivery import Delivery
-from consumer.finish.exactly_once import IntervalGate, commit_transactions
+from consumer.finish.exactly_once import commit_transactions
+from consumer.finish.gate import IntervalGate
 from consumer.kafka.errors import TransactionError
 from consumer.kafka.offset_metadata import Encoded, decode_completed
 from consumer.kafka.offsets import OffsetTracker
@@ -102,6 +104,20 @@ async def test_a_commit_holds_new_replies_and_takes_only_the_finished_records() 
     assert delivery.open == 1
 
 
+async def test_a_commit_inside_a_revoke_reopens_only_what_it_closed() -> None:
+    delivery, tracker, _, txn = make_delivery()
+    a0, b0 = item(tracker, A, 0), item(tracker, B, 0)
+    assert await delivery.quiesce(frozenset({A}), 5.0) == frozenset({A})  # the revoke's hold
+    delivery.send([(a0, reply(0)), (b0, reply(1))])
+    async with delivery.holding(frozenset({A, B}), 0.05) as quiet:  # the revoke's commit
+        assert quiet == frozenset({A})  # b0 started before B was held
+    await settle()
+    assert A not in txn.sinks and [r.value for r in txn.sinks[B].sent] == [b"1"]
+    delivery.reopen(frozenset({A}))  # the assignment keeps A: its held reply goes out
+    await settle()
+    assert [r.value for r in txn.sinks[A].sent] == [b"0"]
+
+
 async def test_a_dead_letters_error_reply_is_in_the_same_transaction_as_the_dead_letter() -> None:
     delivery, tracker, owner, txn = make_delivery()
     a0 = item(tracker, A, 0)
@@ -134,6 +150,15 @@ class GateSpy:
 
     def reopen(self, tps: frozenset[TopicPartition]) -> None:
         self.reopened.append(tps)
+
+    @contextlib.asynccontextmanager
+    async def holding(
+        self, tps: frozenset[TopicPartition], timeout_s: float
+    ) -> AsyncIterator[frozenset[TopicPartition]]:
+        try:
+            yield await self.quiesce(tps, timeout_s)
+        finally:
+            self.reopen(tps)
 
 
 def metadata(truncated: set[TopicPartition]) -> object:
