@@ -24,23 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from consumer.batching.types import Lane
 
-_LATENCY_BUCKETS_S = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-)
+_LATENCY_BUCKETS_S = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MultiprocessMode = Literal["livesum", "livemax", "livemin", "liveall", "livemostrecent"]
 """How the supervisor combines a gauge over the replicas (prometheus-client's names)."""
 
