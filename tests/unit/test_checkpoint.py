@@ -4,8 +4,7 @@ backfill job's own tests cover it in their flows)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -19,34 +18,13 @@ from consumer.kafka.errors import CommitError, TransactionError
 from consumer.kafka.offset_metadata import decode_completed, encode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import TopicPartition
-from tests.fakes import FakeClock, FakeSource, FakeTransactions
+from tests.fakes import FakeClock, FakeGate, FakeSource, FakeTransactions
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)
 
 
-class OpenGate:
-    """Delivery's gate with nothing in flight: every partition is quiet at once."""
-
-    def __init__(self) -> None:
-        self.reopened: list[frozenset[TopicPartition]] = []
-
-    async def quiesce(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> frozenset[TopicPartition]:
-        return tps
-
-    def reopen(self, tps: frozenset[TopicPartition]) -> None:
-        self.reopened.append(tps)
-
-    @contextlib.asynccontextmanager
-    async def holding(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> AsyncIterator[frozenset[TopicPartition]]:
-        try:
-            yield await self.quiesce(tps, timeout_s)
-        finally:
-            self.reopen(tps)
+OpenGate = FakeGate  # delivery's gate with nothing in flight: every partition quiet
 
 
 class Committer:

@@ -4,8 +4,7 @@ gate), the commit that ends a transaction, and the pipeline's use of them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -23,7 +22,7 @@ from consumer.serve.pipeline import Pipeline
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
 from schemas.records import OutRecord
-from tests.fakes import FakeEngine, FakeSink, FakeSource, FakeTransactions
+from tests.fakes import FakeEngine, FakeGate, FakeSink, FakeSource, FakeTransactions
 from tests.unit.test_delivery import Item, Owner, reply, settle
 
 A: TopicPartition = ("req", 0)
@@ -138,27 +137,7 @@ async def test_a_dead_letters_error_reply_is_in_the_same_transaction_as_the_dead
 # ---- the commit -------------------------------------------------------------------------------
 
 
-class GateSpy:
-    def __init__(self, quiet: frozenset[TopicPartition]) -> None:
-        self.quiet = quiet
-        self.reopened: list[frozenset[TopicPartition]] = []
-
-    async def quiesce(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> frozenset[TopicPartition]:
-        return self.quiet & tps
-
-    def reopen(self, tps: frozenset[TopicPartition]) -> None:
-        self.reopened.append(tps)
-
-    @contextlib.asynccontextmanager
-    async def holding(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> AsyncIterator[frozenset[TopicPartition]]:
-        try:
-            yield await self.quiesce(tps, timeout_s)
-        finally:
-            self.reopen(tps)
+GateSpy = FakeGate
 
 
 def metadata(truncated: set[TopicPartition]) -> object:
