@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -34,7 +33,7 @@ from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
 from consumer.kafka.range_source import PartitionRange, RangeSource
-from consumer.lifecycle import Lifecycle
+from consumer.lifecycle import Lifecycle, stop_on_signals
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.options import admit_options
@@ -101,10 +100,8 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
         default_topic=settings.output_topic,
         group_id=settings.effective_group_id,
     )
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)

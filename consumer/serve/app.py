@@ -17,7 +17,6 @@ import functools
 import gc
 import json
 import logging
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,7 +38,7 @@ from consumer.kafka.errors import (
 )
 from consumer.kafka.flow import FlowControl
 from consumer.kafka.source import KafkaSource
-from consumer.lifecycle import Lifecycle
+from consumer.lifecycle import Lifecycle, stop_on_signals
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
@@ -135,10 +134,8 @@ async def serve(settings: ServeSettings) -> int:
         log.error("%s", err)
         return 1
     parts = _build(settings, metrics, tracing)
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
