@@ -2,8 +2,9 @@
 OTLP/HTTP receiver decoding the real protobuf. A client span → kbatch's request span (its
 child) → the batch span (linking it) → the reply's ``traceparent`` continued by the client, for
 embed and for a contract 1.2 task (rerank), with and without dedup; a bad ``traceparent`` is
-ignored, counted, and the request answered; ``kbatch backfill --tracing`` is one trace of its
-batches."""
+ignored, counted, and the request answered; ``kbatch backfill --tracing`` and a job run by
+serve are one trace of their batches; ``kbatch load --traceparent`` names traces kbatch
+continued."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ from tests.fixtures.task_models import build_tiny_cross_encoder
 from tests.integration.harness import ServeProcess
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.integration.test_backfill import Event, backfill_args, produce_events, run_backfill
+from tests.integration.test_backfill_jobs import Members
+from tests.integration.test_backfill_jobs import _source as job_source
+from tests.integration.test_backfill_jobs import _submit as submit_job
+from tests.integration.test_backfill_jobs import _wait_status as wait_job_status
 
 DOCUMENTS = ["Consumers commit offsets to Kafka.", "Bananas are yellow."]
 SPAN_KIND_CONSUMER = 5  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_CONSUMER
@@ -303,3 +308,26 @@ async def test_kbatch_load_traceparent_names_traces_kbatch_continued(setting: Se
     )
     parents = {s.trace_id: s.parent_span_id for s in spans if s.trace_id in wanted}
     assert all(parent != "" for parent in parents.values())  # the load's span, remote
+
+
+async def test_a_serve_backfill_job_is_a_trace_of_its_batches(
+    setting: Setting, tiny_embed_dir: Path
+) -> None:
+    """A job run by ``kbatch serve --tracing`` (docs/JOBS.md): the member's assignment is a
+    ``backfill <source>`` span naming the job, each batch of it a child span."""
+    jobs_topic = f"{setting.topics[0]}.jobs"
+    extra = ("--max-wait-ms", "5", "--jobs-topic", jobs_topic)
+    async with traced_serve(setting, tiny_embed_dir, extra=extra) as (server, _, _):
+        members = Members(setting.bootstrap, tiny_embed_dir, jobs_topic, [server], [jobs_topic])
+        try:
+            source, output = await job_source(members, 1, 20)
+            job = submit_job(members, source, output)
+            await wait_job_status(members, job, lambda s: s.state == "completed", 60)
+        finally:
+            await delete_topics(setting.bootstrap, members.topics)
+    spans = wait_for(setting.receiver, lambda got: any(s.name == f"backfill {source}" for s in got))
+    (assignment,) = [s for s in spans if s.name == f"backfill {source}"]
+    assert assignment.attributes["kbatch.job.id"] == job
+    batches = [s for s in spans if s.name == f"infer {source}"]
+    assert batches and all(b.parent_span_id == assignment.span_id for b in batches)
+    assert sum(b.attributes["messaging.batch.message_count"] for b in batches) == 20
