@@ -19,12 +19,13 @@ import contextlib
 import inspect
 import logging
 import math
+import signal
 import time
 from collections.abc import Awaitable, Callable
 
 from consumer.deadline import Deadline
 
-__all__ = ["CLOSE_RESERVE_S", "Lifecycle"]
+__all__ = ["CLOSE_RESERVE_S", "Lifecycle", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,14 @@ CLOSE_RESERVE_S = 3.0
 group cleanly spares the next owner a session timeout), at most a quarter of the budget."""
 
 Stop = Callable[[], Awaitable[None] | None]
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGTERM and SIGINT set (handlers on the running loop): a command's stop."""
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    return stop
 
 
 class Lifecycle:

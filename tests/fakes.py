@@ -4,7 +4,8 @@ engines. No broker, no model; each fake records what it was asked."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from consumer.batching.types import InferenceItem, ItemOutcome
@@ -92,6 +93,25 @@ class FakeTransactions:
             reasons = {tp: self.reason for tp in failed} if self.reason else None
             raise TransactionError(f"{sorted(failed)} aborted", done, reasons)
         return done
+
+
+class FakeGate:
+    """Delivery's gate as a transactional commit sees it (:meth:`Delivery.holding
+    <consumer.finish.delivery.Delivery.holding>`): the partitions of ``quiet`` (None: all)
+    are quiet at once; ``reopened`` lists what each commit let go."""
+
+    def __init__(self, quiet: frozenset[TopicPartition] | None = None) -> None:
+        self.quiet = quiet
+        self.reopened: list[frozenset[TopicPartition]] = []
+
+    @contextlib.asynccontextmanager
+    async def holding(
+        self, tps: frozenset[TopicPartition], timeout_s: float
+    ) -> AsyncIterator[frozenset[TopicPartition]]:
+        try:
+            yield tps if self.quiet is None else self.quiet & tps
+        finally:
+            self.reopened.append(tps)
 
 
 class FakeClock:

@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
@@ -26,20 +27,22 @@ from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, 
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
+from consumer.finish.checkpoint import DeliveryMode
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
-from consumer.kafka.range_source import RangeSource
-from consumer.kafka.sink import KafkaSink
-from consumer.kafka.transactions import TransactionalSink
-from consumer.lifecycle import Lifecycle
+from consumer.kafka.range_source import PartitionRange, RangeSource
+from consumer.lifecycle import Lifecycle, stop_on_signals
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.options import admit_options
 from consumer.replies.builder import ReplyBuilder
 from consumer.replies.task_options import NEW_TASKS, check_task_options
 from schemas.models import ModelInfo
+
+if TYPE_CHECKING:
+    from consumer.tracing.wiring import BackfillTracing
 
 __all__ = [
     "EXIT_COMPLETE",
@@ -85,98 +88,29 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
 
         tracing = open_backfill_tracing(topic=settings.source_topic, task=settings.task)
 
-    group_id = settings.effective_group_id
     client = project(KafkaClientSettings, settings)
     security_kwargs(client)  # an unreadable CA, key or password file: KafkaSecurityError now
-    source = RangeSource(client=client, topic=settings.source_topic, group_id=group_id)
-    stop = asyncio.Event()
+    source = RangeSource(
+        client=client, topic=settings.source_topic, group_id=settings.effective_group_id
+    )
+    mode = DeliveryMode.build(
+        client,
+        project(SinkSettings, settings),
+        exactly_once=settings.exactly_once,
+        default_topic=settings.output_topic,
+        group_id=settings.effective_group_id,
+    )
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
         await source.start()
         life.enter("source", source.stop)
-        transactions: TransactionalSink | None = None
-        if settings.exactly_once:  # before the committed offsets are read: fences a zombie
-            transactions = TransactionalSink(
-                client,
-                project(SinkSettings, settings),
-                default_topic=settings.output_topic,
-                group_id=group_id,
-            )
-            life.enter("transactional producers", transactions.stop)
-            for p in await source.partitions():
-                await transactions.open((settings.source_topic, p))
-        plan = await source.resolve(settings.from_bound, settings.to_bound)
-        for r in plan.values():
-            log.info(
-                "partition %d: range [%d, %d), reading from %d%s",
-                r.partition,
-                r.range_start,
-                r.end,
-                r.start,
-                f" (resumed: group {group_id})" if r.resumed_from is not None else "",
-            )
+        life.enter("producers", mode.sink.stop)  # --exactly-once: opened by the read-back
+        plan = await _resolve(settings, source, mode)
         await ensure_output_topics(settings, len(plan))
-        sink: KafkaSink | TransactionalSink = transactions or KafkaSink(
-            client, project(SinkSettings, settings), default_topic=settings.output_topic
-        )
-        if sum(r.remaining for r in plan.values()) == 0:
-            log.info("nothing to read in the range")
-            job = BackfillJob(
-                settings, source, sink, ReplyBuilder(_no_model(), settings.dead_letter_topic)
-            )
-            life.enter("producer", sink.stop)  # never started: no model, nothing to send
-        else:
-            stats = EngineStats(keep=1)
-            model = load_model(
-                settings, stats, max_length=settings.max_length, truncate=settings.truncate
-            )
-            # OptionError: a bad flag
-            check_task_options(settings, model.profile.task)
-            if model.profile.task not in NEW_TASKS:
-                admit_options(settings.embed_options, model.profile)
-            cuda = model.device.startswith("cuda")
-            policy = settings.batch_policy(cuda=cuda)
-            if policy.max_batch_tokens < model.runner.max_length:
-                policy = policy.model_copy(update={"max_batch_tokens": model.runner.max_length})
-            job = BackfillJob(
-                settings,
-                source,
-                sink,
-                ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
-                _progress(settings),
-                stats=stats,
-                transactions=transactions,
-                trace=tracing.trace if tracing is not None else None,
-            )
-            # rerank: each (query, document) pair is one engine item; token-classify: each
-            # window of a long text (contract 1.3). The fan-out gathers them.
-            fanout = fan_out_for(
-                settings.task,
-                model.tokenizer,
-                job.on_outcomes,
-                stride=settings.window_stride,
-                max_windows=settings.max_windows,
-            )
-            engine = Engine(
-                model.runner,
-                model.tokenizer,
-                policy,
-                on_outcomes=job.on_outcomes if fanout is None else fanout.on_outcomes,
-                stats=stats,
-                batch_timeout_s=settings.batch_timeout_s,
-                warmup="all" if cuda else "largest",
-                on_batch_run=tracing.batches if tracing is not None else None,
-            )
-            if fanout is not None:
-                fanout.bind(engine)
-            job.bind(engine if fanout is None else fanout)
-            for name, part in (("engine", engine), ("producer", sink)):
-                await part.start()
-                life.enter(name, part.stop)
+        job = await _start_job(settings, source, mode, plan, life, tracing)
         summary = await job.run(stop, life.drain_deadline)
     if tracing is not None:
         await tracing.finish(summary.complete, "" if summary.complete else "incomplete")
@@ -187,6 +121,92 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     if summary.complete:
         return EXIT_COMPLETE
     return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
+
+
+async def _resolve(
+    settings: BackfillSettings, source: RangeSource, mode: DeliveryMode
+) -> dict[int, PartitionRange]:
+    """Fix the range (:meth:`RangeSource.resolve`) once the committed offsets are final:
+    ``--exactly-once`` opens every partition's producer first (fences a zombie)."""
+    topic = settings.source_topic
+    tps = [(topic, p) for p in await source.partitions()]
+    plan = await mode.read_back(tps, lambda: source.resolve(settings.from_bound, settings.to_bound))
+    for r in plan.values():
+        log.info(
+            "partition %d: range [%d, %d), reading from %d%s",
+            r.partition,
+            r.range_start,
+            r.end,
+            r.start,
+            f" (resumed: group {settings.effective_group_id})"
+            if r.resumed_from is not None
+            else "",
+        )
+    return plan
+
+
+async def _start_job(
+    settings: BackfillSettings,
+    source: RangeSource,
+    mode: DeliveryMode,
+    plan: Mapping[int, PartitionRange],
+    life: Lifecycle,
+    tracing: BackfillTracing | None,
+) -> BackfillJob:
+    """The job over ``plan``; the model, the engine (warmed up) and the producer started,
+    unless the range is empty (nothing loaded then)."""
+    sink = mode.sink
+    if sum(r.remaining for r in plan.values()) == 0:
+        log.info("nothing to read in the range")
+        return BackfillJob(
+            settings, source, sink, ReplyBuilder(_no_model(), settings.dead_letter_topic)
+        )
+    stats = EngineStats(keep=1)
+    model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
+    # OptionError: a bad flag
+    check_task_options(settings, model.profile.task)
+    if model.profile.task not in NEW_TASKS:
+        admit_options(settings.embed_options, model.profile)
+    cuda = model.device.startswith("cuda")
+    policy = settings.batch_policy(cuda=cuda)
+    if policy.max_batch_tokens < model.runner.max_length:
+        policy = policy.model_copy(update={"max_batch_tokens": model.runner.max_length})
+    job = BackfillJob(
+        settings,
+        source,
+        sink,
+        ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
+        _progress(settings),
+        stats=stats,
+        transactions=mode.transactions,
+        trace=tracing.trace if tracing is not None else None,
+    )
+    # rerank: each (query, document) pair is one engine item; token-classify: each
+    # window of a long text (contract 1.3). The fan-out gathers them.
+    fanout = fan_out_for(
+        settings.task,
+        model.tokenizer,
+        job.on_outcomes,
+        stride=settings.window_stride,
+        max_windows=settings.max_windows,
+    )
+    engine = Engine(
+        model.runner,
+        model.tokenizer,
+        policy,
+        on_outcomes=job.on_outcomes if fanout is None else fanout.on_outcomes,
+        stats=stats,
+        batch_timeout_s=settings.batch_timeout_s,
+        warmup="all" if cuda else "largest",
+        on_batch_run=tracing.batches if tracing is not None else None,
+    )
+    if fanout is not None:
+        fanout.bind(engine)
+    job.bind(engine if fanout is None else fanout)
+    for name, part in (("engine", engine), ("producer", sink)):
+        await part.start()
+        life.enter(name, part.stop)
+    return job
 
 
 async def ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:

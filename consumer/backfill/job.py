@@ -48,6 +48,7 @@ from consumer.batching.types import ChunkPlan, InferenceItem, ItemOutcome
 from consumer.deadline import Deadline
 from consumer.finish.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.finish.delivery import Delivery, SinkLike
+from consumer.finish.exactly_once import BeforeCommit
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
@@ -109,6 +110,8 @@ class BackfillJob:
             range open (``sink`` is then unused).
         trace: ``--tracing``: the job's :class:`~consumer.tracing.jobs.JobTrace`, carried by
             every item (its batches are child spans of the job's); None: no tracing.
+        before_commit: awaited with the offsets just before each commit (a job member's
+            progress record, docs/JOBS.md).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class BackfillJob:
         clock: Callable[[], float] = time.monotonic,
         transactions: TransactionalSinkLike | None = None,
         trace: object | None = None,
+        before_commit: BeforeCommit | None = None,
     ) -> None:
         self.settings = settings
         self._trace = trace
@@ -172,6 +176,7 @@ class BackfillJob:
             commit_offsets=source.commit,
             gate=self._delivery,
             clock=clock,
+            before_commit=before_commit,
         )
         self._write_scheduled = False
         self._open = 0  # records read and neither finished nor given up

@@ -9,6 +9,9 @@ delivery mode runs.
 
 ::
 
+    DeliveryMode             set up once per process (:meth:`DeliveryMode.build`): the sink
+                             (the transactional one under ``--exactly-once``); read_back:
+                             open the partitions' producers, then read the committed offsets
     PlainCheckpoint          commit: offsets_now() → kb1 metadata → source commit
                              (a retriable failure: logged, retried at the next interval)
     TransactionalCheckpoint  commit: hold new sends of each partition, wait for started ones,
@@ -19,7 +22,8 @@ delivery mode runs.
                              before reading its committed offset, then seek there;
                              revoke: abort what is open
 
-Both then record what was committed in the tracker (:meth:`OffsetTracker.mark_committed`)
+Both await the owner's ``before_commit`` hook with the offsets just before committing them,
+then record what was committed in the tracker (:meth:`OffsetTracker.mark_committed`)
 and as the lag base. The rules come from CONTRACT.md §Delivery and README §Operations
 (``--exactly-once``).
 """
@@ -29,21 +33,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from consumer.finish.delivery import SourcedSinkLike
-from consumer.finish.exactly_once import GateOwner, TransactionsLike, commit_transactions
+from consumer.finish.delivery import SinkLike, SourcedSinkLike
+from consumer.finish.exactly_once import (
+    BeforeCommit,
+    GateOwner,
+    TransactionsLike,
+    commit_transactions,
+)
+from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import CommitError, RangeSourceError, TransactionError
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import TopicPartition
+from consumer.kafka.sink import KafkaSink
+from consumer.kafka.transactions import TransactionalSink
 
 __all__ = [
     "Checkpoint",
     "Committed",
+    "DeliveryMode",
     "PlainCheckpoint",
+    "ProducerSink",
     "TransactionalCheckpoint",
     "TransactionalSinkLike",
     "checkpoint_for",
@@ -57,6 +71,7 @@ OffsetsNow = Callable[[], Offsets]
 of the commit (for a transaction: once its partitions are quiet)."""
 CommitOffsets = Callable[[Offsets, Mapping[TopicPartition, str]], Awaitable[None]]
 """A plain group commit: offsets and their metadata text, per partition."""
+T = TypeVar("T")
 
 
 class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
@@ -64,6 +79,13 @@ class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
 
     async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None: ...
     async def close(self, tp: TopicPartition) -> None: ...
+
+
+class ProducerSink(SinkLike, Protocol):
+    """The sink of a delivery mode: :class:`KafkaSink` or :class:`TransactionalSink`."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
 
 
 class CommittedReader(Protocol):
@@ -100,6 +122,7 @@ class Checkpoint:
             each finished partition's end offset).
         commit_interval_s: seconds between two commits of :meth:`due`.
         clock: monotonic seconds.
+        before_commit: awaited with the offsets just before each commit that has some.
     """
 
     def __init__(
@@ -108,8 +131,10 @@ class Checkpoint:
         offsets_now: OffsetsNow,
         commit_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
+        before_commit: BeforeCommit | None = None,
     ) -> None:
         self.tracker = tracker
+        self._before_commit = before_commit
         self._offsets_now = offsets_now
         self._interval_s = commit_interval_s
         self._clock = clock
@@ -194,8 +219,9 @@ class PlainCheckpoint(Checkpoint):
         commit_interval_s: float,
         commit_offsets: CommitOffsets,
         clock: Callable[[], float] = time.monotonic,
+        before_commit: BeforeCommit | None = None,
     ) -> None:
-        super().__init__(tracker, offsets_now, commit_interval_s, clock)
+        super().__init__(tracker, offsets_now, commit_interval_s, clock, before_commit)
         self._commit_offsets = commit_offsets
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
@@ -206,6 +232,8 @@ class PlainCheckpoint(Checkpoint):
             return Committed({})
         started = self._clock()
         metadata = self.tracker.commit_metadata(offsets)
+        if self._before_commit is not None:
+            await self._before_commit(offsets)
         try:
             await self._commit_offsets(offsets, {tp: m.text for tp, m in metadata.items()})
         except (CommitError, RangeSourceError) as err:
@@ -234,8 +262,9 @@ class TransactionalCheckpoint(Checkpoint):
         transactions: TransactionalSinkLike,
         gate: GateOwner,
         clock: Callable[[], float] = time.monotonic,
+        before_commit: BeforeCommit | None = None,
     ) -> None:
-        super().__init__(tracker, offsets_now, commit_interval_s, clock)
+        super().__init__(tracker, offsets_now, commit_interval_s, clock, before_commit)
         self._transactions = transactions
         self._gate = gate
         self._lock = asyncio.Lock()
@@ -253,6 +282,7 @@ class TransactionalCheckpoint(Checkpoint):
                     tps,
                     self._offsets_now,
                     self.tracker.commit_metadata,
+                    before_commit=self._before_commit,
                 )
             except TransactionError as err:
                 committed = err.committed
@@ -294,12 +324,71 @@ def checkpoint_for(
     commit_offsets: CommitOffsets,
     gate: GateOwner,
     clock: Callable[[], float] = time.monotonic,
+    before_commit: BeforeCommit | None = None,
 ) -> Checkpoint:
     """The checkpoint of the delivery mode, chosen once: transactional when ``transactions``
     is given (``--exactly-once``: through ``gate``, the delivery), else plain
-    (``commit_offsets``)."""
+    (``commit_offsets``); both await ``before_commit`` just before committing."""
     if transactions is None:
-        return PlainCheckpoint(tracker, offsets_now, commit_interval_s, commit_offsets, clock)
+        return PlainCheckpoint(
+            tracker, offsets_now, commit_interval_s, commit_offsets, clock, before_commit
+        )
     return TransactionalCheckpoint(
-        tracker, offsets_now, commit_interval_s, transactions, gate, clock
+        tracker, offsets_now, commit_interval_s, transactions, gate, clock, before_commit
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryMode:
+    """The delivery mode of one process (``kbatch serve``, ``kbatch backfill``, a job member),
+    set up once by :meth:`build`: its owners take ``sink`` and ``transactions`` and build
+    their delivery and checkpoint from them (:func:`checkpoint_for`).
+
+    Attributes:
+        sink: where replies go; the transactional sink itself under ``--exactly-once``.
+        transactions: ``--exactly-once``: the sink, sending and committing per input
+            partition; None: plain.
+    """
+
+    sink: ProducerSink
+    transactions: TransactionalSinkLike | None = None
+
+    @classmethod
+    def build(
+        cls,
+        client: KafkaClientSettings,
+        settings: SinkSettings,
+        *,
+        exactly_once: bool,
+        default_topic: str,
+        group_id: str,
+        id_prefix: str = "kbatch",
+    ) -> DeliveryMode:
+        """A :class:`KafkaSink`, or with ``exactly_once`` a :class:`TransactionalSink` (a
+        producer per input partition, transactional ids ``<id_prefix>-<group_id>-…``)."""
+        if not exactly_once:
+            return cls(KafkaSink(client, settings, default_topic=default_topic))
+        transactions = TransactionalSink(
+            client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
+        )
+        return cls(transactions, transactions)
+
+    async def read_back(self, tps: Iterable[TopicPartition], read: Callable[[], Awaitable[T]]) -> T:
+        """Read the committed offsets of ``tps`` (``read()``: backfill's range, a job
+        member's plan) once they are final: under ``--exactly-once`` each partition's producer
+        is opened first, which fences its previous owner and completes or aborts that one's
+        open transaction.
+
+        Raises:
+            KafkaUnavailableError: a producer did not start; what ``read`` raises.
+        """
+        if self.transactions is not None:
+            for tp in tps:
+                await self.transactions.open(tp)
+        return await read()
+
+    async def close_partitions(self) -> None:
+        """``--exactly-once``: close every partition's producer, aborting what is open (a
+        job member's revoke, after its commit); plain: nothing (the sink stays open)."""
+        if self.transactions is not None:  # the sink: stop closes each open partition
+            await self.sink.stop()

@@ -25,11 +25,12 @@ Rules (CONTRACT.md §Delivery):
 * When the sink closes first, nothing is finished: the record stays uncommitted and is
   answered after a restart.
 * ``--exactly-once`` (``sourced`` given): each record's sends go to its input partition's
-  transaction (``sourced.send_from``), and :meth:`Delivery.quiesce` / :meth:`Delivery.reopen`
-  bound a transaction between commits (:class:`consumer.finish.exactly_once.IntervalGate`).
+  transaction (``sourced.send_from``), and :meth:`Delivery.holding` bounds a transaction
+  between commits (:class:`consumer.finish.gate.IntervalGate`).
 * A revoke (both modes) quiesces its partitions too: their new replies are held until the
   next assignment says whether the partition stays (:meth:`Delivery.reopen`: sent) or moved
-  (:meth:`Delivery.drop`: never sent, the next owner answers the records).
+  (:meth:`Delivery.drop`: never sent, the next owner answers the records); a commit inside
+  the revoke leaves that hold alone (it reopens only what it closed).
 
 Policy (what to count, what finishing releases) is the owner's; this class does the I/O.
 """
@@ -40,10 +41,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from consumer.finish.exactly_once import IntervalGate
+from consumer.finish.gate import IntervalGate
 from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
@@ -202,10 +203,18 @@ class Delivery(Generic[P]):
         self._gate.close(tps)
         return await self._gate.quiet(tps, timeout_s)
 
-    def hold(self, tps: frozenset[TopicPartition]) -> None:
-        """Hold new records of ``tps`` from now on (a revoke), until :meth:`reopen` or
-        :meth:`drop`."""
-        self._gate.close(tps)
+    @contextlib.asynccontextmanager
+    async def holding(
+        self, tps: frozenset[TopicPartition], timeout_s: float
+    ) -> AsyncIterator[frozenset[TopicPartition]]:
+        """A commit (``--exactly-once``): :meth:`quiesce` ``tps``, give those quiet, then
+        :meth:`reopen` those of ``tps`` it closed (a revoke's hold stays until the
+        assignment)."""
+        closed = self._gate.close(tps)
+        try:
+            yield await self._gate.quiet(tps, timeout_s)
+        finally:
+            self.reopen(closed)
 
     def drop(self, tps: frozenset[TopicPartition]) -> None:
         """``tps`` moved to another member: their held records are never sent, each is

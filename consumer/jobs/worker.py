@@ -20,20 +20,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob, BackfillSummary
 from consumer.config import project
+from consumer.finish.checkpoint import DeliveryMode
 from consumer.jobs.job_engine import JobEngine
 from consumer.jobs.records import JobCounts, JobRecord, JobState, MemberProgress, MemberState
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaLayerError
 from consumer.kafka.group_range import AssignedRange, GroupRangeSource
 from consumer.kafka.records import TopicPartition
-from consumer.kafka.sink import KafkaSink
-from consumer.kafka.transactions import TransactionalSink
 from consumer.replies.builder import ReplyBuilder
 
 __all__ = ["JobBus", "JobWorker"]
@@ -89,21 +88,14 @@ class JobWorker:
         self._interval_s = progress_interval_s
         self._wall = wall_clock
         client = project(KafkaClientSettings, settings)
-        self._transactions: TransactionalSink | None = None
-        self._sink: KafkaSink | TransactionalSink
-        if settings.exactly_once:  # a transactional producer per assigned source partition
-            self._sink = self._transactions = _ProgressFirstTransactions(
-                self._before_commit,
-                client,
-                project(SinkSettings, settings),
-                default_topic=settings.output_topic,
-                group_id=job.group_id,
-                id_prefix="kbatch-job",
-            )
-        else:
-            self._sink = KafkaSink(
-                client, project(SinkSettings, settings), default_topic=settings.output_topic
-            )
+        self._mode = DeliveryMode.build(  # --exactly-once: a producer per assigned partition
+            client,
+            project(SinkSettings, settings),
+            exactly_once=settings.exactly_once,
+            default_topic=settings.output_topic,
+            group_id=job.group_id,
+            id_prefix="kbatch-job",
+        )
         self._source = GroupRangeSource(
             client=client,
             topic=job.source_topic,
@@ -114,7 +106,6 @@ class JobWorker:
             client_id=f"kbatch-job-{member}",
         )
         self._source.on_revoke = self._on_revoke
-        self._source.before_plan = self._open_transactions
         self._source.pause_reading = engine.should_pause_reading
         self._stop = asyncio.Event()
         self._run_stop = asyncio.Event()
@@ -140,14 +131,14 @@ class JobWorker:
         ``failed`` with the reason)."""
         reason: str | None = None
         try:
-            await self._sink.start()
+            await self._mode.sink.start()
             await self._source.start()
             await self._publish("idle")
             last = 0.0
             while not self._stop.is_set():
-                assigned = await self._source.next_assignment(timeout_s=0.5)
-                if assigned is not None and assigned.plan:
-                    await self._run_assignment(assigned)
+                partitions = await self._source.next_assignment(timeout_s=0.5)
+                if partitions:
+                    await self._run_assignment(await self._plan(partitions))
                 if self._stop.is_set():
                     break
                 if await self._source.all_at_end():
@@ -167,7 +158,7 @@ class JobWorker:
             with contextlib.suppress(Exception):
                 await self._finish_run()
             self._engine.close()
-            for part in (self._source.stop, self._sink.stop):
+            for part in (self._source.stop, self._mode.sink.stop):
                 with contextlib.suppress(Exception):
                     await part()
             with contextlib.suppress(Exception):
@@ -194,10 +185,11 @@ class JobWorker:
         job = BackfillJob(
             self.settings,
             assigned,
-            self._sink,
+            self._mode.sink,
             self._replies,
-            transactions=self._transactions,
+            transactions=self._mode.transactions,
             trace=trace,
+            before_commit=self._before_commit,
         )
         job.bind(self._engine)
         self._engine.bind(job.on_outcomes)
@@ -209,7 +201,6 @@ class JobWorker:
             sorted(assigned.plan),
             self.job.source_topic,
         )
-        assigned.before_commit = self._before_commit
         running = self._running = asyncio.create_task(job.run(self._run_stop))
         await self._publish("running")
         while not running.done():
@@ -264,16 +255,13 @@ class JobWorker:
         if self._running is not None:
             log.info("job %s: partitions revoked, finishing what was read", self.job.job_id)
             await self._finish_run()
-        if self._transactions is not None:  # committed: what is open now is empty
-            await self._transactions.stop()
+        await self._mode.close_partitions()  # committed: what is open now is empty
 
-    async def _open_transactions(self, partitions: list[int]) -> None:
-        """``--exactly-once``: open each assigned partition's transactional producer before its
-        committed offset is read (fences the previous owner, aborts its open transaction)."""
-        if self._transactions is None:
-            return
-        for p in partitions:
-            await self._transactions.open((self.job.source_topic, p))
+    async def _plan(self, partitions: list[int]) -> AssignedRange:
+        """The plan of the assigned ``partitions``, read once ``--exactly-once`` opened their
+        producers (fencing the previous owner)."""
+        tps = [(self.job.source_topic, p) for p in partitions]
+        return await self._mode.read_back(tps, lambda: self._source.plan(partitions))
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -301,23 +289,3 @@ class JobWorker:
                 reason=reason,
             )
         )
-
-
-class _ProgressFirstTransactions(TransactionalSink):
-    """``--exactly-once``: publishes the member's progress before each transaction commit (as
-    :attr:`AssignedRange.before_commit` does for plain commits)."""
-
-    def __init__(
-        self,
-        before_commit: Callable[[Mapping[TopicPartition, int]], Awaitable[None]],
-        *args: Any,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._before_commit = before_commit
-
-    async def commit(
-        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
-    ) -> dict[TopicPartition, int]:
-        await self._before_commit(offsets)
-        return await super().commit(offsets, metadata)

@@ -80,9 +80,6 @@ class GroupRangeSource:
         self.group_id = group_id
         self.ranges = dict(ranges)
         self.on_revoke: Callable[[], Awaitable[None]] | None = None
-        self.before_plan: Callable[[list[int]], Awaitable[None]] | None = None
-        """Awaited with a new assignment's partitions before their committed offsets are read
-        (``--exactly-once``: opening their transactional producers fences a zombie first)."""
         self.pause_reading: Callable[[], bool] = lambda: False
         """Asked before each poll: True pauses the assigned partitions (a Kafka pause: the
         poll still runs, so the member stays in the group) until it turns False (serve's flow
@@ -130,13 +127,10 @@ class GroupRangeSource:
         if self.on_revoke is not None:
             await self.on_revoke()
 
-    async def next_assignment(self, timeout_s: float) -> AssignedRange | None:
-        """The plan of a new assignment, or None when none came within ``timeout_s`` (also
-        keeps the consumer polled, so the group does not drop an idle member).
-
-        Raises:
-            RangeSourceError: the committed offsets or log bounds could not be read.
-        """
+    async def next_assignment(self, timeout_s: float) -> list[int] | None:
+        """The job's partitions of a new assignment (maybe none), or None when none came
+        within ``timeout_s`` (also keeps the consumer polled, so the group does not drop an
+        idle member). Their plan: :meth:`plan`."""
         if self._assignment is None:
             await self.keepalive()
             try:
@@ -145,10 +139,17 @@ class GroupRangeSource:
                 return None
         self._changed.clear()
         partitions, self._assignment = self._assignment or [], None
-        mine = [p for p in partitions if p in self.ranges]
-        if self.before_plan is not None:
-            await self.before_plan(mine)
-        tps = [KafkaTP(self.topic, p) for p in mine]
+        return [p for p in partitions if p in self.ranges]
+
+    async def plan(self, partitions: list[int]) -> AssignedRange:
+        """The plan of an assignment's ``partitions``: read their committed offsets (after
+        ``--exactly-once`` opened their producers: :meth:`DeliveryMode.read_back
+        <consumer.finish.checkpoint.DeliveryMode.read_back>`) and log bounds.
+
+        Raises:
+            RangeSourceError: the committed offsets or log bounds could not be read.
+        """
+        tps = [KafkaTP(self.topic, p) for p in partitions]
         with map_kafka_errors(RangeSourceError, f"planning {self.topic} for group {self.group_id}"):
             log_start = await self._consumer.beginning_offsets(tps) if tps else {}
             log_end = await self._consumer.end_offsets(tps) if tps else {}
@@ -229,8 +230,6 @@ class AssignedRange:
         self.topic = source.topic
         self._plan = plan
         self._active = source._seek(plan)
-        self.before_commit: Callable[[Mapping[TopicPartition, int]], Awaitable[None]] | None = None
-        """Awaited with the offsets before each commit (the job's progress record)."""
 
     @property
     def plan(self) -> Mapping[int, PartitionRange]:
@@ -285,8 +284,6 @@ class AssignedRange:
         """
         if not offsets:
             return
-        if self.before_commit is not None:
-            await self.before_commit(offsets)
         meta = metadata or {}
         try:
             with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):

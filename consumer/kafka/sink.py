@@ -268,33 +268,45 @@ class KafkaSink:
                 alone.append(group)
                 groups.append(group)
                 acks.append(group.ack)
-                continue
-            tp = (topic, partition)
-            queue = self._queued.get(tp)
-            if queue is None:
-                queue = self._queued[tp] = collections.deque()
-                self._flushers[tp] = asyncio.ensure_future(self._flush(tp, queue))
-            if not queue or not self._append(queue[-1], record):  # none yet, or full
-                queue.append(_Batch(self._producer.create_batch()))
-                self._append(queue[-1], record)  # an empty batch takes any record
-            members = queue[-1].members
-            if members and members[-1].waiting is waiting:  # this call's group in this batch
-                members[-1].records.append(record)
             else:
-                members.append(_Group(loop.create_future(), record, waiting))
-                groups.append(members[-1])
-            acks.append(members[-1].ack)
+                acks.append(self._batched(record, (topic, partition), waiting, groups))
         for group in alone:
-            try:
-                future = await self._enqueue(group.records[0])
-            except Exception as err:  # DeliveryError, or what the producer raised
-                self._release(group.waiting)
-                self._settle(group, err)
-            else:
-                future.add_done_callback(functools.partial(self._acked, group))
+            await self._send_alone(group)
         if waiting.count:
             waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, groups)
         return acks
+
+    def _batched(
+        self, record: OutRecord, tp: tuple[str, int], waiting: _Waiting, groups: list[_Group]
+    ) -> asyncio.Future[None]:
+        """Append ``record`` to ``tp``'s last queued batch (a new one when full or none);
+        returns the ack of its ``send`` call's group in that batch (a new group is added to
+        ``groups``)."""
+        queue = self._queued.get(tp)
+        if queue is None:
+            queue = self._queued[tp] = collections.deque()
+            self._flushers[tp] = asyncio.ensure_future(self._flush(tp, queue))
+        if not queue or not self._append(queue[-1], record):  # none yet, or full
+            queue.append(_Batch(self._producer.create_batch()))
+            self._append(queue[-1], record)  # an empty batch takes any record
+        members = queue[-1].members
+        if members and members[-1].waiting is waiting:  # this call's group in this batch
+            members[-1].records.append(record)
+        else:
+            members.append(_Group(asyncio.get_running_loop().create_future(), record, waiting))
+            groups.append(members[-1])
+        return members[-1].ack
+
+    async def _send_alone(self, group: _Group) -> None:
+        """Send ``group``'s one record the producer's way (its topic's partitions unknown,
+        its partition not one of them, or its value too large for a batch of ours)."""
+        try:
+            future = await self._enqueue(group.records[0])
+        except Exception as err:  # DeliveryError, or what the producer raised
+            self._release(group.waiting)
+            self._settle(group, err)
+        else:
+            future.add_done_callback(functools.partial(self._acked, group))
 
     def _known_partitions(self, topic: str) -> tuple[int, ...] | None:
         """The topic's partitions (sorted, as aiokafka's partitioner sees them) when the

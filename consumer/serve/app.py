@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
-import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
+from consumer.finish.checkpoint import DeliveryMode, ProducerSink
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
@@ -35,10 +37,8 @@ from consumer.kafka.errors import (
     TransactionError,
 )
 from consumer.kafka.flow import FlowControl
-from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
-from consumer.kafka.transactions import TransactionalSink
-from consumer.lifecycle import Lifecycle
+from consumer.lifecycle import Lifecycle, stop_on_signals
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
@@ -86,6 +86,38 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """The parts of one ``kbatch serve``, built and bound, none started yet."""
+
+    pipeline: Pipeline
+    engine: Engine
+    fanout: FanOutEngine | None
+    source: KafkaSource
+    sink: ProducerSink
+    replies: ReplyBuilder
+
+    def readiness(self, metrics: Metrics) -> tuple[bool, dict[str, object]]:
+        """``/ready``: assigned at least once, the engine warm and healthy, intake open."""
+        pipeline, engine = self.pipeline, self.engine
+        detail: dict[str, object] = {
+            "assigned_partitions": len(pipeline.tracker.assigned),
+            "engine_warm": engine.warm,
+            "engine_healthy": engine.healthy,
+        }
+        metrics.engine_healthy.set(1 if engine.healthy else 0)
+        if pipeline.intake_blocked is not None:
+            detail["intake_blocked"] = pipeline.intake_blocked
+        ready = (
+            pipeline.assigned_once
+            and bool(pipeline.tracker.assigned)
+            and engine.warm
+            and engine.healthy
+            and pipeline.intake_blocked is None
+        )
+        return ready, detail
+
+
 async def serve(settings: ServeSettings) -> int:
     """Run ``kbatch serve`` until SIGTERM/SIGINT; the process exit code (0 after a clean drain)."""
     logging.basicConfig(
@@ -94,49 +126,91 @@ async def serve(settings: ServeSettings) -> int:
     log.info("effective config: %s", json.dumps(settings.redacted(), default=str))
     for warning in settings.warnings():
         log.warning("config: %s", warning)
-
-    try:
-        security = security_kwargs(settings)  # an unreadable CA, key or password file: now
-        if settings.create_topics:
-            created = await ensure_topics(
-                settings.bootstrap,
-                {
-                    settings.request_topic: settings.topic_partitions,
-                    settings.reply_topic: settings.topic_partitions,
-                    settings.dead_letter_topic: 1,
-                },
-                settings.topic_replication_factor,
-                security,
-            )
-            if created:
-                log.info("created topics %s", created)
-    except (KafkaUnavailableError, TopicCreationError) as err:
-        log.error("%s", err)
-        return 1
-
     metrics = Metrics()
     try:
+        await _create_topics(settings)
         tracing = _open_tracing(settings, metrics)  # None unless --tracing
-    except TracingUnavailableError as err:
+    except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
         log.error("%s", err)
         return 1
+    parts = _build(settings, metrics, tracing)
+    stop = stop_on_signals()
+    loop = asyncio.get_running_loop()
+
+    async with contextlib.AsyncExitStack() as stack:
+        life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        if tracing is not None:  # first in, last out: the drain's spans are exported too
+            life.enter("tracing", tracing.stop)
+        parent = supervisor_pid()  # set when this process is a replica of --replicas N
+        if parent is not None:
+            stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
+        beat = await _start_metrics_server(settings, metrics, parts, life)
+        if beat is None or not await _start_parts(parts, life):
+            return 1
+        if settings.run_jobs:
+            jobs_engine = parts.engine if parts.fanout is None else parts.fanout
+            tracer = tracing.tracer if tracing is not None else None
+            flow, replies = parts.pipeline.flow, parts.replies
+            await _start_jobs(settings, jobs_engine, flow, replies, stop, life, tracer)
+        frozen = freeze_startup_heap()
+        log.info(
+            "serving %s (%s) from %s",
+            parts.replies.model.name,
+            settings.task,
+            settings.request_topic,
+        )
+        log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
+        failed, drained = await _run(parts.pipeline, stop, beat, life)
+    # Stopped: the start-up heap goes back to the collector so that it is finalised at exit
+    # as usual (left frozen, triton's nanobind bindings print ~30 "leaked instance" lines).
+    gc.unfreeze()
+    if failed:
+        return 1
+    if drained:
+        log.info("stopped (drained)")
+        return 0
+    log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
+    return EXIT_DRAIN_DEADLINE
+
+
+async def _create_topics(settings: ServeSettings) -> None:
+    """``--create-topics``: the request and reply topics and the dead-letter topic.
+
+    Raises:
+        KafkaUnavailableError: no broker answered; KafkaSecurityError: an unreadable CA, key
+            or password file. TopicCreationError: the broker refused.
+    """
+    security = security_kwargs(settings)  # an unreadable CA, key or password file: now
+    if settings.create_topics:
+        created = await ensure_topics(
+            settings.bootstrap,
+            {
+                settings.request_topic: settings.topic_partitions,
+                settings.reply_topic: settings.topic_partitions,
+                settings.dead_letter_topic: 1,
+            },
+            settings.topic_replication_factor,
+            security,
+        )
+        if created:
+            log.info("created topics %s", created)
+
+
+def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | None) -> _Parts:
+    """Load the model and build the parts (:class:`_Parts`); nothing connects yet."""
     stats = PrometheusStats(metrics)
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
-    sink_settings = project(SinkSettings, settings)
-    transactions: TransactionalSink | None = None
-    sink: KafkaSink | TransactionalSink
-    if settings.exactly_once:  # a transactional producer per assigned request partition
-        sink = transactions = TransactionalSink(
-            client,
-            sink_settings,
-            default_topic=settings.reply_topic,
-            group_id=settings.effective_group_id,
-        )
-    else:
-        sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
+    mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition
+        client,
+        project(SinkSettings, settings),
+        exactly_once=settings.exactly_once,
+        default_topic=settings.reply_topic,
+        group_id=settings.effective_group_id,
+    )
+    sink, transactions = mode.sink, mode.transactions
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
     pipeline = Pipeline(
         settings,
@@ -179,101 +253,82 @@ async def serve(settings: ServeSettings) -> int:
     if fanout is not None:
         fanout.bind(engine)
     pipeline.bind(source, engine if fanout is None else fanout)
+    return _Parts(pipeline, engine, fanout, source, sink, replies)
 
-    def readiness() -> tuple[bool, dict[str, object]]:
-        detail: dict[str, object] = {
-            "assigned_partitions": len(pipeline.tracker.assigned),
-            "engine_warm": engine.warm,
-            "engine_healthy": engine.healthy,
-        }
-        metrics.engine_healthy.set(1 if engine.healthy else 0)
-        if pipeline.intake_blocked is not None:
-            detail["intake_blocked"] = pipeline.intake_blocked
-        ready = (
-            pipeline.assigned_once
-            and bool(pipeline.tracker.assigned)
-            and engine.warm
-            and engine.healthy
-            and pipeline.intake_blocked is None
+
+async def _start_metrics_server(
+    settings: ServeSettings, metrics: Metrics, parts: _Parts, life: Lifecycle
+) -> Callable[[], None] | None:
+    """Start the metrics and health server first (liveness is answered during the warm-up);
+    returns its heartbeat (a no-op with ``--metrics-port 0``), None when the port cannot be
+    bound (the unstarted clients are closed)."""
+    if not settings.metrics_port:
+        return lambda: None
+    try:  # binds the port
+        health = HealthServer(
+            metrics,
+            functools.partial(parts.readiness, metrics),
+            settings.metrics_host,
+            settings.metrics_port,
         )
-        return ready, detail
+    except OSError as err:  # e.g. the port is taken by another serve
+        log.error(
+            "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
+            "(0: no metrics server)",
+            settings.metrics_host,
+            settings.metrics_port,
+            err.strerror or err,
+        )
+        for unstarted in (parts.source, parts.sink):  # built, never started: close them
+            await unstarted.stop()
+        return None
+    health.start()
+    life.enter("metrics server", health.stop)
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+    return health.beat
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
-    async with contextlib.AsyncExitStack() as stack:
-        life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
-        if tracing is not None:  # first in, last out: the drain's spans are exported too
-            life.enter("tracing", tracing.stop)
-        parent = supervisor_pid()  # set when this process is a replica of --replicas N
-        if parent is not None:
-            stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
-        beat: Callable[[], None] = lambda: None  # noqa: E731
-        if settings.metrics_port:  # first: liveness is answered during the warm-up
-            try:  # binds the port
-                health = HealthServer(
-                    metrics, readiness, settings.metrics_host, settings.metrics_port
-                )
-            except OSError as err:  # e.g. the port is taken by another serve
-                log.error(
-                    "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
-                    "(0: no metrics server)",
-                    settings.metrics_host,
-                    settings.metrics_port,
-                    err.strerror or err,
-                )
-                for unstarted in (source, sink):  # built, never started: close their clients
-                    await unstarted.stop()
-                return 1
-            health.start()
-            life.enter("metrics server", health.stop)
-            beat = health.beat
-            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
-        started: list[object] = []
-        try:
-            for name, part in (("engine", engine), ("producer", sink), ("consumer", source)):
-                await part.start()
-                started.append(part)
-                life.enter(name, part.stop)
-        except KafkaUnavailableError as err:  # KafkaSecurityError too: a refused login
-            log.error("%s", err)
-            for unstarted in (sink, source):  # built, never started: close their clients
-                if unstarted not in started:
-                    await unstarted.stop()
-            return 1
-        if settings.run_jobs:
-            jobs_engine = engine if fanout is None else fanout
-            tracer = tracing.tracer if tracing is not None else None
-            await _start_jobs(settings, jobs_engine, pipeline.flow, replies, stop, life, tracer)
-        frozen = freeze_startup_heap()
-        log.info("serving %s (%s) from %s", model_info.name, settings.task, settings.request_topic)
-        log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
-        try:
-            await pipeline.run(stop, beat=beat)
-        except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
-            log.error("%s; stopping", err)
-            failed = True
-        except KafkaSecurityError as err:  # the request topic or the group denied
-            log.error("%s", err)
-            failed = True
-        else:
-            failed = False
-        finally:
-            # The drain spends the shutdown deadline less the closes' reserve; leaving the
-            # stack then stops consumer, producer, engine, metrics server within the rest.
-            drained = await pipeline.finish(None, life.drain_deadline())
-    # Stopped: the start-up heap goes back to the collector so that it is finalised at exit
-    # as usual (left frozen, triton's nanobind bindings print ~30 "leaked instance" lines).
-    gc.unfreeze()
-    if failed:
-        return 1
-    if drained:
-        log.info("stopped (drained)")
-        return 0
-    log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
-    return EXIT_DRAIN_DEADLINE
+async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
+    """Start engine (warm-up), producer, consumer, each entered on ``life``; False when Kafka
+    could not be reached or refused the login (the unstarted clients are closed)."""
+    started: list[object] = []
+    try:
+        for name, part in (
+            ("engine", parts.engine),
+            ("producer", parts.sink),
+            ("consumer", parts.source),
+        ):
+            await part.start()
+            started.append(part)
+            life.enter(name, part.stop)
+    except KafkaUnavailableError as err:  # KafkaSecurityError too: a refused login
+        log.error("%s", err)
+        for unstarted in (parts.sink, parts.source):  # built, never started: close their clients
+            if unstarted not in started:
+                await unstarted.stop()
+        return False
+    return True
+
+
+async def _run(
+    pipeline: Pipeline, stop: asyncio.Event, beat: Callable[[], None], life: Lifecycle
+) -> tuple[bool, bool]:
+    """Serve until ``stop``, then drain; returns (failed, drained)."""
+    try:
+        await pipeline.run(stop, beat=beat)
+    except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
+        log.error("%s; stopping", err)
+        failed = True
+    except KafkaSecurityError as err:  # the request topic or the group denied
+        log.error("%s", err)
+        failed = True
+    else:
+        failed = False
+    finally:
+        # The drain spends the shutdown deadline less the closes' reserve; leaving the
+        # stack then stops consumer, producer, engine, metrics server within the rest.
+        drained = await pipeline.finish(None, life.drain_deadline())
+    return failed, drained
 
 
 def _open_tracing(settings: ServeSettings, metrics: Metrics) -> ServeTracing | None:

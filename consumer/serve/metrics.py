@@ -24,23 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from consumer.batching.types import Lane
 
-_LATENCY_BUCKETS_S = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-)
+_LATENCY_BUCKETS_S = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MultiprocessMode = Literal["livesum", "livemax", "livemin", "liveall", "livemostrecent"]
 """How the supervisor combines a gauge over the replicas (prometheus-client's names)."""
 
@@ -53,6 +37,14 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._declare_records()
+        self._declare_batches()
+        self._declare_partitions()
+        self._declare_process()
+        self._refreshed_s = 0.0
+
+    def _declare_records(self) -> None:
+        """Requests taken in and how each was answered (replies, dead letters, shortcuts)."""
         self.records_consumed = self._counter(
             "kbatch_records_consumed_total", "Request records taken from Kafka.", ["topic"]
         )
@@ -80,19 +72,6 @@ class Metrics:
             "Request records skipped on intake because a previous owner of their partition "
             "answered them (its commit metadata said so): neither computed nor answered again.",
         )
-        self.commit_metadata_truncated = self._counter(
-            "kbatch_commit_metadata_truncated_total",
-            "Partition commits whose finished-offset metadata did not fit the broker's "
-            "offset.metadata.max.bytes; the lowest offsets were kept, the rest are recomputed "
-            "after a crash.",
-        )
-        self.transaction_recoveries = self._counter(
-            "kbatch_transaction_recoveries_total",
-            "--exactly-once: partitions whose transaction failed without a fence (reason: "
-            "unknown_outcome, unacknowledged_send, aborted) and were recovered in place: new "
-            "producer, rewound to the committed offset, computed again.",
-            ["reason"],
-        )
         self.dedup_hits = self._counter(
             "kbatch_dedup_hits_total", "Requests answered from another copy of the same key."
         )
@@ -106,11 +85,14 @@ class Metrics:
         self.expired = self._counter(
             "kbatch_expired_total", "Requests answered expired, never computed."
         )
-        self.oom_splits = self._counter(
-            "kbatch_oom_splits_total", "Batches split in half after a failure."
-        )
         self.failed_items = self._counter(
             "kbatch_inference_failed_total", "Requests answered inference_failed."
+        )
+
+    def _declare_batches(self) -> None:
+        """The model's batches: sizes, tokens, padding, waits and times."""
+        self.oom_splits = self._counter(
+            "kbatch_oom_splits_total", "Batches split in half after a failure."
         )
         self.batch_size = self._histogram(
             "kbatch_batch_size",
@@ -143,6 +125,22 @@ class Metrics:
             "Record timestamp to reply acknowledged (includes producer→broker time).",
             buckets=_LATENCY_BUCKETS_S,
         )
+
+    def _declare_partitions(self) -> None:
+        """Per partition and member: commits, in-flight work, backpressure, lag, rebalances."""
+        self.commit_metadata_truncated = self._counter(
+            "kbatch_commit_metadata_truncated_total",
+            "Partition commits whose finished-offset metadata did not fit the broker's "
+            "offset.metadata.max.bytes; the lowest offsets were kept, the rest are recomputed "
+            "after a crash.",
+        )
+        self.transaction_recoveries = self._counter(
+            "kbatch_transaction_recoveries_total",
+            "--exactly-once: partitions whose transaction failed without a fence (reason: "
+            "unknown_outcome, unacknowledged_send, aborted) and were recovered in place: new "
+            "producer, rewound to the committed offset, computed again.",
+            ["reason"],
+        )
         self.commit_time = self._histogram(
             "kbatch_commit_seconds", "Latency of one offset commit.", buckets=_LATENCY_BUCKETS_S
         )
@@ -173,6 +171,9 @@ class Metrics:
         self.rebalances = self._counter(
             "kbatch_rebalances_total", "Partition revocations and assignments.", ["kind"]
         )
+
+    def _declare_process(self) -> None:
+        """This process: engine health, accelerator memory and use, drain time, CPU plan."""
         self.engine_healthy = self._gauge(
             "kbatch_engine_healthy",
             "1 unless a batch overran the watchdog (with replicas: of every replica).",
@@ -213,7 +214,6 @@ class Metrics:
             "(with replicas: summed over them).",
             ["pool"],
         )
-        self._refreshed_s = 0.0
 
     def _counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, help_text, labels, registry=self.registry)

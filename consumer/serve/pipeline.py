@@ -738,7 +738,6 @@ class Pipeline:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.commit(only=tps, rewind=False), deadline.remaining_s())
         finally:  # also when the commit raised (TransactionError): the assignment decides
-            self._delivery.hold(tps)  # a transactional commit reopened them
             for tp in tps:
                 self.tracker.suspend(tp)
         kept = sum(self.tracker.pending(tp) for tp in tps)

@@ -18,25 +18,13 @@ from consumer.kafka.errors import CommitError, TransactionError
 from consumer.kafka.offset_metadata import decode_completed, encode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import TopicPartition
-from tests.fakes import FakeClock, FakeSource, FakeTransactions
+from tests.fakes import FakeClock, FakeGate, FakeSource, FakeTransactions
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)
 
 
-class OpenGate:
-    """Delivery's gate with nothing in flight: every partition is quiet at once."""
-
-    def __init__(self) -> None:
-        self.reopened: list[frozenset[TopicPartition]] = []
-
-    async def quiesce(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> frozenset[TopicPartition]:
-        return tps
-
-    def reopen(self, tps: frozenset[TopicPartition]) -> None:
-        self.reopened.append(tps)
+OpenGate = FakeGate  # delivery's gate with nothing in flight: every partition quiet
 
 
 class Committer:

@@ -10,7 +10,8 @@ import pytest
 
 from consumer.config import ServeSettings
 from consumer.finish.delivery import Delivery
-from consumer.finish.exactly_once import IntervalGate, commit_transactions
+from consumer.finish.exactly_once import commit_transactions
+from consumer.finish.gate import IntervalGate
 from consumer.kafka.errors import TransactionError
 from consumer.kafka.offset_metadata import Encoded, decode_completed
 from consumer.kafka.offsets import OffsetTracker
@@ -21,7 +22,7 @@ from consumer.serve.pipeline import Pipeline
 from schemas.errors import ErrorCode
 from schemas.models import ModelInfo
 from schemas.records import OutRecord
-from tests.fakes import FakeEngine, FakeSink, FakeSource, FakeTransactions
+from tests.fakes import FakeEngine, FakeGate, FakeSink, FakeSource, FakeTransactions
 from tests.unit.test_delivery import Item, Owner, reply, settle
 
 A: TopicPartition = ("req", 0)
@@ -102,6 +103,20 @@ async def test_a_commit_holds_new_replies_and_takes_only_the_finished_records() 
     assert delivery.open == 1
 
 
+async def test_a_commit_inside_a_revoke_reopens_only_what_it_closed() -> None:
+    delivery, tracker, _, txn = make_delivery()
+    a0, b0 = item(tracker, A, 0), item(tracker, B, 0)
+    assert await delivery.quiesce(frozenset({A}), 5.0) == frozenset({A})  # the revoke's hold
+    delivery.send([(a0, reply(0)), (b0, reply(1))])
+    async with delivery.holding(frozenset({A, B}), 0.05) as quiet:  # the revoke's commit
+        assert quiet == frozenset({A})  # b0 started before B was held
+    await settle()
+    assert A not in txn.sinks and [r.value for r in txn.sinks[B].sent] == [b"1"]
+    delivery.reopen(frozenset({A}))  # the assignment keeps A: its held reply goes out
+    await settle()
+    assert [r.value for r in txn.sinks[A].sent] == [b"0"]
+
+
 async def test_a_dead_letters_error_reply_is_in_the_same_transaction_as_the_dead_letter() -> None:
     delivery, tracker, owner, txn = make_delivery()
     a0 = item(tracker, A, 0)
@@ -122,18 +137,7 @@ async def test_a_dead_letters_error_reply_is_in_the_same_transaction_as_the_dead
 # ---- the commit -------------------------------------------------------------------------------
 
 
-class GateSpy:
-    def __init__(self, quiet: frozenset[TopicPartition]) -> None:
-        self.quiet = quiet
-        self.reopened: list[frozenset[TopicPartition]] = []
-
-    async def quiesce(
-        self, tps: frozenset[TopicPartition], timeout_s: float
-    ) -> frozenset[TopicPartition]:
-        return self.quiet & tps
-
-    def reopen(self, tps: frozenset[TopicPartition]) -> None:
-        self.reopened.append(tps)
+GateSpy = FakeGate
 
 
 def metadata(truncated: set[TopicPartition]) -> object:
