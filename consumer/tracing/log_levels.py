@@ -10,12 +10,12 @@ dropping span`` when spans pile up meanwhile. Found by a new-user trial: a log f
 README says an ERROR line asks for an operator, while kbatch keeps serving (spans are
 best-effort). As kbatch does for aiokafka's retried errors
 (:mod:`consumer.kafka.log_levels`), :class:`ExportLogFilter` turns these lines into one
-WARNING per ``repeat_after_s`` — ``trace export failing, spans are being dropped: N span
-batches dropped, M export retries, K spans dropped on a full queue in the last S s (last
-error: …)`` — the lines in between DEBUG. The exporter's other lines (a collector that
-answers 4xx, a batch that cannot be encoded) keep their level, each at most once per
-``repeat_after_s`` (the rest DEBUG). Every line passing through has the userinfo and query of
-any URL in it redacted (:func:`redact_urls`).
+WARNING per :data:`REPEAT_AFTER_S` — ``trace export failing …, spans are being dropped: N
+span batches dropped, M export retries, K spans dropped on a full queue since the last such
+line`` with the last error — the lines in between DEBUG. The exporter's other lines (a
+collector that answers 4xx, a batch that cannot be encoded) keep their level, each at most
+once per :data:`REPEAT_AFTER_S` (the rest DEBUG). Every line passing through has the userinfo
+and query of any URL in it redacted (:func:`redact_urls`).
 
 :func:`quiet_export_errors` installs one filter on each of :data:`EXPORT_LOGGERS`;
 idempotent.
@@ -23,6 +23,7 @@ idempotent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -84,17 +85,14 @@ class ExportLogFilter(logging.Filter):
     """The export lines of the module docstring, rate-limited and redacted.
 
     Args:
-        clock: Monotonic seconds (``time.monotonic``; a fake clock in tests).
-        repeat_after_s: Seconds between two WARNINGs about a failing export (and between two
-            lines of any other one template); the lines in between are DEBUG.
+        clock: Monotonic seconds (``time.monotonic``; a fake clock in tests). Two WARNINGs
+            about a failing export (and two lines of any other one template) are
+            :data:`REPEAT_AFTER_S` apart at least; the lines in between are DEBUG.
     """
 
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, repeat_after_s: float = REPEAT_AFTER_S
-    ) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._clock = clock
-        self._repeat_after_s = repeat_after_s
         self._counts = {"batches": 0, "retries": 0, "spans": 0}
         self._failing_since_s: float | None = None
         self._warned_s: dict[str, float] = {}
@@ -120,7 +118,7 @@ class ExportLogFilter(logging.Filter):
 
     def _due(self, line: str, now_s: float) -> bool:
         last_s = self._warned_s.get(line)
-        if last_s is not None and now_s - last_s < self._repeat_after_s:
+        if last_s is not None and now_s - last_s < REPEAT_AFTER_S:
             return False
         if len(self._warned_s) >= 256:
             self._warned_s.clear()
@@ -132,32 +130,35 @@ class ExportLogFilter(logging.Filter):
         assert self._failing_since_s is not None
         last_error = redact_urls(record.getMessage())[:300]
         c = self._counts
-        record.msg = (
-            "trace export failing (OTLP collector not answering?), spans are being dropped: "
-            "%d span batches dropped, %d export retries, %d spans dropped on a full queue in "
-            "the last %.0f s; last: %s"
-        )
-        record.args = (
-            c["batches"],
-            c["retries"],
-            c["spans"],
-            now_s - self._failing_since_s,
-            last_error,
-        )
+        if now_s == self._failing_since_s:  # the first line of a failure
+            record.msg = (
+                "trace export failing (OTLP collector not answering?), spans will be dropped "
+                "while it lasts (one line a minute, with counts); first: %s"
+            )
+            record.args = (last_error,)
+        else:
+            record.msg = (
+                "trace export failing (OTLP collector not answering?), spans are being "
+                "dropped: %d span batches dropped, %d export retries, %d spans dropped on a "
+                "full queue since the last such line, %.0f s ago; last: %s"
+            )
+            record.args = (
+                c["batches"],
+                c["retries"],
+                c["spans"],
+                now_s - self._failing_since_s,
+                last_error,
+            )
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
         self._counts = {"batches": 0, "retries": 0, "spans": 0}
         self._failing_since_s = now_s
 
 
-_installed: ExportLogFilter | None = None
-
-
+@functools.cache
 def quiet_export_errors() -> ExportLogFilter:
     """Install the filter on each of :data:`EXPORT_LOGGERS` once; the installed filter."""
-    global _installed
-    if _installed is None:
-        _installed = ExportLogFilter()
-        for name in EXPORT_LOGGERS:
-            logging.getLogger(name).addFilter(_installed)
-    return _installed
+    quiet = ExportLogFilter()
+    for name in EXPORT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    return quiet

@@ -11,8 +11,11 @@ span is named ``process <topic>``, kind CONSUMER, a child of the context in the 
 (``in_flight``: the copy waited for the same key's computation, linked to that request's span;
 ``answered``: a finished key's answer reused), ``kbatch.queue_wait_ms``,
 ``kbatch.infer_ms``, ``kbatch.batch.size``, ``kbatch.batch.padded_length``,
-``kbatch.tokens``, ``kbatch.reply.topic``; ``error.type`` (the error code) and an ERROR status
-for an ``error`` or ``expired`` reply.
+``kbatch.tokens``, ``kbatch.reply.topic``; ``error.type`` (the error code: the outcome's, or
+read from a reply built before compute) and an ERROR status for an ``error`` or ``expired``
+reply. The span starts from the record's headers alone, before its value is decoded, so a
+record that fails to decode has one too: every dead letter ends its span with
+``kbatch.status=dead_letter``, and its error reply carries the ``traceparent`` as any reply.
 
 Its reply carries the span's ``traceparent`` (and the request's ``tracestate``): the client's
 reply listener continues the trace from kbatch's span. The batch span that computed it

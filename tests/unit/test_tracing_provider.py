@@ -4,6 +4,7 @@ WARNING a minute (never an ERROR) while the collector is down, and a missing ext
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sys
@@ -75,6 +76,19 @@ class Clock:
         return self.now_s
 
 
+@contextlib.contextmanager
+def quieted(name: str, caplog: pytest.LogCaptureFixture) -> Iterator[tuple[logging.Logger, Clock]]:
+    """A logger with an :class:`ExportLogFilter` on a fake clock, captured at INFO."""
+    clock, logger = Clock(), logging.getLogger(name)
+    quiet = ExportLogFilter(clock)
+    logger.addFilter(quiet)
+    try:
+        with caplog.at_level(logging.INFO, logger=name):
+            yield logger, clock
+    finally:
+        logger.removeFilter(quiet)
+
+
 def emit(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
     logger.handle(logger.makeRecord(logger.name, level, __file__, 0, msg, args, None))
 
@@ -82,31 +96,24 @@ def emit(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
 def test_a_down_collector_is_one_warning_a_minute_with_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
-    logger = logging.getLogger("test.otel.exporter")
-    quiet = ExportLogFilter(clock, repeat_after_s=60)
-    logger.addFilter(quiet)
-    try:
-        with caplog.at_level(logging.INFO, logger=logger.name):
-            for second in range(125):  # the exporter's lines for 125 s of a collector down
-                clock.now_s = float(second)
+    with quieted("test.otel.exporter", caplog) as (logger, clock):
+        for second in range(125):  # the exporter's lines for 125 s of a collector down
+            clock.now_s = float(second)
+            emit(
+                logger,
+                logging.WARNING,
+                "Transient error %s encountered while exporting %s batch, retrying in %.2fs.",
+                "Max retries exceeded with url: http://u:pw@h:4318/v1/traces",
+                "span",
+                1.0,
+            )
+            if second % 9 == 8:
                 emit(
                     logger,
-                    logging.WARNING,
-                    "Transient error %s encountered while exporting %s batch, retrying in %.2fs.",
-                    "Max retries exceeded with url: http://u:pw@h:4318/v1/traces",
+                    logging.ERROR,
+                    "Failed to export %s batch due to timeout, max retries or shutdown.",
                     "span",
-                    1.0,
                 )
-                if second % 9 == 8:
-                    emit(
-                        logger,
-                        logging.ERROR,
-                        "Failed to export %s batch due to timeout, max retries or shutdown.",
-                        "span",
-                    )
-    finally:
-        logger.removeFilter(quiet)
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert [r.levelno for r in lines] == [logging.WARNING] * 3  # at 0 s, 60 s, 120 s
     assert "spans are being dropped" in lines[1].getMessage()
@@ -117,17 +124,10 @@ def test_a_down_collector_is_one_warning_a_minute_with_counts(
 def test_another_exporter_error_keeps_its_level_once_a_minute(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
-    logger = logging.getLogger("test.otel.exporter2")
-    quiet = ExportLogFilter(clock, repeat_after_s=60)
-    logger.addFilter(quiet)
-    try:
-        with caplog.at_level(logging.INFO, logger=logger.name):
-            for second in range(3):
-                clock.now_s = float(second)
-                emit(logger, logging.ERROR, "Failed to export %s batch code: %s", "span", 401)
-    finally:
-        logger.removeFilter(quiet)
+    with quieted("test.otel.exporter2", caplog) as (logger, clock):
+        for second in range(3):
+            clock.now_s = float(second)
+            emit(logger, logging.ERROR, "Failed to export %s batch code: %s", "span", 401)
     assert [r.levelno for r in caplog.records if r.levelno >= logging.INFO] == [logging.ERROR]
 
 
