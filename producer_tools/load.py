@@ -345,7 +345,7 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
     if runner.first_error is not None:
         report["first_error"] = runner.first_error
     if runner.trace_ids:
-        report["slowest_traces"] = slowest_traces(runner.log, runner.trace_ids)
+        report["slowest_traces"] = slowest_traces(runner.log, runner.trace_ids, schedule.measured)
     report["setup"] = {
         "bootstrap": opts.bootstrap,
         "request_topic": opts.request_topic,
@@ -377,12 +377,15 @@ SLOWEST_TRACES = 5
 """``kbatch load --traceparent`` names this many of the slowest answered requests' traces."""
 
 
-def slowest_traces(log: RunLog, trace_ids: dict[int, str]) -> list[dict[str, Any]]:
-    """The :data:`SLOWEST_TRACES` answered requests with the longest latency (scheduled send
-    to reply), slowest first: ``{"trace_id", "latency_ms", "key_index"}`` — to look up in a
+def slowest_traces(
+    log: RunLog, trace_ids: dict[int, str], measured: np.ndarray[Any, np.dtype[np.bool_]]
+) -> list[dict[str, Any]]:
+    """The :data:`SLOWEST_TRACES` answered ``measured`` requests (the schedule's: not the
+    warm-up, which the statistics leave out too) with the longest latency (scheduled send to
+    reply), slowest first: ``{"trace_id", "latency_ms", "key_index"}`` — to look up in a
     tracing backend (docs/TRACING.md)."""
     latency_ms = (log.received_s - log.intended_s) * 1000.0
-    answered = [i for i in trace_ids if not np.isnan(latency_ms[i])]
+    answered = [i for i in trace_ids if measured[i] and not np.isnan(latency_ms[i])]
     answered.sort(key=lambda i: -latency_ms[i])
     return [
         {"trace_id": trace_ids[i], "latency_ms": round(float(latency_ms[i]), 1), "key_index": i}

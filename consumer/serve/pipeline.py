@@ -304,6 +304,8 @@ class Pipeline:
             taken[record.tp] = taken.get(record.tp, 0) + 1
             consumed[record.topic] = consumed.get(record.topic, 0) + 1
             pending = Pending(record, generation)
+            if tracing is not None:  # from the headers: a record that fails to decode too
+                pending.trace = tracing.received(record)
             try:
                 pending.parsed = parse_request_record(
                     record.key,
@@ -314,8 +316,6 @@ class Pipeline:
             except RecordDecodeError as err:
                 self._dead_letter(pending, err.code, err.message, err)
                 continue
-            if tracing is not None:
-                pending.trace = tracing.received(record, pending.parsed.address.correlation_id)
             refusal = self._reply_topics.check(pending.parsed.address.topic)
             if refusal is not None:  # nothing is written to the named topic
                 if refusal.log:
@@ -562,6 +562,8 @@ class Pipeline:
         reply = (
             self._replies.decode_error_reply(err) if err is not None and err.addressable else None
         )
+        if reply is not None and self._tracing is not None:
+            self._tracing.dead_letter_reply(pending, reply)
         self._delivery.dead_letter(pending, dlq, code, reply)
 
     # ---- flow control and commits ---------------------------------------------------------------

@@ -8,6 +8,7 @@ from the client's ``traceparent`` through its batch to the reply.
 ``requests.py``     ``RequestTracing``: one span per request record, receipt → reply acked
 ``batches.py``      ``BatchTracing``: one span per model batch, linking its requests
 ``wiring.py``       ``open_serve_tracing``: serve's parts, built only under ``--tracing``
+``log_levels.py``   the exporter's lines: one WARNING a minute for a down collector, redacted
 ==================  ==============================================================
 
 Only ``provider.py``, ``requests.py`` and ``batches.py`` import OpenTelemetry (the optional

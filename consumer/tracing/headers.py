@@ -27,6 +27,7 @@ from typing import Final, Literal
 __all__ = [
     "MAX_TRACEPARENT_BYTES",
     "MAX_TRACESTATE_BYTES",
+    "MAX_TRACESTATE_MEMBERS",
     "TRACEPARENT",
     "TRACESTATE",
     "IgnoredReason",
@@ -46,9 +47,19 @@ MAX_TRACESTATE_BYTES: Final = 512
 """A longer ``tracestate`` (all its headers joined) is dropped: the recommendation asks
 vendors to propagate at least 512 characters (§3.3.1.5), and kbatch keeps no more."""
 
+MAX_TRACESTATE_MEMBERS: Final = 32
+"""A ``tracestate`` of more list members is invalid (the recommendation §3.3.1.1)."""
+
 IgnoredReason = Literal["repeated", "oversized", "encoding", "invalid"]
 
 _TRACEPARENT_RE: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+_TRACESTATE_MEMBER_RE: Final = re.compile(
+    r"([a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])"
+)
+"""A ``tracestate`` list member, ``key=value`` (the recommendation §3.3.1.3; the same
+grammar as OpenTelemetry's ``TraceState``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +145,28 @@ def _join_tracestate(states: list[bytes], ignored: Callable[[IgnoredReason], Non
     except UnicodeDecodeError:
         ignored("encoding")
         return None
-    if not joined.isprintable():
+    members = _tracestate_members(joined)
+    if members is None:
         ignored("invalid")
         return None
-    return joined.strip(", \t") or None
+    return ",".join(members) or None
+
+
+def _tracestate_members(joined: str) -> list[str] | None:
+    """The ``key=value`` members of a ``tracestate`` list, or None when it is invalid (module
+    docstring)."""
+    members: list[str] = []
+    keys: set[str] = set()
+    for part in joined.split(","):
+        member = part.strip(" \t")
+        if not member:
+            continue
+        match = _TRACESTATE_MEMBER_RE.fullmatch(member)
+        if match is None or match.group(1) in keys or len(members) == MAX_TRACESTATE_MEMBERS:
+            return None
+        keys.add(match.group(1))
+        members.append(member)
+    return members
 
 
 def format_traceparent(trace_id: int, span_id: int, flags: int) -> bytes:

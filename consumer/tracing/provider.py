@@ -14,11 +14,15 @@ here, when tracing is asked for (:class:`TracingUnavailableError` when missing).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from consumer.tracing.log_levels import quiet_export_errors, redact_url
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -53,11 +57,29 @@ class OpenTracer:
     provider: TracerProvider
     tracer: Tracer
 
-    def shutdown(self) -> None:
-        """Export what is buffered (within :data:`SHUTDOWN_TIMEOUT_MS`) and stop the export
-        thread; idempotent."""
-        self.provider.force_flush(SHUTDOWN_TIMEOUT_MS)
-        self.provider.shutdown()
+    def shutdown(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> bool:
+        """Export what is buffered and stop the export thread, within ``timeout_ms`` in all;
+        True when done in time. Idempotent.
+
+        The SDK's own shutdown is not bounded (its ``force_flush`` ignores its timeout and a
+        collector that accepts and never answers holds each export for the exporter's 10 s
+        ``OTEL_EXPORTER_OTLP_TIMEOUT``; a new-user trial saw ~20 s), so it runs in a daemon
+        thread given ``timeout_ms``: past it the spans still buffered are given up (one
+        WARNING) and the thread dies with the process.
+        """
+        closing = threading.Thread(
+            target=self.provider.shutdown, name="kbatch-otel-shutdown", daemon=True
+        )
+        closing.start()
+        closing.join(timeout_ms / 1000)
+        if closing.is_alive():
+            log.warning(
+                "tracing: the last spans were not exported within %d ms (collector not "
+                "answering?); given up",
+                timeout_ms,
+            )
+            return False
+        return True
 
 
 def check_tracing() -> None:
@@ -70,7 +92,8 @@ def _sdk() -> tuple[Any, Any, Any, Any]:
     """The SDK's ``OTLPSpanExporter``, ``Resource``, ``TracerProvider``, ``BatchSpanProcessor``.
 
     Raises:
-        TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing.
+        TracingUnavailableError: the OpenTelemetry SDK or its OTLP/HTTP exporter is missing
+            (the message names the distribution, from the module that failed to import).
     """
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -78,11 +101,34 @@ def _sdk() -> tuple[Any, Any, Any, Any]:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as err:
+        missing = ", ".join(_missing_distributions()) or f"module {err.name}"
         raise TracingUnavailableError(
-            f"--tracing needs the OpenTelemetry SDK: pip install 'kbatch[otel]' ({err.name} "
-            "is missing)"
+            "--tracing needs the OpenTelemetry SDK and its OTLP/HTTP exporter: pip install "
+            f"'kbatch[otel]' (missing: {missing})"
         ) from None
     return OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor
+
+
+_EXTRA_MODULES = {
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
+}
+"""The ``kbatch[otel]`` extra: a module of each distribution, and the distribution."""
+
+
+def _missing_distributions() -> list[str]:
+    """The distributions of the ``kbatch[otel]`` extra that are not installed (each checked:
+    an ``ImportError`` names only the first module missing, which may be a namespace
+    package's child when another OpenTelemetry distribution is installed)."""
+    missing = []
+    for module, distribution in _EXTRA_MODULES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # its parent package is missing
+            found = False
+        if not found:
+            missing.append(distribution)
+    return missing
 
 
 def open_tracer(component: str) -> OpenTracer:
@@ -102,16 +148,21 @@ def open_tracer(component: str) -> OpenTracer:
         "OTEL_RESOURCE_ATTRIBUTES", ""
     ):
         attributes["service.name"] = DEFAULT_SERVICE_NAME
-    provider = TracerProvider(resource=Resource.create(attributes))
+    quiet_export_errors()
+    # shutdown_on_exit=False: OpenTracer.shutdown is the one, bounded, shutdown (the SDK's
+    # atexit hook would wait again, unbounded, for a collector that never answers).
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     provider.sampler = LinkedSampler.wrap(provider.sampler)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     tracer = provider.get_tracer("kbatch")
     log.info(
         "tracing on: %s to %s",
         provider.sampler.get_description(),
-        os.environ.get(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
+        redact_url(
+            os.environ.get(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
+            )
         ),
     )
     return OpenTracer(provider, tracer)

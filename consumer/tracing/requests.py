@@ -11,8 +11,11 @@ span is named ``process <topic>``, kind CONSUMER, a child of the context in the 
 (``in_flight``: the copy waited for the same key's computation, linked to that request's span;
 ``answered``: a finished key's answer reused), ``kbatch.queue_wait_ms``,
 ``kbatch.infer_ms``, ``kbatch.batch.size``, ``kbatch.batch.padded_length``,
-``kbatch.tokens``, ``kbatch.reply.topic``; ``error.type`` (the error code) and an ERROR status
-for an ``error`` or ``expired`` reply.
+``kbatch.tokens``, ``kbatch.reply.topic``; ``error.type`` (the error code: the outcome's, or
+read from a reply built before compute) and an ERROR status for an ``error`` or ``expired``
+reply. The span starts from the record's headers alone, before its value is decoded, so a
+record that fails to decode has one too: every dead letter ends its span with
+``kbatch.status=dead_letter``, and its error reply carries the ``traceparent`` as any reply.
 
 Its reply carries the span's ``traceparent`` (and the request's ``tracestate``): the client's
 reply listener continues the trace from kbatch's span. The batch span that computed it
@@ -49,6 +52,8 @@ from consumer.tracing.headers import (
     format_traceparent,
     read_trace_headers,
 )
+from schemas.codec import Encoding, decode_reply
+from schemas.headers import CONTENT_TYPE, CORRELATION_ID, last_value
 
 if TYPE_CHECKING:
     from consumer.batching.types import ItemOutcome
@@ -91,10 +96,14 @@ class RequestTracing:
         self._group = group
         self._ignored = ignored
 
-    def received(self, record: InRecord, correlation_id: bytes | None) -> Span:
-        """The span of a request record just taken from Kafka (started now)."""
+    def received(self, record: InRecord, correlation_id: bytes | None = None) -> Span:
+        """The span of a request record just taken from Kafka (started now), from its headers
+        alone: before its value is decoded, so that a record that fails to decode is traced
+        too. ``correlation_id`` None: the ``kafka_correlationId`` header's (last) value."""
+        if correlation_id is None:
+            correlation_id = last_value(record.headers, CORRELATION_ID)
         parent = read_trace_headers(record.headers, self._ignored)
-        context = None if parent is None else _remote_context(parent)
+        context = None if parent is None else remote_context(parent)
         span = self._tracer.start_span(
             f"process {record.topic}", context=context, kind=SpanKind.CONSUMER
         )
@@ -142,15 +151,7 @@ class RequestTracing:
             span = request.trace
             if not isinstance(span, Span):
                 continue
-            ctx = span.get_span_context()
-            record.headers.append(
-                (
-                    TRACEPARENT,
-                    format_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags),
-                )
-            )
-            if ctx.trace_state:
-                record.headers.append((TRACESTATE, ctx.trace_state.to_header().encode("ascii")))
+            _put_trace_headers(span, record)
             if not span.is_recording():
                 continue
             attributes: dict[str, str | int | float | bool] = {"kbatch.status": request.status}
@@ -162,8 +163,11 @@ class RequestTracing:
                 attributes["kbatch.batch.size"] = outcome.batch_size
                 attributes["kbatch.batch.padded_length"] = outcome.padded_len
                 attributes["kbatch.tokens"] = outcome.n_tokens
-            if outcome is not None and outcome.error_code is not None:
-                attributes["error.type"] = str(outcome.error_code)
+            code = outcome.error_code if outcome is not None else None
+            if outcome is None and request.status in _ERROR_STATUSES:
+                code = _error_code_of(record)  # a reply built before compute
+            if code is not None:
+                attributes["error.type"] = str(code)
             span.set_attributes(attributes)
             if request.status in _ERROR_STATUSES:
                 span.set_status(StatusCode.ERROR, str(attributes.get("error.type", "")))
@@ -179,6 +183,13 @@ class RequestTracing:
                 request.trace = None  # ended once, and nothing keeps it alive
 
     @staticmethod
+    def dead_letter_reply(request: TracedRequest, reply: OutRecord) -> None:
+        """``reply`` is the error reply of ``request``'s dead letter (a record that failed to
+        decode): it carries the request span's ``traceparent`` too."""
+        if isinstance(request.trace, Span):
+            _put_trace_headers(request.trace, reply)
+
+    @staticmethod
     def dead_lettered(request: TracedRequest, code: str) -> None:
         """``request`` ended in a dead letter (``code``): its span ends as an error."""
         span = request.trace
@@ -190,7 +201,32 @@ class RequestTracing:
             request.trace = None
 
 
-def _remote_context(parent: TraceParent) -> Context:
+def _put_trace_headers(span: Span, record: OutRecord) -> None:
+    """Put ``span``'s ``traceparent`` (and its ``tracestate``: the request's, when valid) on
+    ``record``."""
+    ctx = span.get_span_context()
+    record.headers.append(
+        (TRACEPARENT, format_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags))
+    )
+    if ctx.trace_state:
+        record.headers.append((TRACESTATE, ctx.trace_state.to_header().encode("ascii")))
+
+
+def _error_code_of(record: OutRecord) -> str | None:
+    """The ``error.code`` in a reply record's value (None when it has none or is unreadable)."""
+    if record.value is None:
+        return None
+    try:
+        encoding = Encoding.from_content_type(last_value(record.headers, CONTENT_TYPE))
+        error = decode_reply(record.value, encoding).error
+    except Exception:  # a span attribute is never worth a reply
+        return None
+    return None if error is None else str(error.code.value)
+
+
+def remote_context(parent: TraceParent) -> Context:
+    """The context of the remote span ``parent`` names (its ``tracestate`` valid already:
+    :func:`~consumer.tracing.headers.read_trace_headers`)."""
     state = TraceState.from_header([parent.tracestate]) if parent.tracestate else None
     remote = SpanContext(
         parent.trace_id,

@@ -56,8 +56,17 @@ def test_the_load_report_names_the_slowest_answered_traces_first() -> None:
     log.received_s[:] = np.arange(n) / 1000.0  # request i took i ms
     log.received_s[n - 1] = np.nan  # never answered: not named
     traces = {i: f"t{i}" for i in range(n)}
-    slowest = slowest_traces(log, traces)
+    slowest = slowest_traces(log, traces, np.ones(n, dtype=bool))
     assert [t["trace_id"] for t in slowest] == [f"t{i}" for i in range(n - 2, 0, -1)][
         :SLOWEST_TRACES
     ]
     assert slowest[0]["latency_ms"] == float(n - 2)
+
+
+def test_the_slowest_traces_leave_out_the_warm_up() -> None:
+    n = SLOWEST_TRACES + 3
+    log = RunLog.empty(np.zeros(n))
+    log.received_s[:] = np.arange(n)[::-1] / 1000.0  # the first (warm-up) requests slowest
+    measured = np.arange(n) >= 3  # three warm-up requests, as the statistics exclude them
+    slowest = slowest_traces(log, {i: f"t{i}" for i in range(n)}, measured)
+    assert [t["trace_id"] for t in slowest] == [f"t{i}" for i in range(3, 3 + SLOWEST_TRACES)]

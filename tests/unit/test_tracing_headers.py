@@ -76,6 +76,12 @@ def test_a_later_version_with_more_fields_is_read() -> None:
         (b"a=" + b"b" * MAX_TRACESTATE_BYTES, "oversized"),
         ("a=é".encode(), "encoding"),
         (b"a=b\n", "invalid"),
+        (b"garbage", "invalid"),
+        (b"Upper=1", "invalid"),  # keys are lower case
+        (b"a=1,a=2", "invalid"),  # a key twice
+        (b"a=b =c", "invalid"),  # '=' in a value
+        (b"a=", "invalid"),  # an empty value
+        (",".join(f"k{i}=v" for i in range(33)).encode(), "invalid"),  # over 32 members
     ],
 )
 def test_a_bad_tracestate_is_dropped_and_the_traceparent_kept(
@@ -84,6 +90,30 @@ def test_a_bad_tracestate_is_dropped_and_the_traceparent_kept(
     parent, reasons = read(("traceparent", GOOD), ("tracestate", state))
     assert reasons == [reason]
     assert parent == TraceParent(int(TRACE, 16), int(SPAN, 16), 1, None)
+
+
+def test_a_valid_tracestate_is_normalised() -> None:
+    members = ",".join(f"k{i}=v" for i in range(30))  # 32 in all: the most allowed
+    parent, reasons = read(
+        ("traceparent", GOOD),
+        ("tracestate", b" a=1 ,, t@sys=x y\t"),
+        ("tracestate", members.encode()),
+    )
+    assert reasons == []
+    assert parent is not None and parent.tracestate == "a=1,t@sys=x y," + members
+
+
+def test_an_invalid_tracestate_never_reaches_the_sdk_parser(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from consumer.tracing.requests import remote_context
+
+    for state in (b"garbage", b"a=1,a=2", ",".join(f"k{i}=v" for i in range(33)).encode()):
+        parent, _ = read(("traceparent", GOOD), ("tracestate", state))
+        assert parent is not None
+        with caplog.at_level("DEBUG", logger="opentelemetry"):
+            remote_context(parent)
+    assert caplog.records == []  # OpenTelemetry logs a WARNING per bad list it parses
 
 
 def test_a_reply_traceparent_round_trips() -> None:

@@ -194,3 +194,90 @@ async def test_without_tracing_nothing_is_attached() -> None:
     pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     assert [k for k, _ in sink.sent[0].headers if k == "traceparent"] == []
+
+
+async def ack_all(sink: FakeSink) -> None:
+    """Acknowledge every record sent, until nothing more is sent (a dead letter's reply
+    follows its dead letter's ack)."""
+    for _ in range(5):
+        for ack in sink.acks:
+            if not ack.done():
+                ack.set_result(None)
+        await settle()
+
+
+UNDECODABLE = [
+    msgpack.packb({"v": 1, "text": ""}),
+    msgpack.packb({"v": 9, "text": "x"}),
+    msgpack.packb({"v": 1}),
+    b"\xc1\xc1",
+]
+
+
+async def test_a_record_that_fails_to_decode_is_traced_and_its_error_reply_carries_it() -> None:
+    traced = Traced()
+    pipeline, sink, _ = await traced_pipeline(traced)
+    records = [
+        InRecord(
+            "req",
+            0,
+            offset,
+            None,
+            value,
+            [
+                (H.REPLY_TOPIC, b"replies.mine"),
+                (H.CORRELATION_ID, b"c%d" % offset),
+                ("traceparent", TRACEPARENT),
+                ("tracestate", b"v=1"),
+            ],
+            0,
+        )
+        for offset, value in enumerate(UNDECODABLE)
+    ]
+    await pipeline.take(records)
+    await ack_all(sink)
+
+    spans = {s.attributes["kbatch.correlation_id"]: s for s in traced.spans("process req")}
+    assert sorted(spans) == [(b"c%d" % i).hex() for i in range(4)]
+    replies = sink.to("replies.mine")
+    assert len(replies) == 4
+    for reply in replies:
+        correlation_id = H.last_value(reply.headers, H.CORRELATION_ID)
+        assert correlation_id is not None
+        span = spans[correlation_id.hex()]
+        assert span.parent is not None and span.parent.span_id == CLIENT_SPAN
+        assert span.attributes["kbatch.status"] == "dead_letter"
+        assert span.attributes["error.type"] in {"invalid_request", "unsupported_version"}
+        assert span.status.is_ok is False
+        assert traceparent_of(reply.headers) == (TRACE, span.context.span_id)
+        assert ("tracestate", b"v=1") in reply.headers
+
+
+async def test_a_reply_built_before_compute_gives_its_span_the_error_code() -> None:
+    traced = Traced()
+    pipeline, sink, _ = await traced_pipeline(traced)
+
+    def request(offset: int, **fields: object) -> InRecord:
+        body = msgpack.packb({"v": 1, "text": "t", **fields})
+        headers = [(H.CORRELATION_ID, b"c%d" % offset), ("traceparent", TRACEPARENT)]
+        return InRecord("req", 0, offset, b"k%d" % offset, body, headers, 0)
+
+    await pipeline.take(
+        [
+            request(0, deadline_ms=1_000),  # the fake wall clock is at 1,000,000 ms
+            request(1, task="rerank"),  # this consumer serves embed
+            request(2, prompt_name="nope"),  # the model has no such prompt
+        ]
+    )
+    await ack_all(sink)
+    spans = {s.attributes["messaging.kafka.offset"]: s for s in traced.spans("process req")}
+    assert {k: s.attributes["kbatch.status"] for k, s in spans.items()} == {
+        0: "expired",
+        1: "error",
+        2: "error",
+    }
+    assert spans[0].attributes["error.type"] == "deadline_exceeded"
+    assert spans[1].attributes["error.type"] == "unsupported_task"
+    assert spans[2].attributes["error.type"] == "invalid_option"
+    for span in spans.values():
+        assert span.status.description == span.attributes["error.type"]
