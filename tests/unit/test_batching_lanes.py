@@ -295,7 +295,10 @@ async def test_engine_runs_a_ready_live_batch_before_queued_bulk_and_never_mixes
     await h.engine.stop()
     assert backend.lanes == [{"bulk"}, {"live"}, {"bulk"}, {"bulk"}]
     assert len(h.outcomes) == 14 and {o.status for o in h.outcomes.values()} == {"ok"}
-    assert h.engine.bulk_share > 0.5  # the gated bulk batch held the device longest
+    # The engine accounts both lanes' device time (the arithmetic is
+    # test_bulk_share_is_decayed_device_time's, on a fake clock): wall-clock shares
+    # of these few batches depend on the machine's load, so only their presence is checked.
+    assert 0.0 < h.engine.bulk_share < 1.0
 
 
 async def test_the_engine_sets_the_automatic_bulk_cap_once_measured_and_live_runs() -> None:
