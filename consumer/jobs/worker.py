@@ -196,11 +196,11 @@ class JobWorker:
             assigned,
             self._sink,
             self._replies,
+            engine=self._engine,
             transactions=self._transactions,
             trace=trace,
         )
-        job.bind(self._engine)
-        self._engine.bind(job.on_outcomes)
+        self._engine.resume_computing()  # after the last assignment's stop_computing()
         self._current, self._assigned = job, assigned
         self._positions.update(assigned.positions())
         log.info(

@@ -138,29 +138,10 @@ async def serve(settings: ServeSettings) -> int:
     else:
         sink = KafkaSink(client, sink_settings, default_topic=settings.reply_topic)
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
-    pipeline = Pipeline(
-        settings,
-        sink,
-        replies,
-        metrics,
-        transactions=transactions,
-        tracing=tracing.requests if tracing is not None else None,
-    )
-    # rerank: each (query, document) pair is one engine item; token-classify: each window of a
-    # long text (contract 1.3). The fan-out gathers them.
-    fanout = fan_out_for(
-        settings.task,
-        tokenizer,
-        pipeline.on_outcomes,
-        stride=settings.window_stride,
-        max_windows=settings.max_windows,
-    )
     engine = Engine(
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        # backfill jobs' items (docs/JOBS.md) are submitted with a callback of their own
-        on_outcomes=pipeline.on_outcomes if fanout is None else fanout.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -168,17 +149,34 @@ async def serve(settings: ServeSettings) -> int:
         warmup="all" if device.startswith("cuda") else "largest",
         on_batch_run=tracing.batches if tracing is not None else None,
     )
-    source = KafkaSource(
-        client,
-        project(ConsumerGroupSettings, settings),
-        pipeline,
-        group_id=settings.effective_group_id,
-        topics=(settings.request_topic,),
-        max_poll_records=settings.poll_max_records,
+    # rerank: each (query, document) pair is one engine item; token-classify: each window of a
+    # long text (contract 1.3). The fan-out gathers them.
+    fanout = fan_out_for(
+        settings.task,
+        tokenizer,
+        engine,
+        stride=settings.window_stride,
+        max_windows=settings.max_windows,
     )
-    if fanout is not None:
-        fanout.bind(engine)
-    pipeline.bind(source, engine if fanout is None else fanout)
+    pipeline = Pipeline(
+        settings,
+        sink,
+        replies,
+        metrics,
+        source=lambda handler: KafkaSource(
+            client,
+            project(ConsumerGroupSettings, settings),
+            handler,
+            group_id=settings.effective_group_id,
+            topics=(settings.request_topic,),
+            max_poll_records=settings.poll_max_records,
+        ),
+        engine=engine if fanout is None else fanout,
+        transactions=transactions,
+        tracing=tracing.requests if tracing is not None else None,
+    )
+    source = pipeline.source
+    assert isinstance(source, KafkaSource)
 
     def readiness() -> tuple[bool, dict[str, object]]:
         detail: dict[str, object] = {
