@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
+from consumer.batching.routes import OutcomeCallback
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.kafka.errors import DeliveryError, TransactionError
 from consumer.kafka.range_source import PartitionRange, plan_partition
@@ -180,7 +181,9 @@ class FakeEngine:
         self.items: list[InferenceItem] = []
         self.cancelled: list[object] = []
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+    async def submit(
+        self, items: Sequence[InferenceItem], on_outcomes: OutcomeCallback | None = None
+    ) -> list[int]:
         self.items.extend(items)
         return [len(i.text.split()) + 2 for i in items]
 
@@ -250,24 +253,29 @@ class FakeRangeSource:
 
 
 class AnsweringEngine:
-    """Answers every item ``ok`` (a 2-d embedding) on the next loop turn."""
+    """Answers every item ``ok`` (a 2-d embedding) on the next loop turn, to its submit's
+    callback (else to ``job.on_outcomes``)."""
 
-    def __init__(self, job: OutcomesSink) -> None:
+    def __init__(self, job: OutcomesSink | None = None) -> None:
         self.job = job
         self.submitted: list[InferenceItem] = []
         self.in_flight = 0
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
+    async def submit(
+        self, items: Sequence[InferenceItem], on_outcomes: OutcomeCallback | None = None
+    ) -> list[int]:
         loop = asyncio.get_running_loop()
         self.submitted.extend(items)
         self.in_flight += len(items)
+        route = on_outcomes or (self.job.on_outcomes if self.job is not None else None)
+        assert route is not None, "no callback to answer to"
         for it in items:
-            loop.call_soon(self._answer, it)
+            loop.call_soon(self._answer, it, route)
         return [3] * len(items)
 
-    def _answer(self, it: InferenceItem) -> None:
+    def _answer(self, it: InferenceItem, route: OutcomeCallback) -> None:
         self.in_flight -= 1
-        self.job.on_outcomes([
+        route([
             ItemOutcome(
                 item_id=it.item_id, status="ok", result={"embedding": [0.6, 0.8], "dim": 2},
                 error_code=None, error_message=None, truncated=False, n_tokens=3, queue_ms=0.1,

@@ -171,38 +171,35 @@ async def _start_job(
     policy = settings.batch_policy(cuda=cuda)
     if policy.max_batch_tokens < model.runner.max_length:
         policy = policy.model_copy(update={"max_batch_tokens": model.runner.max_length})
-    job = BackfillJob(
-        settings,
-        source,
-        sink,
-        ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
-        _progress(settings),
+    engine = Engine(
+        model.runner,
+        model.tokenizer,
+        policy,
         stats=stats,
-        transactions=mode.transactions,
-        trace=tracing.trace if tracing is not None else None,
+        batch_timeout_s=settings.batch_timeout_s,
+        warmup="all" if cuda else "largest",
+        on_batch_run=tracing.batches if tracing is not None else None,
     )
     # rerank: each (query, document) pair is one engine item; token-classify: each
     # window of a long text (contract 1.3). The fan-out gathers them.
     fanout = fan_out_for(
         settings.task,
         model.tokenizer,
-        job.on_outcomes,
+        engine,
         stride=settings.window_stride,
         max_windows=settings.max_windows,
     )
-    engine = Engine(
-        model.runner,
-        model.tokenizer,
-        policy,
-        on_outcomes=job.on_outcomes if fanout is None else fanout.on_outcomes,
+    job = BackfillJob(
+        settings,
+        source,
+        sink,
+        ReplyBuilder(model.info, settings.dead_letter_topic, model.profile),
+        _progress(settings),
+        engine=engine if fanout is None else fanout,
         stats=stats,
-        batch_timeout_s=settings.batch_timeout_s,
-        warmup="all" if cuda else "largest",
-        on_batch_run=tracing.batches if tracing is not None else None,
+        transactions=mode.transactions,
+        trace=tracing.trace if tracing is not None else None,
     )
-    if fanout is not None:
-        fanout.bind(engine)
-    job.bind(engine if fanout is None else fanout)
     for name, part in (("engine", engine), ("producer", sink)):
         await part.start()
         life.enter(name, part.stop)

@@ -80,7 +80,9 @@ class RangeSourceLike(Protocol):
 class EngineLike(Protocol):
     """What the job needs of :class:`consumer.batching.engine.Engine`."""
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]: ...
+    async def submit(
+        self, items: Sequence[InferenceItem], on_outcomes: Callable[[Sequence[ItemOutcome]], None]
+    ) -> list[int]: ...
     async def flush(self) -> None: ...
     async def drain(self, timeout_s: float | None = None) -> bool: ...
 
@@ -101,6 +103,8 @@ class BackfillJob:
         source: started, with its range resolved (:meth:`RangeSource.resolve`).
         sink: started.
         replies: builds the contract's reply values and dead letters for the model.
+        engine: started (:class:`consumer.batching.engine.Engine`, or its fan-out); each
+            submit names :meth:`on_outcomes`. None: an empty range, no model loaded.
         progress: where progress goes.
         stats: the engine's batch counters (give the same object to the engine and runner);
             the summary reports batches, mean batch size and padding efficiency from it.
@@ -122,6 +126,7 @@ class BackfillJob:
         replies: ReplyBuilder,
         progress: ProgressSink | None = None,
         *,
+        engine: EngineLike | None = None,
         stats: EngineStats | None = None,
         clock: Callable[[], float] = time.monotonic,
         transactions: TransactionalSinkLike | None = None,
@@ -153,7 +158,7 @@ class BackfillJob:
         self._chunking = None
         if chunking is not None:
             self._chunking = ChunkPlan(chunking.max_tokens, chunking.overlap, self._prompt)
-        self._engine: EngineLike | None = None
+        self._engine = engine
         self._tracker = OffsetTracker()
         self._ids = itertools.count()
         self._pending: dict[int, _Pending] = {}
@@ -188,15 +193,6 @@ class BackfillJob:
         self.dead_lettered = 0
         self.undelivered = 0
         self.skipped_completed = 0  # finished by an earlier run (commit metadata): not again
-
-    def bind(self, engine: EngineLike) -> None:
-        """Attach the engine (built after the job: it calls :meth:`on_outcomes`)."""
-        self._engine = engine
-
-    @property
-    def engine(self) -> EngineLike:
-        assert self._engine is not None, "bind() first"
-        return self._engine
 
     def committed_positions(self) -> dict[int, int]:
         """Partition → the offset committed so far (every record below it finished), for the
@@ -298,7 +294,8 @@ class BackfillJob:
                 )
             )
         if items:
-            await self.engine.submit(items)
+            assert self._engine is not None, "records to score, and no engine"
+            await self._engine.submit(items, self.on_outcomes)
 
     def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None:
         """The engine's callback (loop thread): queue a batch's outcomes; they are written two

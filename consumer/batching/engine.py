@@ -20,10 +20,11 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
 - A batch running longer than ``batch_timeout_s`` makes :attr:`Engine.healthy` false (and counts a
   watchdog trip) until it returns; a thread cannot be killed, so the process's health probe is
   what acts on it.
-- ``on_outcomes`` is called on the event loop thread with a list of outcomes (a batch's, a
-  chunk's rejections, the items expired together); each submitted item's outcome (ok, error or
-  expired) is in exactly one call, except for items removed by :meth:`Engine.cancel_group` or
-  still queued at :meth:`Engine.stop`.
+- Outcomes go to the callback each :meth:`Engine.submit` names (else the engine's default,
+  given at construction; :mod:`consumer.batching.routes`), on the event loop thread, a list at
+  a time (a batch's, a chunk's rejections, the items expired together); each submitted item's
+  outcome (ok, error or expired) is in exactly one call, except for items removed by
+  :meth:`Engine.cancel_group` or still queued at :meth:`Engine.stop`.
 
 Lanes (issue 26; docs/ARCHITECTURE.md §Lanes): each item's ``lane`` (``live`` by default, or
 ``bulk``) picks one of two :class:`BucketBatcher` s — items of different lanes never share a
@@ -35,20 +36,18 @@ takes at most ``bulk_max_batch_ms``; bulk ahead of live only while it is below
 A second producer of items (serve's backfill job runner) shares the engine: it submits
 ``InferenceItem(lane="bulk", ...)`` with its own callback, ``await engine.submit(items,
 on_outcomes=callback)``, and draws its item ids from :meth:`Engine.new_routed_id` (negative,
-so they never collide with the pipeline's ids, which count up from 0). Each of those items'
-outcomes goes to ``callback`` (on the loop thread, a list at a time) instead of the engine's
-``on_outcomes``; everything else (expiry, cancel_group by its own ``group`` tags, flush,
-drain) is shared. Submit bulk work in chunks of a poll's size (≤ a few hundred items) and only
-while ``queued_items_of("bulk")`` is below about one batch's worth per free slot and a few
-more: the one tokenize thread is shared, so a large bulk chunk delays the tokenization of live
-items behind it. A rerank job wraps the engine in its own
-:class:`~consumer.batching.fanout.FanOutEngine` (``replace`` keeps each pair's lane).
+so they never collide with the pipeline's ids, which count up from 0); everything else
+(expiry, cancel_group by its own ``group`` tags, flush, drain) is shared. Submit bulk work in
+chunks of a poll's size (≤ a few hundred items) and only while ``queued_items_of("bulk")`` is
+below about one batch's worth per free slot and a few more: the one tokenize thread is shared,
+so a large bulk chunk delays the tokenization of live items behind it. A rerank job wraps the
+engine in its own :class:`~consumer.batching.fanout.FanOutEngine` (``replace`` keeps each
+pair's lane).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -60,6 +59,7 @@ from consumer.batching.errors import EngineClosedError
 from consumer.batching.lanes import LaneScheduler
 from consumer.batching.policy import BucketBatcher
 from consumer.batching.protocols import BatchRunner, TokenizerLike
+from consumer.batching.routes import OutcomeCallback, OutcomeRoutes
 from consumer.batching.stats import NullStats, StatsSink
 from consumer.batching.types import (
     Batch,
@@ -77,8 +77,6 @@ __all__ = ["Engine", "EngineClosedError", "WarmupMode"]
 log = logging.getLogger(__name__)
 
 WarmupMode = Literal["all", "largest", "none"]
-OutcomeCallback = Callable[[list[ItemOutcome]], None]
-"""Receives a list of outcomes on the event loop thread."""
 BatchObserver = Callable[[Batch, float, float], None]
 """Called on the loop thread after the model ran a batch: ``(batch, start_s, end_s)``,
 monotonic seconds of the engine's clock (``--tracing``'s batch spans)."""
@@ -108,9 +106,9 @@ class Engine:
         tokenizer: tokenizes chunks (``consumer.model.tokenize.HFTokenizer``).
         policy_config: batch formation settings; :meth:`start` may lower
             ``max_batch_tokens`` (see :attr:`policy_config`).
-        on_outcomes: called on the loop thread with a list of :class:`ItemOutcome` (a whole
-            batch's together); an exception in it is logged and ignored. Items submitted with
-            a callback of their own (``submit(..., on_outcomes=...)``) go to that one instead.
+        on_outcomes: the default callback: gets the outcomes of a submit that names none,
+            on the loop thread, a list of :class:`ItemOutcome` at a time (a whole batch's
+            together); an exception in it is logged and ignored. None: every submit names one.
         clock: monotonic seconds; ``InferenceItem.arrival_s``/``deadline_s`` use it too.
         stats: counters sink (``on_queue_wait``, ``on_expired``, ``on_watchdog``; give the same
             object to the runner for batch counters).
@@ -131,7 +129,7 @@ class Engine:
         runner: BatchRunner,
         tokenizer: TokenizerLike,
         policy_config: BatchPolicyConfig,
-        on_outcomes: Callable[[list[ItemOutcome]], None],
+        on_outcomes: OutcomeCallback | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         stats: StatsSink | None = None,
@@ -142,19 +140,17 @@ class Engine:
         self._runner = runner
         self._on_batch_run = on_batch_run
         self._tokenizer = tokenizer
-        self._on_outcomes = on_outcomes
         self._clock = clock
         self._stats: StatsSink = stats if stats is not None else NullStats()
-        self._batch_timeout_s = batch_timeout_s
         self._warm = False
         self._warmup: WarmupMode = warmup
         self.max_length = min(runner.max_length, tokenizer.max_length)
         self.policy_config = policy_config
         self._batcher = BucketBatcher(policy_config, self.max_length)
-        self._bulk = self._bulk_batcher(policy_config)
+        self._bulk = _bulk_batcher(policy_config, self.max_length)
         self._lanes = LaneScheduler(policy_config.bulk_min_share, policy_config.lane_share_window_s)
-        self._routes: dict[int, OutcomeCallback] = {}  # item_id → its submit's callback
-        self._routed_ids = itertools.count(-1, -1)
+        self._on_outcomes = on_outcomes
+        self._routes = OutcomeRoutes()
         self._prefetch = bool(runner.prefetch)
         self._depth = 2 if self._prefetch else 1
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-tokenize")
@@ -172,7 +168,7 @@ class Engine:
         self._running_items = 0  # items in formed batches
         self._tokenizing = 0  # items inside submit()'s tokenization
         self._force = False
-        self._stalled = 0  # batches past the watchdog
+        self._watchdog = _Watchdog(batch_timeout_s, self._stats)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -209,7 +205,7 @@ class Engine:
     @property
     def healthy(self) -> bool:
         """False while a batch runs past ``batch_timeout_s`` or once the engine has stopped."""
-        return self._stalled == 0 and self._state in ("new", "running")
+        return self._watchdog.stalled == 0 and self._state in ("new", "running")
 
     @property
     def warm(self) -> bool:
@@ -261,7 +257,7 @@ class Engine:
     def new_routed_id(self) -> int:
         """A fresh item id for a submit with its own ``on_outcomes`` (negative: never one of
         the default producer's ids, which count up from 0)."""
-        return next(self._routed_ids)
+        return self._routes.new_id()
 
     async def submit(
         self,
@@ -274,24 +270,21 @@ class Engine:
         tokens included; for an ``input_too_long`` item, its length). An over-length item that
         may not be truncated is answered ``error``/``input_too_long`` (after this returns). If
         the tokenizer itself raises, every item of the chunk is answered ``inference_failed``.
-        Outcomes go to ``on_outcomes`` when given (ids from :meth:`new_routed_id`), else to
-        the engine's callback.
+        Outcomes go to ``on_outcomes`` when given, else to the engine's default callback.
 
         Raises:
             EngineClosedError: before :meth:`start` or after :meth:`stop`.
-            ValueError: ``on_outcomes`` given and an item's id is already routed (in flight).
+            ValueError: no callback and no default; ``on_outcomes`` given and an item's id is
+                already routed (in flight).
         """
         if self._state != "running":
             raise EngineClosedError(f"engine is {self._state}")
         if not items:
             return []
+        if on_outcomes is None and self._on_outcomes is None:
+            raise ValueError("submit names no on_outcomes and the engine has no default")
         chunk = list(items)
-        if on_outcomes is not None:
-            clash = [it.item_id for it in chunk if it.item_id in self._routes]
-            if clash:
-                raise ValueError(f"item ids already in flight: {clash[:5]}")
-            for it in chunk:
-                self._routes[it.item_id] = on_outcomes
+        self._routes.add([it.item_id for it in chunk], on_outcomes)
         loop = asyncio.get_running_loop()
         self._tokenizing += len(chunk)
         try:
@@ -307,7 +300,8 @@ class Engine:
         except Exception as exc:
             log.exception("tokenizer failed on a chunk of %d items", len(chunk))
             message = f"tokenization failed: {type(exc).__name__}"
-            loop.call_soon(self._emit, [_failed(it, message) for it in chunk])
+            failed = [_failed(it, message) for it in chunk]
+            loop.call_soon(self._routes.emit, failed, self._on_outcomes)
             return [0] * len(chunk)
         finally:
             self._tokenizing -= len(chunk)
@@ -323,7 +317,7 @@ class Engine:
             else:
                 answered.append(_failed(r.item, "the engine stopped"))
         if answered:
-            loop.call_soon(self._emit, answered)
+            loop.call_soon(self._routes.emit, answered, self._on_outcomes)
         self._wake.set()
         return counts
 
@@ -335,11 +329,11 @@ class Engine:
         """
         now = self._clock()
         removed = self._batcher.cancel_group(group, now) + self._bulk.cancel_group(group, now)
-        for t in removed:
-            self._routes.pop(t.item.item_id, None)
+        ids = [t.item.item_id for t in removed]
+        self._routes.forget(ids)
         if removed:
             self._wake.set()
-        return [t.item.item_id for t in removed]
+        return ids
 
     async def flush(self) -> None:
         """Form batches from everything queued now, without waiting for deadlines, and
@@ -388,21 +382,10 @@ class Engine:
                 config = config.model_copy(update={"max_batch_tokens": lowered})
                 self.policy_config = config
                 self._batcher = BucketBatcher(config, self.max_length)
-                self._bulk = self._bulk_batcher(config)
-
-    def _bulk_batcher(self, config: BatchPolicyConfig) -> BucketBatcher:
-        return BucketBatcher(config, self.max_length, max_batch_ms=config.bulk_max_batch_ms)
+                self._bulk = _bulk_batcher(config, self.max_length)
 
     def _batcher_of(self, lane: Lane) -> BucketBatcher:
         return self._bulk if lane == "bulk" else self._batcher
-
-    def _due(self, batcher: BucketBatcher, now: float) -> bool:
-        if not batcher.queued_items:
-            return False
-        if self._force:
-            return True
-        due = batcher.next_deadline()
-        return due is not None and due <= now
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -415,8 +398,8 @@ class Engine:
             launched = 0
             while True:  # one batch per free slot, the lane scheduler choosing whose
                 lane = self._lanes.next_lane(
-                    live_due=self._due(self._batcher, now),
-                    bulk_due=self._due(self._bulk, now),
+                    live_due=_due(self._batcher, now, self._force),
+                    bulk_due=_due(self._bulk, now, self._force),
                     free_slots=self._depth - self._in_pipeline,
                     in_pipeline=self._in_pipeline,
                 )
@@ -487,7 +470,7 @@ class Engine:
                 lane = live[0].item.lane
                 for t in live:
                     self._stats.on_queue_wait((start - t.item.arrival_s) * 1000.0, lane)
-                runs = await self._watch(
+                runs = await self._watchdog.watch(
                     loop.run_in_executor(self._model_pool, self._runner.run, batch, prepared),
                     batch,
                 )
@@ -519,39 +502,14 @@ class Engine:
             # Let the dispatcher launch the next batch (whose model call then starts first)
             # before the outcomes go out; the items count as running until they have.
             await asyncio.sleep(0)
-            self._emit(outcomes)
+            self._routes.emit(outcomes, self._on_outcomes)
         finally:
             self._running_items -= n_formed
         await self._notify()
 
-    async def _watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:
-        """Await the model thread's ``fut``; a timer (one handle, no extra task or future per
-        batch) marks the engine unhealthy while it runs past ``batch_timeout_s``."""
-        tripped = False
-
-        def trip() -> None:
-            nonlocal tripped
-            tripped = True
-            self._stalled += 1
-            self._stats.on_watchdog()
-            log.error(
-                "batch of %d × %d tokens running longer than %.1f s: engine unhealthy",
-                len(batch.items),
-                batch.padded_len,
-                self._batch_timeout_s,
-            )
-
-        timer = asyncio.get_running_loop().call_later(self._batch_timeout_s, trip)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            if tripped:
-                self._stalled -= 1
-
     def _expire(self, items: list[TokenizedItem], now: float) -> None:
         self._stats.on_expired(len(items))
-        self._emit(
+        self._routes.emit(
             [
                 ItemOutcome(
                     item_id=t.item.item_id,
@@ -568,26 +526,9 @@ class Engine:
                     group=t.item.group,
                 )
                 for t in items
-            ]
+            ],
+            self._on_outcomes,
         )
-
-    def _emit(self, outcomes: list[ItemOutcome]) -> None:
-        if not self._routes:
-            self._call(self._on_outcomes, outcomes)
-            return
-        by_callback: dict[int, tuple[OutcomeCallback, list[ItemOutcome]]] = {}
-        for o in outcomes:
-            callback = self._routes.pop(o.item_id, self._on_outcomes)
-            by_callback.setdefault(id(callback), (callback, []))[1].append(o)
-        for callback, part in by_callback.values():
-            self._call(callback, part)
-
-    @staticmethod
-    def _call(callback: OutcomeCallback, outcomes: list[ItemOutcome]) -> None:
-        try:
-            callback(outcomes)
-        except Exception:
-            log.exception("on_outcomes raised for items %s", [o.item_id for o in outcomes])
 
     async def _notify(self) -> None:
         async with self._cond:
@@ -603,6 +544,54 @@ class Engine:
         except TimeoutError:
             return False
         return predicate()
+
+
+class _Watchdog:
+    """Marks the engine unhealthy while a batch runs past ``batch_timeout_s``."""
+
+    def __init__(self, batch_timeout_s: float, stats: StatsSink) -> None:
+        self._timeout_s = batch_timeout_s
+        self._stats = stats
+        self.stalled = 0  # batches running past the timeout now
+
+    async def watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:
+        """Await the model thread's ``fut``; one timer handle (no extra task or future per
+        batch) counts it stalled while it runs past the timeout."""
+        tripped = False
+
+        def trip() -> None:
+            nonlocal tripped
+            tripped = True
+            self.stalled += 1
+            self._stats.on_watchdog()
+            log.error(
+                "batch of %d × %d tokens running longer than %.1f s: engine unhealthy",
+                len(batch.items),
+                batch.padded_len,
+                self._timeout_s,
+            )
+
+        timer = asyncio.get_running_loop().call_later(self._timeout_s, trip)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            if tripped:
+                self.stalled -= 1
+
+
+def _bulk_batcher(config: BatchPolicyConfig, max_length: int) -> BucketBatcher:
+    return BucketBatcher(config, max_length, max_batch_ms=config.bulk_max_batch_ms)
+
+
+def _due(batcher: BucketBatcher, now: float, force: bool) -> bool:
+    """Whether ``batcher`` has a batch to form now (``force``: anything queued)."""
+    if not batcher.queued_items:
+        return False
+    if force:
+        return True
+    due = batcher.next_deadline()
+    return due is not None and due <= now
 
 
 def _overdue(t: TokenizedItem, now: float) -> bool:

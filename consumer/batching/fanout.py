@@ -18,10 +18,11 @@ owner (serve's pipeline, backfill's job) and the :class:`~consumer.batching.engi
   the item's one outcome is ``ok`` with ``result = {TOKENS: (scores of window 0, 1, …)}``
   (token-classify: :func:`consumer.replies.task_options.shape_task_result` merges them), else the
   first window's error; ``n_tokens``, ``truncated`` and timing as for pairs.
-- ``on_outcomes``: when every pair of an item has its outcome, the item's one outcome goes to
-  the owner: ``ok`` with ``result = {"scores": [...]}`` in document order when all pairs are
-  ok; else the first pair's error (an ``error`` before an ``expired``). ``n_tokens`` is the sum
-  over the pairs (what the model saw: ``usage.tokens``), ``truncated`` whether any pair was
+- ``on_outcomes`` (the parts' callback, which ``submit`` names to the engine): when every
+  pair of an item has its outcome, the item's one outcome goes where its submit said: ``ok``
+  with ``result = {"scores": [...]}`` in document order when all pairs are ok; else the
+  first pair's error (an ``error`` before an ``expired``). ``n_tokens`` is the sum over the
+  pairs (what the model saw: ``usage.tokens``), ``truncated`` whether any pair was
   cut, the timing the slowest pair's (``queue_ms``, ``infer_ms`` and ``padded_len`` the
   largest, ``batch_size`` the largest batch).
 - ``cancel_group``: cancels the pairs queued for the group and forgets the items they belong
@@ -39,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
+from consumer.batching.routes import OutcomeCallback, add_to, call_each
 from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
 from consumer.entities import TOKENS
 from schemas.errors import ErrorCode
@@ -73,7 +75,7 @@ class _Gather:
     item: InferenceItem
     outcomes: list[ItemOutcome | None] = field(default_factory=list)
     left: int = 0
-    route: Callable[[Sequence[ItemOutcome]], None] | None = None  # None: the owner's
+    route: OutcomeCallback | None = None  # where the item's outcome goes
     windows: list[Window | None] | None = None  # the parts' windows (split items)
 
 
@@ -185,28 +187,27 @@ class FanOutEngine:
     module docstring).
 
     Args:
-        on_outcomes: the owner's callback; gets each submitted item's one outcome.
+        engine: the :class:`~consumer.batching.engine.Engine` (or its stand-in); the parts
+            are submitted to it with :meth:`on_outcomes` as their callback.
+        on_outcomes: where the outcomes of a submit that names no callback go; None: every
+            submit names one (serve's pipeline, a backfill job).
         windower: splits items with ``windows`` set; None: such items run as one sequence.
 
-    Build it first, give its :meth:`on_outcomes` to the ``Engine``, then :meth:`bind` the
-    engine; hand the wrapper to the owner as its engine.
+    Hand the wrapper to the owner as its engine.
     """
 
     def __init__(
         self,
-        on_outcomes: Callable[[Sequence[ItemOutcome]], None],
+        engine: Any,
+        on_outcomes: OutcomeCallback | None = None,
         windower: Windower | None = None,
     ) -> None:
-        self._owner_on_outcomes = on_outcomes
+        self._engine = engine
+        self._default = on_outcomes
         self._windower = windower
-        self._engine: Any = None
         self._ids = itertools.count(PART_IDS)
         self._gathers: dict[int, _Gather] = {}  # submitted item id → its pairs' outcomes
         self._pairs: dict[int, tuple[int, int]] = {}  # engine id → (item id, pair index)
-
-    def bind(self, engine: Any) -> None:
-        """Attach the engine (built after this wrapper: it calls :meth:`on_outcomes`)."""
-        self._engine = engine
 
     def __getattr__(self, name: str) -> Any:
         # start, flush, drain, stop, warm, healthy, queued_*: the engine's own.
@@ -217,14 +218,19 @@ class FanOutEngine:
     async def submit(
         self,
         items: Sequence[InferenceItem],
-        on_outcomes: Callable[[Sequence[ItemOutcome]], None] | None = None,
+        on_outcomes: OutcomeCallback | None = None,
     ) -> list[int]:
         """Submit ``items`` as pairs and windows; each item's tokens (the sum over its parts),
         in order (a refused item: its length as the windower measured it).
 
-        ``on_outcomes``: where these items' outcomes go (serve's backfill jobs, ids from
-        ``new_routed_id``), else the owner's callback.
+        ``on_outcomes``: where these items' outcomes go, else the default (construction).
+
+        Raises:
+            ValueError: no callback and no default; an item's id already in flight.
         """
+        route = on_outcomes if on_outcomes is not None else self._default
+        if route is None:
+            raise ValueError("submit names no on_outcomes and there is no default")
         windowed: dict[int, list[InferenceItem] | Rejected] = {}
         to_split = [it for it in items if it.windows and self._windower is not None]
         if to_split:
@@ -256,7 +262,7 @@ class FanOutEngine:
             else:
                 subs = [replace(item, documents=None, text_pair=d) for d in docs or ()]
             parts = [sub.window for sub in subs] if split is not None else None
-            gather = _Gather(item, [None] * len(subs), len(subs), on_outcomes, parts)
+            gather = _Gather(item, [None] * len(subs), len(subs), route, parts)
             self._gathers[item.item_id] = gather
             start = len(expanded)
             for index, sub in enumerate(subs):
@@ -265,13 +271,9 @@ class FanOutEngine:
                 expanded.append(sub)
             spans.append((start, len(expanded)))
         if refused:
-            route = on_outcomes or self._owner_on_outcomes
             asyncio.get_running_loop().call_soon(route, refused)
-        n_tokens = await self._engine.submit(expanded) if expanded else []
-        n_plain: list[int] = []
-        if plain:
-            routed = () if on_outcomes is None else (on_outcomes,)
-            n_plain = await self._engine.submit(plain, *routed)
+        n_tokens = await self._engine.submit(expanded, self.on_outcomes) if expanded else []
+        n_plain = await self._engine.submit(plain, route) if plain else []
         return [
             sum(n_tokens[s[0] : s[1]])
             if isinstance(s, tuple)
@@ -302,12 +304,13 @@ class FanOutEngine:
         return cancelled
 
     def on_outcomes(self, outcomes: Sequence[ItemOutcome]) -> None:
-        """The engine's callback: the items whose last pair this call completes, together."""
-        done: list[ItemOutcome] = []
-        routed: dict[Callable[[Sequence[ItemOutcome]], None], list[ItemOutcome]] = {}
+        """The parts' callback: the items whose last part this call completes go together to
+        each one's callback."""
+        routed: list[tuple[OutcomeCallback, list[ItemOutcome]]] = []
         for outcome in outcomes:
-            if outcome.item_id < PART_IDS:  # an item submitted as it is
-                done.append(outcome)
+            if outcome.item_id < PART_IDS:  # an item submitted as it is (the engine routes
+                if self._default is not None:  # it; here when a caller hands it over)
+                    add_to(routed, self._default, outcome)
                 continue
             item_id, index = self._pairs.pop(outcome.item_id, (None, 0))
             gather = None if item_id is None else self._gathers.get(item_id)
@@ -322,14 +325,9 @@ class FanOutEngine:
                     one = gather_outcomes(item_id, finished, gather.windows)
                 else:
                     one = gather_windows(item_id, finished, gather.windows)
-                if gather.route is None:
-                    done.append(one)
-                else:
-                    routed.setdefault(gather.route, []).append(one)
-        if done:
-            self._owner_on_outcomes(done)
-        for route, some in routed.items():
-            route(some)
+                assert gather.route is not None
+                add_to(routed, gather.route, one)
+        call_each(routed)
 
 
 def _refused(rejected: Rejected) -> ItemOutcome:

@@ -112,11 +112,9 @@ async def run_windows_bench(options: WindowsBenchOptions) -> dict[str, Any]:
     )
     text, spans = _document(tokenizer, options)
     outcomes: list[ItemOutcome] = []
-    fanout = fan_out_for(options.task, tokenizer, outcomes.extend, stride=options.stride)
+    engine = Engine(runner, tokenizer, options.policy, stats=stats, warmup="largest")
+    fanout = fan_out_for(options.task, tokenizer, engine, outcomes.extend, stride=options.stride)
     assert fanout is not None
-    engine = Engine(runner, tokenizer, options.policy, fanout.on_outcomes, stats=stats,
-                    warmup="largest")  # fmt: skip
-    fanout.bind(engine)
     plan = ChunkPlan(None, 0) if options.task == "embed" else None
     ids = iter(range(10**9))
 

@@ -3,8 +3,8 @@
 Serve has one :class:`consumer.batching.engine.Engine`; the pipeline's items use the engine's
 default outcome callback and ids counting up from 0. A job's :class:`BackfillJob` numbers its
 items from 0 too, so :class:`JobEngine` gives each item a fresh engine id
-(:meth:`Engine.new_routed_id`, negative), submits it with the job's own callback
-(``submit(..., on_outcomes=...)``), and restores the job's id on the way back. Its items get
+(:meth:`Engine.new_routed_id`, negative), submits it with its own callback and restores the
+job's id on the way back, to the callback the job's submit named. Its items get
 ``lane="bulk"`` and a job-scoped ``group`` (serve's ``cancel_group`` of a revoked request
 partition never drops a job's item). Issue 26: the lane scheduling is the engine's; this only
 maps ids and counts what is in flight.
@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
+from consumer.batching.routes import OutcomeCallback, add_to, call_each
 from consumer.batching.types import InferenceItem, ItemOutcome
 
-__all__ = ["BulkFlow", "JobEngine", "RoutingEngine"]
-
-OutcomeCallback = Callable[[Sequence[ItemOutcome]], None]
+__all__ = ["BulkFlow", "JobEngine", "OutcomeCallback", "RoutingEngine"]
 
 
 class RoutingEngine(Protocol):
@@ -61,11 +60,10 @@ class JobEngine:
         self._engine = engine
         self.job_id = job_id
         self._flow = flow
-        self._on_outcomes: OutcomeCallback | None = None
-        self._own_ids: dict[int, int] = {}  # engine id -> the job's id
+        self._own_ids: dict[int, tuple[int, OutcomeCallback]] = {}  # engine id -> the job's
         self._tokens: dict[int, int] = {}  # engine id -> tokens counted into the flow
         self._groups: set[Hashable] = set()  # the engine groups this job's items were given
-        self._dropping = False  # stop_computing() until the next bind()
+        self._dropping = False  # stop_computing() until resume_computing()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -74,15 +72,13 @@ class JobEngine:
         """Items submitted whose outcome has not come back yet."""
         return len(self._own_ids)
 
-    def bind(self, on_outcomes: OutcomeCallback) -> None:
-        """Where this job's outcomes go (its ``BackfillJob.on_outcomes``, one per assignment);
-        also ends a :meth:`stop_computing`."""
-        self._on_outcomes = on_outcomes
+    def resume_computing(self) -> None:
+        """End a :meth:`stop_computing` (the job's next assignment computes again)."""
         self._dropping = False
 
     def stop_computing(self) -> int:
         """Drop this job's items still queued in the engine (a batch already running
-        finishes), and every item submitted from now until the next :meth:`bind`.
+        finishes), and every item submitted from now until :meth:`resume_computing`.
 
         A dropped item gets no outcome: its record stays unfinished, so it is not committed
         and whoever reads the partition next computes it (the finished records above it are
@@ -101,8 +97,11 @@ class JobEngine:
         self._set_idle_if_empty()
         return len(dropped)
 
-    async def submit(self, items: Sequence[InferenceItem]) -> list[int]:
-        """Submit ``items`` to the engine's bulk lane under fresh engine ids.
+    async def submit(
+        self, items: Sequence[InferenceItem], on_outcomes: OutcomeCallback
+    ) -> list[int]:
+        """Submit ``items`` to the engine's bulk lane under fresh engine ids; their outcomes
+        go to ``on_outcomes`` under the job's ids.
 
         Returns: each item's token count (:meth:`Engine.submit`).
 
@@ -111,7 +110,7 @@ class JobEngine:
         routed: list[InferenceItem] = []
         for item in items:
             rid = self._engine.new_routed_id()
-            self._own_ids[rid] = item.item_id
+            self._own_ids[rid] = (item.item_id, on_outcomes)
             group = ("kbatch.job", self.job_id, item.group)
             self._groups.add(group)
             routed.append(dataclasses.replace(item, item_id=rid, lane="bulk", group=group))
@@ -159,15 +158,14 @@ class JobEngine:
         self._idle.set()
 
     def _deliver(self, outcomes: Sequence[ItemOutcome]) -> None:
-        mine = [
-            dataclasses.replace(o, item_id=own)
-            for o in outcomes
-            if (own := self._own_ids.pop(o.item_id, None)) is not None
-        ]
+        mine: list[tuple[OutcomeCallback, list[ItemOutcome]]] = []
+        for o in outcomes:
+            own = self._own_ids.pop(o.item_id, None)
+            if own is not None:
+                add_to(mine, own[1], dataclasses.replace(o, item_id=own[0]))
         self._uncount([o.item_id for o in outcomes])
         self._set_idle_if_empty()
-        if mine and self._on_outcomes is not None:
-            self._on_outcomes(mine)
+        call_each(mine)
 
     def _uncount(self, engine_ids: list[int]) -> None:
         tokens = [t for i in engine_ids if (t := self._tokens.pop(i, None)) is not None]

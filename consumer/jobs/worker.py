@@ -187,12 +187,12 @@ class JobWorker:
             assigned,
             self._mode.sink,
             self._replies,
+            engine=self._engine,
             transactions=self._mode.transactions,
             trace=trace,
             before_commit=self._before_commit,
         )
-        job.bind(self._engine)
-        self._engine.bind(job.on_outcomes)
+        self._engine.resume_computing()  # after the last assignment's stop_computing()
         self._current, self._assigned = job, assigned
         self._positions.update(assigned.positions())
         log.info(

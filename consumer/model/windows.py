@@ -22,14 +22,15 @@ tokenizer packs more), which is never tokenized whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from consumer.batching.fanout import FanOutEngine
-from consumer.batching.types import InferenceItem, ItemOutcome, Rejected, Window
+from consumer.batching.routes import OutcomeCallback
+from consumer.batching.types import InferenceItem, Rejected, Window
 from consumer.model.tokenize import HFTokenizer
 from schemas.errors import ErrorCode
 from schemas.models import Task
@@ -146,7 +147,8 @@ class TokenWindows:
 def fan_out_for(
     task: Task,
     tokenizer: Any,
-    on_outcomes: Callable[[Sequence[ItemOutcome]], None],
+    engine: Any,
+    on_outcomes: OutcomeCallback | None = None,
     *,
     stride: int | None = None,
     max_windows: int = DEFAULT_MAX_WINDOWS,
@@ -156,7 +158,8 @@ def fan_out_for(
     :class:`TokenWindows`) and embed (chunks, :class:`ChunkWindows`; requests without
     ``chunking`` pass through untouched) — windows when ``tokenizer`` is an
     :class:`~consumer.model.tokenize.HFTokenizer`; without one (the ``noop`` and ``sim:``
-    models) an embed request's ``chunking`` is answered ``invalid_option``.
+    models) an embed request's ``chunking`` is answered ``invalid_option``. ``engine`` and
+    ``on_outcomes`` (the default callback) are :class:`FanOutEngine`'s.
 
     Raises:
         ValueError: ``stride`` or ``max_windows`` out of range (:class:`TokenWindows`).
@@ -164,15 +167,15 @@ def fan_out_for(
     hf = isinstance(tokenizer, HFTokenizer)
     if task == "rerank":
         if not hf:
-            return FanOutEngine(on_outcomes)
+            return FanOutEngine(engine, on_outcomes)
         pairs = PairWindows(tokenizer, stride=stride, max_windows=max_windows)
-        return FanOutEngine(on_outcomes, windower=pairs)
+        return FanOutEngine(engine, on_outcomes, windower=pairs)
     if task == "embed":  # without a tokenizer (noop, sim) chunking is refused
         chunks = ChunkWindows(tokenizer, max_windows=max_windows) if hf else None
-        return FanOutEngine(on_outcomes, windower=chunks)
+        return FanOutEngine(engine, on_outcomes, windower=chunks)
     if task == "token-classify" and isinstance(tokenizer, HFTokenizer):
         windows = TokenWindows(tokenizer, stride=stride, max_windows=max_windows)
-        return FanOutEngine(on_outcomes, windower=windows)
+        return FanOutEngine(engine, on_outcomes, windower=windows)
     return None
 
 

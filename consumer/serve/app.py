@@ -212,29 +212,10 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     )
     sink, transactions = mode.sink, mode.transactions
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
-    pipeline = Pipeline(
-        settings,
-        sink,
-        replies,
-        metrics,
-        transactions=transactions,
-        tracing=tracing.requests if tracing is not None else None,
-    )
-    # rerank: each (query, document) pair is one engine item; token-classify: each window of a
-    # long text (contract 1.3). The fan-out gathers them.
-    fanout = fan_out_for(
-        settings.task,
-        tokenizer,
-        pipeline.on_outcomes,
-        stride=settings.window_stride,
-        max_windows=settings.max_windows,
-    )
     engine = Engine(
         runner,
         tokenizer,
         project(BatchPolicyConfig, settings),
-        # backfill jobs' items (docs/JOBS.md) are submitted with a callback of their own
-        on_outcomes=pipeline.on_outcomes if fanout is None else fanout.on_outcomes,
         stats=stats,
         batch_timeout_s=settings.batch_timeout_s,
         # Every bucket's worst case on a GPU (shows a too-large budget, builds kernels); on a
@@ -242,17 +223,34 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
         warmup="all" if device.startswith("cuda") else "largest",
         on_batch_run=tracing.batches if tracing is not None else None,
     )
-    source = KafkaSource(
-        client,
-        project(ConsumerGroupSettings, settings),
-        pipeline,
-        group_id=settings.effective_group_id,
-        topics=(settings.request_topic,),
-        max_poll_records=settings.poll_max_records,
+    # rerank: each (query, document) pair is one engine item; token-classify: each window of a
+    # long text (contract 1.3). The fan-out gathers them.
+    fanout = fan_out_for(
+        settings.task,
+        tokenizer,
+        engine,
+        stride=settings.window_stride,
+        max_windows=settings.max_windows,
     )
-    if fanout is not None:
-        fanout.bind(engine)
-    pipeline.bind(source, engine if fanout is None else fanout)
+    pipeline = Pipeline(
+        settings,
+        sink,
+        replies,
+        metrics,
+        source=lambda handler: KafkaSource(
+            client,
+            project(ConsumerGroupSettings, settings),
+            handler,
+            group_id=settings.effective_group_id,
+            topics=(settings.request_topic,),
+            max_poll_records=settings.poll_max_records,
+        ),
+        engine=engine if fanout is None else fanout,
+        transactions=transactions,
+        tracing=tracing.requests if tracing is not None else None,
+    )
+    source = pipeline.source
+    assert isinstance(source, KafkaSource)
     return _Parts(pipeline, engine, fanout, source, sink, replies)
 
 

@@ -45,9 +45,10 @@ def _settings(**kw: Any) -> BackfillSettings:
 
 
 def _job(source: FakeSource, sink: FakeSink, **kw: Any) -> tuple[BackfillJob, FakeEngine]:
-    job = BackfillJob(_settings(**kw), source, sink, ReplyBuilder(ModelInfo(name="m"), "dead"))
-    engine = FakeEngine(job)
-    job.bind(engine)
+    engine = FakeEngine()
+    job = BackfillJob(
+        _settings(**kw), source, sink, ReplyBuilder(ModelInfo(name="m"), "dead"), engine=engine
+    )
     return job, engine
 
 
@@ -163,9 +164,9 @@ async def test_in_flight_records_are_bounded() -> None:
     seen: list[int] = []
     original = engine.submit
 
-    async def submit(items: Sequence[InferenceItem]) -> list[int]:
+    async def submit(items: Sequence[InferenceItem], on_outcomes: Any) -> list[int]:
         seen.append(len(items))
-        return await original(items)
+        return await original(items, on_outcomes)
 
     engine.submit = submit  # type: ignore[method-assign]
     summary = await job.run(asyncio.Event())

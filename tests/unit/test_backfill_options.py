@@ -25,9 +25,10 @@ def _run(**flags: object) -> tuple[FakeSink, FakeEngine]:
     source = FakeSource({0: [_record(0, o, f"text {o}".encode()) for o in range(3)]}, {0: 3})
     sink = _sink()
     settings = _settings(**flags)
-    job = BackfillJob(settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE))
-    engine = FakeEngine(job)
-    job.bind(engine)
+    engine = FakeEngine()
+    job = BackfillJob(
+        settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE), engine=engine
+    )
     summary = asyncio.run(job.run(asyncio.Event()))
     assert summary.complete
     return sink, engine
@@ -47,11 +48,14 @@ def test_every_record_gets_the_prompt_and_the_encoding() -> None:
 def test_the_default_prompt_name_applies_without_flags() -> None:
     profile_default = ModelProfile(dim=2, prompts={"query": "q: "}, default_prompt_name="query")
     source = FakeSource({0: [_record(0, 0, b"hi")]}, {0: 1})
+    engine = FakeEngine()
     job = BackfillJob(
-        _settings(), source, _sink(), ReplyBuilder(ModelInfo(name="m"), "d", profile_default)
+        _settings(),
+        source,
+        _sink(),
+        ReplyBuilder(ModelInfo(name="m"), "d", profile_default),
+        engine=engine,
     )
-    engine = FakeEngine(job)
-    job.bind(engine)
     asyncio.run(job.run(asyncio.Event()))
     assert [it.text for it in engine.submitted] == ["q: hi"]
 
@@ -112,11 +116,11 @@ def test_chunk_flags_chunk_every_record_with_the_prompt_before_each_chunk() -> N
     source = FakeSource({0: [_record(0, o, text.encode()) for o in range(2)]}, {0: 2})
     sink = _sink()
     settings = _settings(chunk_max_tokens=8, chunk_output="chunks", prompt_name="doc")
-    job = BackfillJob(settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE))
-    fanout = FanOutEngine(job.on_outcomes, ChunkWindows(HFTokenizer(minilm_dir(), max_length=16)))
-    engine = FakeEngine(fanout)  # type: ignore[arg-type]  # answers through the fan-out
-    fanout.bind(engine)
-    job.bind(fanout)
+    engine = FakeEngine()  # answers through the fan-out (the parts' callback)
+    fanout = FanOutEngine(engine, windower=ChunkWindows(HFTokenizer(minilm_dir(), max_length=16)))
+    job = BackfillJob(
+        settings, source, sink, ReplyBuilder(ModelInfo(name="m"), "dead", PROFILE), engine=fanout
+    )
     assert asyncio.run(job.run(asyncio.Event())).complete
     # 8 tokens: [CLS] [SEP], "doc :" and 4 words of text per chunk
     assert [it.text for it in engine.submitted][:3] == [

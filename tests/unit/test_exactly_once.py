@@ -195,22 +195,25 @@ class RecordingSource(FakeSource):
         return await super().committed_metadata(tp)
 
 
-def eos_pipeline(txn: FakeTransactions | None) -> Pipeline:
+def eos_pipeline(
+    txn: FakeTransactions | None, source: FakeSource, engine: FakeEngine | None = None
+) -> Pipeline:
     settings = ServeSettings(exactly_once=txn is not None)
     return Pipeline(
         settings,
         FakeSink(),
         ReplyBuilder(ModelInfo(name="fake"), settings.dead_letter_topic),
         Metrics(),
+        source=lambda _: source,
+        engine=engine or FakeEngine(),
         clock=lambda: 100.0,
         transactions=txn,
     )
 
 
 async def test_assignment_takes_nothing_in_before_every_partition_is_set_up() -> None:
-    pipeline = eos_pipeline(None)
     source = RecordingSource()
-    pipeline.bind(source, FakeEngine())
+    pipeline = eos_pipeline(None, source)
     await pipeline.on_assigned(frozenset({A, B}))
     # Both paused while each committed offset is read (a record polled then was dropped and
     # its offset passed: the old code read them one by one, unpaused) and resumed after.
@@ -220,11 +223,10 @@ async def test_assignment_takes_nothing_in_before_every_partition_is_set_up() ->
 
 async def test_exactly_once_opens_each_partitions_producer_before_reading_its_offset() -> None:
     txn = FakeTransactions()
-    pipeline = eos_pipeline(txn)
     source = RecordingSource(txn)
+    pipeline = eos_pipeline(txn, source)
     source.stored[A] = (40, "")
     source.positions[A] = 30  # the client's own fetch, before the last commit completed
-    pipeline.bind(source, FakeEngine())
     await pipeline.on_assigned(frozenset({A}))
     assert txn.events == [("open", A), ("read", A)]
     assert source.positions[A] == 40
@@ -241,9 +243,8 @@ async def test_exactly_once_opens_each_partitions_producer_before_reading_its_of
 
 async def test_exactly_once_commits_offsets_and_kb1_metadata_in_the_transaction() -> None:
     txn = FakeTransactions()
-    pipeline = eos_pipeline(txn)
     source = RecordingSource(txn)
-    pipeline.bind(source, FakeEngine())
+    pipeline = eos_pipeline(txn, source)
     await pipeline.on_assigned(frozenset({A}))
     for offset in range(3):
         pipeline.tracker.track(A, offset)
@@ -261,9 +262,8 @@ async def test_exactly_once_commits_offsets_and_kb1_metadata_in_the_transaction(
 
 async def test_a_revoke_whose_commit_fails_still_suspends_its_partitions() -> None:
     txn = FakeTransactions()
-    pipeline = eos_pipeline(txn)
     source = RecordingSource(txn)
-    pipeline.bind(source, FakeEngine())
+    pipeline = eos_pipeline(txn, source)
     await pipeline.on_assigned(frozenset({A}))
     pipeline.tracker.track(A, 0)
     pipeline.tracker.complete(A, 0, pipeline.tracker.generation(A) or 0)

@@ -71,11 +71,10 @@ def recoveries(pipeline: Pipeline, reason: str) -> float:
 
 async def assigned() -> tuple[Pipeline, RecordingSource, FakeEngine, FakeTransactions]:
     txn = FakeTransactions()
-    pipeline = eos_pipeline(txn)
     source = RecordingSource(txn)
     source.stored[A] = (5, "")  # the group's last transaction committed offset 5
     engine = FakeEngine()
-    pipeline.bind(source, engine)
+    pipeline = eos_pipeline(txn, source, engine)
     await pipeline.on_assigned(frozenset({A}))
     return pipeline, source, engine, txn
 

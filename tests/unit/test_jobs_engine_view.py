@@ -61,10 +61,8 @@ async def test_job_items_go_bulk_under_engine_ids_and_come_back_with_their_own()
     a, b = JobEngine(engine, "a"), JobEngine(engine, "b")
     got_a: list[ItemOutcome] = []
     got_b: list[ItemOutcome] = []
-    a.bind(got_a.extend)
-    b.bind(got_b.extend)
-    await a.submit([InferenceItem(0, "x", 0.0, group=("src", 0))])
-    await b.submit([InferenceItem(0, "y", 0.0)])  # the same own id as a's: no collision
+    await a.submit([InferenceItem(0, "x", 0.0, group=("src", 0))], got_a.extend)
+    await b.submit([InferenceItem(0, "y", 0.0)], got_b.extend)  # a's own id: no collision
     routed = [i.item_id for i in engine.items]
     assert routed == [-1, -2]
     assert [i.lane for i in engine.items] == ["bulk", "bulk"]
@@ -78,8 +76,7 @@ async def test_job_items_go_bulk_under_engine_ids_and_come_back_with_their_own()
 async def test_drain_waits_for_the_jobs_own_items_only() -> None:
     engine = _Engine()
     job = JobEngine(engine, "a")
-    job.bind(lambda outcomes: None)
-    await job.submit([InferenceItem(5, "x", 0.0), InferenceItem(6, "y", 0.0)])
+    await job.submit([InferenceItem(5, "x", 0.0), InferenceItem(6, "y", 0.0)], lambda _: None)
     assert await job.drain(0.01) is False
     engine.answer(-1)
     waiter = asyncio.create_task(job.drain(5))
@@ -95,8 +92,7 @@ async def test_a_closed_job_drops_late_outcomes() -> None:
     engine = _Engine()
     job = JobEngine(engine, "a")
     got: list[ItemOutcome] = []
-    job.bind(got.extend)
-    await job.submit([InferenceItem(0, "x", 0.0)])
+    await job.submit([InferenceItem(0, "x", 0.0)], got.extend)
     job.close()
     assert await job.drain(0) is True
     engine.answer(-1)
@@ -109,31 +105,29 @@ async def test_job_items_count_toward_the_flow_totals_until_answered() -> None:
     flow = FlowControl(FlowConfig(max_total_records=4, max_total_tokens=1_000))
     engine = _Engine()  # every item counts 1 token
     job = JobEngine(engine, "a", flow)
-    job.bind(lambda outcomes: None)
     assert job.should_pause_reading() is False
-    await job.submit([InferenceItem(i, "x", 0.0) for i in range(2)])
+    await job.submit([InferenceItem(i, "x", 0.0) for i in range(2)], lambda _: None)
     # 2 of 4 records: the bulk watermark (bulk_total_fraction 0.5 of the total limit)
     assert job.should_pause_reading() is True
     engine.answer(-1, -2)
     assert job.should_pause_reading() is False  # at or below the low watermark again
-    await job.submit([InferenceItem(9, "y", 0.0)])
+    await job.submit([InferenceItem(9, "y", 0.0)], lambda _: None)
     job.close()  # what a closed job had in flight leaves the totals too
     assert job.should_pause_reading() is False
 
 
-async def test_stop_computing_drops_queued_items_and_later_submits_until_the_next_bind() -> None:
+async def test_stop_computing_drops_queued_items_and_later_submits_until_resumed() -> None:
     engine = _Engine()
     job = JobEngine(engine, "a")
     got: list[ItemOutcome] = []
-    job.bind(got.extend)
-    await job.submit([InferenceItem(i, "x", 0.0, group=("src", 0)) for i in range(3)])
+    await job.submit([InferenceItem(i, "x", 0.0, group=("src", 0)) for i in range(3)], got.extend)
     engine.answer(-1)  # one answered before the stop
     assert job.stop_computing() == 2  # the other two were still queued
     assert await job.drain(0) is True  # nothing left to wait for
     # a chunk whose tokenizing was under way when the stop came is dropped too
-    await job.submit([InferenceItem(7, "y", 0.0, group=("src", 1))])
+    await job.submit([InferenceItem(7, "y", 0.0, group=("src", 1))], got.extend)
     assert job.in_flight == 0 and -4 not in engine.routes
-    job.bind(got.extend)  # the next assignment computes again
-    await job.submit([InferenceItem(8, "z", 0.0, group=("src", 1))])
+    job.resume_computing()  # the next assignment computes again
+    await job.submit([InferenceItem(8, "z", 0.0, group=("src", 1))], got.extend)
     engine.answer(-5)
     assert [o.item_id for o in got] == [0, 8]

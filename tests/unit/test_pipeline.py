@@ -62,16 +62,17 @@ async def assigned_pipeline(
 ) -> tuple[Pipeline, FakeSource, FakeSink]:
     """A pipeline on fakes and a fixed clock, bound to ``engine``, assigned ``TP``."""
     sink = FakeSink()
+    source = FakeSource()
     pipeline = Pipeline(
         settings,
         sink,
         ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
         Metrics(),
+        source=lambda _: source,
+        engine=engine,
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
     )
-    source = FakeSource()
-    pipeline.bind(source, engine)
     await pipeline.on_assigned(frozenset({TP}))
     return pipeline, source, sink
 
@@ -494,17 +495,18 @@ async def test_polls_start_small_and_double_while_a_backlog_keeps_them_full() ->
     settings = ServeSettings(
         poll_max_records=500, max_total_records=100_000, max_partition_records=100_000
     )
+    stop = asyncio.Event()
+    source = BacklogSource(backlog=FIRST_POLL_RECORDS * 15, polls=8, stop=stop)
     pipeline = Pipeline(
         settings,
         FakeSink(),
         ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
         Metrics(),
+        source=lambda _: source,
+        engine=FakeEngine(),
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
     )
-    stop = asyncio.Event()
-    source = BacklogSource(backlog=FIRST_POLL_RECORDS * 15, polls=8, stop=stop)
-    pipeline.bind(source, FakeEngine())
     await pipeline.on_assigned(frozenset({TP}))
     await pipeline.run(stop)
     first = FIRST_POLL_RECORDS

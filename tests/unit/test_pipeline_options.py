@@ -62,10 +62,11 @@ async def make(profile: ModelProfile, task: str = "embed") -> Parts:
         sink,
         ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic, profile),
         Metrics(),
+        source=lambda _: FakeSource(),
+        engine=engine,
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
     )
-    pipeline.bind(FakeSource(), engine)
     await pipeline.on_assigned(frozenset({TP}))
     return pipeline, sink, engine
 

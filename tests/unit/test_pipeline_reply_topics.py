@@ -67,11 +67,11 @@ async def run_pipeline(
         sink,
         ReplyBuilder(ModelInfo(name="fake"), DLQ),
         metrics,
+        source=lambda _: source,
+        engine=AnsweringEngine(),
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
     )
-    engine = AnsweringEngine(pipeline)
-    pipeline.bind(source, engine)
     await pipeline.on_assigned(frozenset({("kbatch.requests", 0)}))
     await pipeline.take(records)
     for _ in range(50):

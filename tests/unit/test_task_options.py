@@ -60,9 +60,8 @@ class Collect:
 
 async def fanned(items: list[InferenceItem]) -> tuple[FanOutEngine, FakeEngine, Collect]:
     collect = Collect()
-    fanout = FanOutEngine(collect)
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, collect)
     await fanout.submit(items)
     return fanout, engine, collect
 

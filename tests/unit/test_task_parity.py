@@ -78,18 +78,8 @@ async def run_engine(
     def collect(done: Sequence[ItemOutcome]) -> None:
         outcomes.update((o.item_id, o) for o in done)
 
-    fanout = FanOutEngine(collect) if fan_out else None
-    engine = Engine(
-        runner,
-        tokenizer,
-        policy,
-        collect if fanout is None else fanout.on_outcomes,
-        warmup="largest",
-    )
-    front: Any = engine
-    if fanout is not None:
-        fanout.bind(engine)
-        front = fanout
+    engine = Engine(runner, tokenizer, policy, collect, warmup="largest")
+    front: Any = FanOutEngine(engine, collect) if fan_out else engine
     await engine.start()
     await front.submit(list(items))
     assert await engine.drain(timeout_s=120)

@@ -40,10 +40,9 @@ async def test_a_jobs_batches_are_child_spans_of_the_job() -> None:
         FakeRangeSource({0: records}, ends={0: 3}),
         FakeSink(auto_ack=True),
         ReplyBuilder(ModelInfo(name="m"), "dead"),
+        engine=(engine := AnsweringEngine()),
         trace=trace,
     )
-    engine = AnsweringEngine(job)
-    job.bind(engine)
     summary = await job.run(asyncio.Event())
     assert summary.complete
     assert [item.trace for item in engine.submitted] == [trace] * 3

@@ -71,11 +71,12 @@ async def traced_pipeline(traced: Traced) -> tuple[Pipeline, FakeSink, FakeEngin
         sink,
         ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
         traced.metrics,
+        source=lambda _: FakeSource(),
+        engine=engine,
         clock=lambda: 100.0,
         wall_clock_ms=lambda: 1_000_000,
         tracing=traced.requests,
     )
-    pipeline.bind(FakeSource(), engine)
     await pipeline.on_assigned(frozenset({TP}))
     return pipeline, sink, engine
 
@@ -185,9 +186,13 @@ async def test_without_tracing_nothing_is_attached() -> None:
     settings = ServeSettings()
     sink, engine = FakeSink(auto_ack=True), FakeEngine()
     pipeline = Pipeline(
-        settings, sink, ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic), Metrics()
+        settings,
+        sink,
+        ReplyBuilder(ModelInfo(name="fake"), settings.dlq_topic),
+        Metrics(),
+        source=lambda _: FakeSource(),
+        engine=engine,
     )
-    pipeline.bind(FakeSource(), engine)
     await pipeline.on_assigned(frozenset({TP}))
     await pipeline.take([record(0, b"a", ("traceparent", TRACEPARENT))])
     assert engine.items[0].trace is None

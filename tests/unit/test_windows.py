@@ -63,9 +63,8 @@ def ok(item_id: int, value: object, n_tokens: int = 4, infer_ms: float = 1.0) ->
 
 async def test_a_windowed_item_runs_as_one_sequence_per_window_and_answers_once() -> None:
     collect = Collect()
-    fanout = FanOutEngine(collect, windower=FakeWindower(3))
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, collect, windower=FakeWindower(3))
     item = InferenceItem(5, "long text", windows=True, group="tp")
     await fanout.submit([item, InferenceItem(6, "short", group="tp")])
     windows = engine.items[:3]
@@ -82,9 +81,8 @@ async def test_a_windowed_item_runs_as_one_sequence_per_window_and_answers_once(
 
 async def test_a_text_over_the_window_cap_is_input_too_long_and_never_computed() -> None:
     collect = Collect()
-    fanout = FanOutEngine(collect, windower=FakeWindower(9, cap=8))
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, collect, windower=FakeWindower(9, cap=8))
     assert await fanout.submit([InferenceItem(1, "huge", windows=True)]) == [999]
     assert engine.items == [] and collect.calls == []  # answered after submit returns
     await asyncio.sleep(0)  # the call_soon'd answer (no timing involved: one loop turn)
@@ -94,9 +92,8 @@ async def test_a_text_over_the_window_cap_is_input_too_long_and_never_computed()
 
 async def test_items_submitted_with_their_own_callback_are_answered_there() -> None:
     owner, job = Collect(), Collect()
-    fanout = FanOutEngine(owner, windower=FakeWindower(2))
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, owner, windower=FakeWindower(2))
     await fanout.submit([InferenceItem(-3, "job text", windows=True)], on_outcomes=job)
     fanout.on_outcomes([ok(w.item_id, w.window.index if w.window else -1) for w in engine.items])
     assert owner.calls == [] and [o.result for o in job.calls[0]] == [{TOKENS: (0, 1)}]
@@ -224,9 +221,8 @@ def test_chunking_the_model_cannot_honour_is_invalid_option(hf_tokenizer: HFToke
 
 async def test_cancelling_a_group_forgets_windowed_and_plain_items_alike() -> None:
     collect = Collect()
-    fanout = FanOutEngine(collect, windower=FakeWindower(3))
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, collect, windower=FakeWindower(3))
     await fanout.submit(
         [InferenceItem(1, "long", windows=True, group="gone"), InferenceItem(2, "x", group="gone"),
          InferenceItem(3, "long", windows=True, group="kept")]
@@ -241,9 +237,8 @@ async def test_cancelling_a_group_forgets_windowed_and_plain_items_alike() -> No
 
 async def test_an_expired_or_failed_window_is_the_requests_answer() -> None:
     collect = Collect()
-    fanout = FanOutEngine(collect, windower=FakeWindower(3))
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = FanOutEngine(engine, collect, windower=FakeWindower(3))
     await fanout.submit([InferenceItem(4, "long", windows=True)])
     first, second, third = engine.items
     expired = ItemOutcome(second.item_id, "expired", None, "deadline_exceeded", "late", False,
@@ -262,10 +257,9 @@ async def test_chunking_without_a_tokenizer_is_invalid_option() -> None:
     from consumer.model.windows import fan_out_for
 
     collect = Collect()
-    fanout = fan_out_for("embed", WordCountTokenizer(16), collect)  # the noop model's
-    assert fanout is not None
     engine = FakeEngine()
-    fanout.bind(engine)
+    fanout = fan_out_for("embed", WordCountTokenizer(16), engine, collect)  # the noop model's
+    assert fanout is not None
     chunked = InferenceItem(1, "text", windows=True, chunking=ChunkPlan(8, 0))
     await fanout.submit([chunked, InferenceItem(2, "plain")])
     assert [it.item_id for it in engine.items] == [2]  # only the plain one computed

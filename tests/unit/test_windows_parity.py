@@ -86,10 +86,11 @@ async def run_windows(model_dir: Path, texts: Sequence[str], stride: int) -> dic
     def collect(done: Sequence[ItemOutcome]) -> None:
         outcomes.update((o.item_id, o) for o in done)
 
-    fanout = fan_out_for("token-classify", tokenizer, collect, stride=stride, max_windows=64)
+    engine = Engine(runner, tokenizer, POLICY, warmup="largest")
+    fanout = fan_out_for(
+        "token-classify", tokenizer, engine, collect, stride=stride, max_windows=64
+    )
     assert fanout is not None
-    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
-    fanout.bind(engine)
     await engine.start()
     await fanout.submit(
         [InferenceItem(i, t, arrival_s=0.0, windows=True) for i, t in enumerate(texts)]
@@ -195,10 +196,11 @@ async def run_rerank(model_dir: Path, query: str, docs: Sequence[str]) -> ItemOu
     runner = load_runner(model_dir, task="rerank", device="cpu", max_length=MAX_LENGTH)
     tokenizer = HFTokenizer(model_dir, max_length=MAX_LENGTH)
     outcomes: list[ItemOutcome] = []
-    fanout = fan_out_for("rerank", tokenizer, outcomes.extend, stride=STRIDE, max_windows=64)
+    engine = Engine(runner, tokenizer, POLICY, warmup="largest")
+    fanout = fan_out_for(
+        "rerank", tokenizer, engine, outcomes.extend, stride=STRIDE, max_windows=64
+    )
     assert fanout is not None
-    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
-    fanout.bind(engine)
     await engine.start()
     await fanout.submit([InferenceItem(0, query, documents=tuple(docs), windows=True)])
     assert await engine.drain(timeout_s=120)
@@ -266,10 +268,9 @@ async def run_chunks(
     def collect(done: Sequence[ItemOutcome]) -> None:
         outcomes.update((o.item_id, o) for o in done)
 
-    fanout = fan_out_for("embed", tokenizer, collect, max_windows=64)
+    engine = Engine(runner, tokenizer, POLICY, warmup="largest")
+    fanout = fan_out_for("embed", tokenizer, engine, collect, max_windows=64)
     assert fanout is not None
-    engine = Engine(runner, tokenizer, POLICY, fanout.on_outcomes, warmup="largest")
-    fanout.bind(engine)
     await engine.start()
     items = [InferenceItem(i, t, windows=True, chunking=plan) for i, t in enumerate(texts)]
     await fanout.submit([*items, InferenceItem(len(texts), texts[0])])  # one plain request
