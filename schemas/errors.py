@@ -27,13 +27,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
-__all__ = [
-    "DEAD_LETTER_CODES",
-    "ContractError",
-    "DecodeError",
-    "EncodeError",
-    "ErrorCode",
-]
+__all__ = ["DEAD_LETTER_CODES", "ContractError", "DecodeError", "EncodeError", "ErrorCode"]
 
 MAX_MESSAGE_CHARS: Final = 1000
 """Messages are cut to this many characters (they travel in headers and replies)."""

@@ -14,11 +14,7 @@ from typing import Any
 
 import click
 
-from consumer.cli.client_security import (
-    SECURITY_FIELDS,
-    client_kafka_options,
-    security_options,
-)
+from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
 from consumer.cli.options import CommaList, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
 

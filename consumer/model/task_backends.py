@@ -40,13 +40,7 @@ from consumer.model.errors import map_device_errors
 from consumer.model.torch_backend import TorchBackend, _Prepared
 from schemas.sparse import SPARSE
 
-__all__ = [
-    "RerankBackend",
-    "SparseBackend",
-    "SpladeConfig",
-    "TokenClassifyBackend",
-    "read_splade",
-]
+__all__ = ["RerankBackend", "SparseBackend", "SpladeConfig", "TokenClassifyBackend", "read_splade"]
 
 
 @dataclass(frozen=True, slots=True)
