@@ -274,6 +274,16 @@ class _Topics:
     dlq: str
     group: str
 
+    def args(self, bootstrap: str) -> list[str]:
+        """The broker and topic flags both ``kbatch serve`` and the bench workers take."""
+        return [
+            "--bootstrap", bootstrap,
+            "--request-topic", self.request,
+            "--reply-topic", self.reply,
+            "--dlq-topic", self.dlq,
+            "--group-id", self.group,
+        ]  # fmt: skip
+
 
 SIM_BATCH_ARGS = ("--max-batch-tokens", "16384", "--max-batch-size", "256")
 """Batch limits of ``kbatch serve`` on a simulated device: a GPU's (the CPU defaults, 2048 padded
@@ -294,11 +304,7 @@ def _serve_process(
     args = [
         *opts.serve_prefix,
         sys.executable, "-c", "from consumer.cli import main; main()", "serve",
-        "--bootstrap", opts.bootstrap,
-        "--request-topic", topics.request,
-        "--reply-topic", topics.reply,
-        "--dlq-topic", topics.dlq,
-        "--group-id", topics.group,
+        *topics.args(opts.bootstrap),
         "--model", model,
         "--task", "embed",
         "--max-wait-ms", str(opts.max_wait_ms),
@@ -319,11 +325,7 @@ def _worker_process(name: str, topics: _Topics, opts: E2EBenchOptions, log_dir: 
     ready_file.unlink(missing_ok=True)
     args = [
         sys.executable, "-m", "consumer.bench.e2e_workers", name,
-        "--bootstrap", opts.bootstrap,
-        "--request-topic", topics.request,
-        "--reply-topic", topics.reply,
-        "--dlq-topic", topics.dlq,
-        "--group-id", topics.group,
+        *topics.args(opts.bootstrap),
         "--ready-file", str(ready_file),
         "--model", str(opts.model_dir),
         *(("--threads", str(opts.threads)) if opts.threads else ()),

@@ -121,6 +121,16 @@ def seed_option(help: str) -> Callable[[F], F]:
     return option("--seed", type=int, default=0, help=help)
 
 
+def config_param() -> click.Option:
+    """``--config PATH``: the YAML settings file of :func:`settings_from_flags`."""
+    return click.Option(
+        ["--config", "config"],
+        type=click.Path(path_type=Path),
+        default=None,
+        help="YAML file of settings (flags and KBATCH_* variables win over it).",
+    )
+
+
 def settings_from_flags(model: type[S], config: Path | None, flags: dict[str, Any]) -> S:
     """:func:`consumer.config.load_settings` of a command's ``--config`` and flags.
 
