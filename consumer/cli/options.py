@@ -113,6 +113,9 @@ def flag(*decls: str, help: str) -> Callable[[F], F]:
     return click.option(*decls, is_flag=True, help=help)
 
 
+POSITIVE = click.FloatRange(min=0, min_open=True)
+"""Click type of a float flag that must be above 0 (``--timeout-s``)."""
+
 json_option = flag("--json", "as_json", help="Print one JSON object.")
 
 
