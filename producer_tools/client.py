@@ -42,7 +42,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -495,12 +494,7 @@ class RequestReplyClient:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     @property
@@ -815,12 +809,7 @@ class RequestReplyClientSync:
     def __enter__(self) -> RequestReplyClientSync:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -25,6 +25,7 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, TypeVar
 
 from schemas import headers as h
@@ -127,10 +128,12 @@ class RecordDecodeError(DecodeError):
         self.encoding: Encoding | None = encoding
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_record_error,
-            (self.code, self.message, self.key, self.address, self.encoding, self.meta),
-        )
+        # Pickled (a process pool's result) as a call: the keyword-only fields in a partial.
+        rebuild = partial(
+            RecordDecodeError, key=self.key, address=self.address, encoding=self.encoding,
+            meta=self.meta,
+        )  # fmt: skip
+        return (rebuild, (self.code, self.message))
 
     @property
     def addressable(self) -> bool:
@@ -144,17 +147,6 @@ class RecordDecodeError(DecodeError):
     def reply_encoding(self) -> Encoding:
         """The encoding of the error reply: the request's, msgpack when it was unknown."""
         return self.encoding if self.encoding is not None else Encoding.MSGPACK
-
-
-def _rebuild_record_error(
-    code: ErrorCode,
-    message: str,
-    key: bytes | None,
-    address: ReplyAddress,
-    encoding: Encoding | None,
-    meta: dict[str, Any] | None,
-) -> RecordDecodeError:
-    return RecordDecodeError(code, message, key=key, address=address, encoding=encoding, meta=meta)
 
 
 @dataclass(slots=True)

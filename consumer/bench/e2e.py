@@ -259,14 +259,6 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class _Topics:
     request: str
@@ -300,7 +292,9 @@ def _serve_process(
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> tuple[_Process, str]:
-    port = _free_port()
+    from producer_tools.demo import free_port
+
+    port = free_port()
     args = [
         *opts.serve_prefix,
         sys.executable, "-c", "from consumer.cli import main; main()", "serve",
