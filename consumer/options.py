@@ -18,16 +18,17 @@ Type and set errors (``dimensions: "8"``) never get here: the codec answers them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar, Self
 
 from schemas.embedding import embedding_result
-from schemas.models import EMBED_OPTIONS, EncodingFormat, Request, Task
+from schemas.models import EMBED_OPTIONS, EncodingFormat, Task
 
 __all__ = [
     "EmbedOptions",
     "ModelProfile",
     "OptionError",
+    "RequestOptions",
     "admit_options",
     "dedup_key",
     "shape_result",
@@ -70,8 +71,21 @@ class ModelProfile:
             )
 
 
+class RequestOptions:
+    """Base of a frozen dataclass of options named as :class:`~schemas.models.Request` fields."""
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @classmethod
+    def of(cls, source: object) -> Self:
+        """The options ``source`` carries: each field read from the attribute of that name (a
+        :class:`~schemas.models.Request`, or ``kbatch backfill``'s settings)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
+
+
 @dataclass(frozen=True, slots=True)
-class EmbedOptions:
+class EmbedOptions(RequestOptions):
     """The four embed options of one request (None: absent); its fields are
     :data:`schemas.models.EMBED_OPTIONS`, in that order."""
 
@@ -79,11 +93,6 @@ class EmbedOptions:
     normalize: bool | None = None
     prompt_name: str | None = None
     encoding_format: EncodingFormat | None = None
-
-    @classmethod
-    def of(cls, request: Request) -> EmbedOptions:
-        """The options ``request`` carries."""
-        return cls(**{name: getattr(request, name) for name in EMBED_OPTIONS})
 
     @property
     def any_set(self) -> bool:

@@ -42,7 +42,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -495,12 +494,7 @@ class RequestReplyClient:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     @property
@@ -575,6 +569,23 @@ class RequestReplyClient:
             ClientClosedError: the client is not started or was closed meanwhile.
             ValueError: an invalid request (empty text, bad key, bad arguments), not sent.
         """
+        self._check_call(timeout_s, retries, retry_after_s)
+        raw_key = _key_bytes(key)
+        request = Request(
+            text=text, task=task, deadline_ms=deadline_ms, truncate=truncate, meta=meta,
+            dimensions=dimensions, normalize=normalize, prompt_name=prompt_name,
+            encoding_format=encoding_format, top_n=top_n, top_k=top_k, aggregation=aggregation,
+            redact=redact, priority=priority,
+            documents=None if documents is None else list(documents),
+            chunking=None if chunking is None else Chunking.model_validate(chunking),
+        )  # fmt: skip
+        return await self._exchange(
+            request, raw_key, encoding, timeout_s, retries, retry_after_s, trace_headers
+        )
+
+    def _check_call(self, timeout_s: float, retries: int, retry_after_s: float | None) -> None:
+        """Raise :meth:`request`'s ClientClosedError, broken-client or ValueError for its
+        timing arguments, before anything is encoded or sent."""
         if self._state != "started" or self._producer is None:
             raise ClientClosedError(f"the client is not running (state: {self._state})")
         if self._broken is not None:  # no reply could ever be read
@@ -585,29 +596,22 @@ class RequestReplyClient:
             raise ValueError(f"retries must be >= 0, got {retries}")
         if retry_after_s is not None and retry_after_s <= 0:
             raise ValueError(f"retry_after_s must be > 0, got {retry_after_s}")
+
+    async def _exchange(
+        self,
+        request: Request,
+        raw_key: bytes,
+        encoding: Encoding | None,
+        timeout_s: float,
+        retries: int,
+        retry_after_s: float | None,
+        trace_headers: Sequence[tuple[str, bytes]] | None,
+    ) -> ReplyEnvelope:
+        """Encode ``request`` and send it (again every ``retry_after_s`` while no reply has
+        come, ``retries`` times at most) until its reply or ``timeout_s``; :meth:`request`'s
+        arguments, checked by :meth:`_check_call`."""
         enc = encoding or self.encoding
-        raw_key = _key_bytes(key)
-        value = encode_request(
-            Request(
-                text=text,
-                task=task,
-                deadline_ms=deadline_ms,
-                truncate=truncate,
-                meta=meta,
-                dimensions=dimensions,
-                normalize=normalize,
-                prompt_name=prompt_name,
-                encoding_format=encoding_format,
-                documents=None if documents is None else list(documents),
-                top_n=top_n,
-                top_k=top_k,
-                aggregation=aggregation,
-                redact=redact,
-                priority=priority,
-                chunking=None if chunking is None else Chunking.model_validate(chunking),
-            ),
-            enc,
-        )
+        value = encode_request(request, enc)
         if trace_headers is None:
             trace_headers = current_trace_headers() if self._propagate_trace else ()
         interval_s = retry_after_s if retry_after_s is not None else timeout_s / (retries + 1)
@@ -805,12 +809,7 @@ class RequestReplyClientSync:
     def __enter__(self) -> RequestReplyClientSync:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -58,7 +58,8 @@ class DemoOptions:
     ready_timeout_s: float = 180.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it; nothing holds it afterwards)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -124,7 +125,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     }
     asyncio.run(create_topics(bootstrap, [topics["requests"]], partitions=4))
     asyncio.run(create_topics(bootstrap, [topics["replies"], topics["dlq"]], partitions=1))
-    metrics_port = _free_port()
+    metrics_port = free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kbatch-demo-{suffix}.log"
     server = _start_server(bootstrap, topics, metrics_port, log_path)
     console.print(f"[bold]kbatch serve[/] pid {server.pid}, log {log_path}, loading MiniLM…")

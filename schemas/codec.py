@@ -56,6 +56,7 @@ __all__ = [
     "encode_reply",
     "encode_reply_wire",
     "encode_request",
+    "header_text",
     "max_request_bytes",
 ]
 
@@ -86,6 +87,20 @@ MAX_REPLY_ITEMS: Final = 1_048_576
 FLOAT32_MAX: Final = 3.4028234663852886e38
 
 
+def header_text(raw: bytes, name: str) -> str:
+    """A request header's value as text (the contract's headers are UTF-8).
+
+    Raises:
+        DecodeError: ``invalid_request`` when ``raw`` is not valid UTF-8.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecodeError(
+            ErrorCode.INVALID_REQUEST, f"the {name} header is not valid UTF-8"
+        ) from None
+
+
 class Encoding(StrEnum):
     """Encoding of a value, named by the ``content-type`` header; the reply uses the request's."""
 
@@ -108,12 +123,7 @@ class Encoding(StrEnum):
         known = _KNOWN_CONTENT_TYPES.get(header) if type(header) is bytes else None
         if known is not None:
             return known
-        try:
-            text = header.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DecodeError(
-                ErrorCode.INVALID_REQUEST, "the content-type header is not valid UTF-8"
-            ) from None
+        text = header_text(header, "content-type")
         media_type = text.split(";", 1)[0].strip().lower()
         for encoding in cls:
             if media_type == encoding.value:

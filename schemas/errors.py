@@ -25,15 +25,10 @@ rule and never echo the input itself (it may be large or hostile).
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import partial
 from typing import Any, ClassVar, Final
 
-__all__ = [
-    "DEAD_LETTER_CODES",
-    "ContractError",
-    "DecodeError",
-    "EncodeError",
-    "ErrorCode",
-]
+__all__ = ["DEAD_LETTER_CODES", "ContractError", "DecodeError", "EncodeError", "ErrorCode"]
 
 MAX_MESSAGE_CHARS: Final = 1000
 """Messages are cut to this many characters (they travel in headers and replies)."""
@@ -103,13 +98,8 @@ class DecodeError(ContractError):
         super().__init__(f"{self.code}: {self.message}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_decode_error, (type(self), self.code, self.message, self.meta))
-
-
-def _rebuild_decode_error(
-    cls: type[DecodeError], code: ErrorCode, message: str, meta: dict[str, Any] | None
-) -> DecodeError:
-    return cls(code, message, meta=meta)
+        # Pickled (a process pool's result) as a call: the keyword-only fields in a partial.
+        return (partial(type(self), meta=self.meta), (self.code, self.message))
 
 
 class EncodeError(ContractError):

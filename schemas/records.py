@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import partial
+from typing import Any, Final, TypeVar
 
 from schemas import headers as h
 from schemas.codec import (
@@ -34,6 +35,7 @@ from schemas.codec import (
     Encoding,
     decode_request,
     encode_reply_wire,
+    header_text,
 )
 from schemas.errors import DecodeError, EncodeError, ErrorCode
 from schemas.models import ErrorInfo, ModelInfo, Reply, Request
@@ -53,6 +55,8 @@ __all__ = [
 
 MAX_KEY_BYTES: Final = 256
 """Longest request key (CONTRACT.md §Request record, key)."""
+
+_T = TypeVar("_T")
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """A legal Kafka topic name (the broker's own rule, ``Topic.validate``)."""
@@ -124,10 +128,12 @@ class RecordDecodeError(DecodeError):
         self.encoding: Encoding | None = encoding
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_record_error,
-            (self.code, self.message, self.key, self.address, self.encoding, self.meta),
-        )
+        # Pickled (a process pool's result) as a call: the keyword-only fields in a partial.
+        rebuild = partial(
+            RecordDecodeError, key=self.key, address=self.address, encoding=self.encoding,
+            meta=self.meta,
+        )  # fmt: skip
+        return (rebuild, (self.code, self.message))
 
     @property
     def addressable(self) -> bool:
@@ -141,17 +147,6 @@ class RecordDecodeError(DecodeError):
     def reply_encoding(self) -> Encoding:
         """The encoding of the error reply: the request's, msgpack when it was unknown."""
         return self.encoding if self.encoding is not None else Encoding.MSGPACK
-
-
-def _rebuild_record_error(
-    code: ErrorCode,
-    message: str,
-    key: bytes | None,
-    address: ReplyAddress,
-    encoding: Encoding | None,
-    meta: dict[str, Any] | None,
-) -> RecordDecodeError:
-    return RecordDecodeError(code, message, key=key, address=address, encoding=encoding, meta=meta)
 
 
 @dataclass(slots=True)
@@ -178,12 +173,7 @@ def _reply_topic(raw: bytes | None) -> str | None:
     known = _KNOWN_TOPICS.get(raw)
     if known is not None:
         return known
-    try:
-        topic = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DecodeError(
-            ErrorCode.INVALID_REQUEST, f"the {h.REPLY_TOPIC} header is not valid UTF-8"
-        ) from None
+    topic = header_text(raw, h.REPLY_TOPIC)
     if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         raise DecodeError(
             ErrorCode.INVALID_REQUEST,
@@ -213,6 +203,43 @@ def _reply_partition(raw: bytes | None) -> int | None:
     return int(partition)
 
 
+def _recovered(
+    parse: Callable[[bytes | None], _T], raw: bytes | None, problems: list[DecodeError]
+) -> _T | None:
+    """``parse(raw)``, or None with its :class:`DecodeError` added to ``problems``."""
+    try:
+        return parse(raw)
+    except DecodeError as exc:
+        problems.append(exc)
+        return None
+
+
+def _key_and_value_problems(key: bytes | None, value: bytes | None) -> list[DecodeError]:
+    """What a request record's key (required, at most ``MAX_KEY_BYTES``) and value (not a
+    tombstone) break, in that order."""
+    problems = []
+    if key is None:
+        problems.append(
+            DecodeError(
+                ErrorCode.INVALID_REQUEST,
+                "the record has no key (an empty key counts as none); the key is the "
+                "request's idempotency key and is required",
+            )
+        )
+    elif len(key) > MAX_KEY_BYTES:
+        problems.append(
+            DecodeError(
+                ErrorCode.INVALID_REQUEST,
+                f"the record key is {len(key)} bytes; at most {MAX_KEY_BYTES} are accepted",
+            )
+        )
+    if value is None:
+        problems.append(
+            DecodeError(ErrorCode.INVALID_REQUEST, "the record has no value (a tombstone)")
+        )
+    return problems
+
+
 def parse_request_record(
     key: bytes | None,
     value: bytes | None,
@@ -236,44 +263,12 @@ def parse_request_record(
     """
     found = h.last_values(headers)
     problems: list[DecodeError] = []
-
-    encoding: Encoding | None = None
-    try:
-        encoding = Encoding.from_content_type(found.get(h.CONTENT_TYPE))
-    except DecodeError as exc:
-        problems.append(exc)
-    topic: str | None = None
-    try:
-        topic = _reply_topic(found.get(h.REPLY_TOPIC))
-    except DecodeError as exc:
-        problems.append(exc)
-    partition: int | None = None
-    try:
-        partition = _reply_partition(found.get(h.REPLY_PARTITION))
-    except DecodeError as exc:
-        problems.append(exc)
+    encoding = _recovered(Encoding.from_content_type, found.get(h.CONTENT_TYPE), problems)
+    topic = _recovered(_reply_topic, found.get(h.REPLY_TOPIC), problems)
+    partition = _recovered(_reply_partition, found.get(h.REPLY_PARTITION), problems)
     address = ReplyAddress(topic, partition, found.get(h.CORRELATION_ID))
-
     key = bytes(key) if key else None
-    if key is None:
-        problems.append(
-            DecodeError(
-                ErrorCode.INVALID_REQUEST,
-                "the record has no key (an empty key counts as none); the key is the "
-                "request's idempotency key and is required",
-            )
-        )
-    elif len(key) > MAX_KEY_BYTES:
-        problems.append(
-            DecodeError(
-                ErrorCode.INVALID_REQUEST,
-                f"the record key is {len(key)} bytes; at most {MAX_KEY_BYTES} are accepted",
-            )
-        )
-    if value is None:
-        problems.append(
-            DecodeError(ErrorCode.INVALID_REQUEST, "the record has no value (a tombstone)")
-        )
+    problems.extend(_key_and_value_problems(key, value))
 
     if problems:
         meta = None

@@ -28,7 +28,7 @@ from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bou
 from consumer.options import EmbedOptions
 from consumer.replies.task_options import TaskOptions
 from consumer.tracing.settings import TracingSettings
-from schemas.models import EMBED_OPTIONS, Aggregation, Chunking, ChunkOutput, EncodingFormat
+from schemas.models import Aggregation, Chunking, ChunkOutput, EncodingFormat
 
 __all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
@@ -223,7 +223,7 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     @property
     def embed_options(self) -> EmbedOptions:
         """The embed options every record gets (``--dimensions`` … ``--encoding-format``)."""
-        return EmbedOptions(**{name: getattr(self, name) for name in EMBED_OPTIONS})
+        return EmbedOptions.of(self)
 
     @property
     def chunking(self) -> Chunking | None:
@@ -237,13 +237,7 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     def task_options(self) -> TaskOptions:
         """The 1.2 task options every record gets (``--top-n``, ``--top-k``,
         ``--aggregation``, ``--redact``; ``--encoding-format`` for sparse)."""
-        return TaskOptions(
-            top_n=self.top_n,
-            top_k=self.top_k,
-            encoding_format=self.encoding_format,
-            aggregation=self.aggregation,
-            redact=self.redact,
-        )
+        return TaskOptions.of(self)
 
     @property
     def from_bound(self) -> RangeBound:

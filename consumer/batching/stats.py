@@ -19,7 +19,8 @@ __all__ = ["EngineStats", "StatsSink"]
 
 class StatsSink(Protocol):
     """Receives the engine's events. Called from the event loop and from the runner thread:
-    implementations must be thread-safe (prometheus-client metrics are)."""
+    implementations must be thread-safe (prometheus-client metrics are). Each method does
+    nothing unless overridden (:class:`NullStats` is the protocol itself)."""
 
     def on_batch(
         self,
@@ -32,22 +33,28 @@ class StatsSink(Protocol):
         """One (sub-)batch computed: items, real and padded (``padded_len × n``) tokens, and
         its model time in milliseconds (collate + forward + results to host); ``lane``: its items'
         lane (a batch never mixes lanes)."""
+        return None
 
     def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
         """One item's wait from arrival to the start of its batch, in milliseconds, and its
         lane."""
+        return None
 
     def on_expired(self, n: int) -> None:
         """``n`` items answered ``expired`` without compute."""
+        return None
 
     def on_split(self) -> None:
         """A failed batch (OOM or any error) was split in half for a retry."""
+        return None
 
     def on_failed(self, n: int) -> None:
         """``n`` items answered ``inference_failed`` (a single item still failing)."""
+        return None
 
     def on_watchdog(self) -> None:
         """A batch overran the watchdog: the engine reports unhealthy until it returns."""
+        return None
 
 
 @dataclass
@@ -127,30 +134,5 @@ class EngineStats:
             self.watchdog_trips += 1
 
 
-class NullStats:
-    """A :class:`StatsSink` that drops everything."""
-
-    def on_batch(
-        self,
-        batch_size: int,
-        real_tokens: int,
-        padded_tokens: int,
-        infer_ms: float,
-        lane: Lane = "live",
-    ) -> None:
-        """Ignored."""
-
-    def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
-        """Ignored."""
-
-    def on_expired(self, n: int) -> None:
-        """Ignored."""
-
-    def on_split(self) -> None:
-        """Ignored."""
-
-    def on_failed(self, n: int) -> None:
-        """Ignored."""
-
-    def on_watchdog(self) -> None:
-        """Ignored."""
+class NullStats(StatsSink):
+    """A :class:`StatsSink` that drops everything (the protocol's own no-op methods)."""

@@ -259,20 +259,22 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class _Topics:
     request: str
     reply: str
     dlq: str
     group: str
+
+    def args(self, bootstrap: str) -> list[str]:
+        """The broker and topic flags both ``kbatch serve`` and the bench workers take."""
+        return [
+            "--bootstrap", bootstrap,
+            "--request-topic", self.request,
+            "--reply-topic", self.reply,
+            "--dlq-topic", self.dlq,
+            "--group-id", self.group,
+        ]  # fmt: skip
 
 
 SIM_BATCH_ARGS = ("--max-batch-tokens", "16384", "--max-batch-size", "256")
@@ -290,15 +292,13 @@ def _serve_process(
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> tuple[_Process, str]:
-    port = _free_port()
+    from producer_tools.demo import free_port
+
+    port = free_port()
     args = [
         *opts.serve_prefix,
         sys.executable, "-c", "from consumer.cli import main; main()", "serve",
-        "--bootstrap", opts.bootstrap,
-        "--request-topic", topics.request,
-        "--reply-topic", topics.reply,
-        "--dlq-topic", topics.dlq,
-        "--group-id", topics.group,
+        *topics.args(opts.bootstrap),
         "--model", model,
         "--task", "embed",
         "--max-wait-ms", str(opts.max_wait_ms),
@@ -319,11 +319,7 @@ def _worker_process(name: str, topics: _Topics, opts: E2EBenchOptions, log_dir: 
     ready_file.unlink(missing_ok=True)
     args = [
         sys.executable, "-m", "consumer.bench.e2e_workers", name,
-        "--bootstrap", opts.bootstrap,
-        "--request-topic", topics.request,
-        "--reply-topic", topics.reply,
-        "--dlq-topic", topics.dlq,
-        "--group-id", topics.group,
+        *topics.args(opts.bootstrap),
         "--ready-file", str(ready_file),
         "--model", str(opts.model_dir),
         *(("--threads", str(opts.threads)) if opts.threads else ()),

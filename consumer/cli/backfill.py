@@ -19,7 +19,7 @@ import click
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
-from consumer.cli.options import settings_from_flags, settings_options
+from consumer.cli.options import config_param, settings_from_flags, settings_options
 
 _EXPLICIT = frozenset({"source_topic", "output_topic", "range_from", "range_to"})
 
@@ -89,12 +89,7 @@ _RANGE_PARAMS = [
     ),
 ]
 _COMMON_PARAMS = [
-    click.Option(
-        ["--config", "config"],
-        type=click.Path(path_type=Path),
-        default=None,
-        help="YAML file of settings (flags and KBATCH_* variables win over it).",
-    ),
+    config_param(),
     click.Option(
         ["--json", "as_json"],
         is_flag=True,

@@ -78,12 +78,7 @@ def bench_group() -> None:
 @bench_group.command("engine")
 @model_option
 @texts_option
-@option(
-    "--n",
-    type=click.IntRange(min=1),
-    default=1500,
-    help="Texts in the backlog phase.",
-)
+@option("--n", type=click.IntRange(min=1), default=1500, help="Texts in the backlog phase.")
 @option(
     "--seconds",
     type=click.FloatRange(min=0.1),
@@ -233,10 +228,7 @@ def _print_engine_table(report: dict[str, Any]) -> None:
 @quantize_option
 @option("--n", type=click.IntRange(min=1), default=400, help="Texts compared.")
 @option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=16,
-    help="Texts per mixed-length batch.",
+    "--batch-size", type=click.IntRange(min=1), default=16, help="Texts per mixed-length batch."
 )
 @_threads_option(None)
 @group_option(ModelSettings, "device", default="cpu")
@@ -299,12 +291,7 @@ def quality(
 
 
 @bench_group.command("encoding")
-@option(
-    "--dims",
-    type=CommaList(int),
-    default="384,1024",
-    help="Embedding dimensions to measure.",
-)
+@option("--dims", type=CommaList(int), default="384,1024", help="Embedding dimensions to measure.")
 @option("--n", type=click.IntRange(min=1), default=2000, help="Replies per round.")
 @option("--rounds", type=click.IntRange(min=1), default=5, help="Best of this many.")
 @flag("--json", "as_json", help="Print the report as one JSON object.")

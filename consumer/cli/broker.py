@@ -46,10 +46,7 @@ def _fail(err: BrokerError) -> None:
     help="Nodes: above 1, a KRaft cluster on ports PORT.. (docs/CLUSTER.md), topics "
     "replicated 3 times with min.insync.replicas 2.",
 )
-@flag(
-    "--secure",
-    help="TLS, SCRAM and mutual TLS with ACLs (default port 9094; docs/SECURITY.md).",
-)
+@flag("--secure", help="TLS, SCRAM and mutual TLS with ACLs (default port 9094; docs/SECURITY.md).")
 @click.pass_context
 def start(
     ctx: click.Context, port: int, fresh: bool, kafka_version: str, nodes: int, secure: bool

@@ -14,15 +14,9 @@ from typing import Any
 
 import click
 
-from consumer.cli.client_security import (
-    SECURITY_FIELDS,
-    client_kafka_options,
-    security_options,
-)
-from consumer.cli.options import CommaList, flag, option, seed_option
+from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
+from consumer.cli.options import POSITIVE, CommaList, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
-
-_POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
 @click.command("load")
@@ -36,13 +30,13 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @option(
     "--rate",
     "rate_per_s",
-    type=_POSITIVE,
+    type=POSITIVE,
     default=20.0,
     help="Requests per second (pulse: the base rate; step: the first step, see --steps).",
 )
 @option(
     "--duration-s",
-    type=_POSITIVE,
+    type=POSITIVE,
     help="Measured length (default 20 s; step: steps x --step-s). Warm-up comes on top.",
 )
 @option(
@@ -68,12 +62,12 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
     help="step: the rates of the sweep, e.g. 5,10,20,40 (default: --rate x 1..--steps).",
 )
 @option("--steps", type=click.IntRange(min=1), default=5)
-@option("--step-s", type=_POSITIVE, default=10.0, help="step: seconds per step.")
-@option("--burst-factor", type=_POSITIVE, default=5.0, help="pulse: burst rate = factor x --rate.")
-@option("--burst-s", type=_POSITIVE, default=2.0, help="pulse: burst length.")
+@option("--step-s", type=POSITIVE, default=10.0, help="step: seconds per step.")
+@option("--burst-factor", type=POSITIVE, default=5.0, help="pulse: burst rate = factor x --rate.")
+@option("--burst-s", type=POSITIVE, default=2.0, help="pulse: burst length.")
 @option(
     "--burst-every-s",
-    type=_POSITIVE,
+    type=POSITIVE,
     default=10.0,
     help="pulse: seconds from one burst's start to the next.",
 )
@@ -84,7 +78,7 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 )
 @option(
     "--after-s",
-    type=_POSITIVE,
+    type=POSITIVE,
     help="pulse: window after each burst reported as 'after burst' (default 2 x --burst-s).",
 )
 @flag(
@@ -94,7 +88,7 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @seed_option("Texts and Poisson gaps.")
 @option(
     "--timeout-s",
-    type=_POSITIVE,
+    type=POSITIVE,
     default=30.0,
     help="A request without a reply after this long counts as a timeout.",
 )

@@ -113,12 +113,25 @@ def flag(*decls: str, help: str) -> Callable[[F], F]:
     return click.option(*decls, is_flag=True, help=help)
 
 
+POSITIVE = click.FloatRange(min=0, min_open=True)
+"""Click type of a float flag that must be above 0 (``--timeout-s``)."""
+
 json_option = flag("--json", "as_json", help="Print one JSON object.")
 
 
 def seed_option(help: str) -> Callable[[F], F]:
     """``--seed N`` (default 0) of a command that samples texts or arrivals."""
     return option("--seed", type=int, default=0, help=help)
+
+
+def config_param() -> click.Option:
+    """``--config PATH``: the YAML settings file of :func:`settings_from_flags`."""
+    return click.Option(
+        ["--config", "config"],
+        type=click.Path(path_type=Path),
+        default=None,
+        help="YAML file of settings (flags and KBATCH_* variables win over it).",
+    )
 
 
 def settings_from_flags(model: type[S], config: Path | None, flags: dict[str, Any]) -> S:

@@ -17,7 +17,7 @@ import click
 from pydantic import ValidationError
 
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
-from consumer.cli.options import flag, option
+from consumer.cli.options import POSITIVE, flag, option
 from consumer.config import ServeSettings
 from schemas.models import AGGREGATIONS, TASKS
 
@@ -99,7 +99,7 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 @option("--key", help="Idempotency key (default: a random one).")
 @option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=30.0,
     help="Seconds to wait for the reply, retries included.",
 )

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from consumer.cli.options import settings_from_flags, settings_options
+from consumer.cli.options import config_param, settings_from_flags, settings_options
 from consumer.config import ServeSettings
 
 
@@ -44,14 +44,6 @@ def _serve(config: Path | None, **flags: Any) -> None:
 serve_command = click.Command(
     name="serve",
     callback=_serve,
-    params=[
-        click.Option(
-            ["--config", "config"],
-            type=click.Path(path_type=Path),
-            default=None,
-            help="YAML file of settings (flags and KBATCH_* variables win over it).",
-        ),
-        *settings_options(ServeSettings),
-    ],
+    params=[config_param(), *settings_options(ServeSettings)],
     help="Consume requests, run batched inference, publish keyed replies.",
 )

@@ -22,12 +22,7 @@ from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.jobs_topic import ensure_jobs_topic, read_jobs_topic, write_jobs_record
 from consumer.kafka.range_source import RangeSource
 
-__all__ = [
-    "JobNotFoundError",
-    "cancel_job",
-    "job_statuses",
-    "submit_job",
-]
+__all__ = ["JobNotFoundError", "cancel_job", "job_statuses", "submit_job"]
 
 
 class JobNotFoundError(LookupError):

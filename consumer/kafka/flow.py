@@ -112,8 +112,7 @@ class FlowControl:
         self._total_tokens = 0
         self._total_over = False
         self._bulk_over = False  # totals at or above the bulk watermark (hysteresis)
-        self._bulk_records = 0  # buffered by sources outside the partitions (add_bulk)
-        self._bulk_tokens = 0
+        self._bulk = _Counts("bulk")  # buffered by sources outside the partitions (add_bulk)
         self._paused: set[TopicPartition] = set()
 
     @property
@@ -157,21 +156,13 @@ class FlowControl:
         runner) took into its buffer: they count toward the totals. Raises ``ValueError`` for
         a negative count."""
         _check_counts(records, tokens)
-        self._bulk_records += records
-        self._bulk_tokens += tokens
-        self._total_records += records
-        self._total_tokens += tokens
+        self._count_in(self._bulk, records, tokens)
 
     def remove_bulk(self, records: int, tokens: int) -> None:
         """Count ``records`` and ``tokens`` leaving that bulk source's buffer (stops at zero).
         Raises ``ValueError`` for a negative count."""
         _check_counts(records, tokens)
-        records = min(records, self._bulk_records)
-        tokens = min(tokens, self._bulk_tokens)
-        self._bulk_records -= records
-        self._bulk_tokens -= tokens
-        self._total_records -= records
-        self._total_tokens -= tokens
+        self._count_out(self._bulk, records, tokens)
 
     def should_pause_bulk(self) -> bool:
         """Whether bulk sources should be paused now: the totals reached the bulk watermark
@@ -207,10 +198,7 @@ class FlowControl:
         if counts is None:
             raise KeyError(f"partition {tp} is not assigned")
         _check_counts(records, tokens)
-        counts.records += records
-        counts.tokens += tokens
-        self._total_records += records
-        self._total_tokens += tokens
+        self._count_in(counts, records, tokens)
 
     def remove(self, tp: TopicPartition, records: int, tokens: int) -> None:
         """Count ``records`` and ``tokens`` leaving the buffer for ``tp``.
@@ -224,8 +212,18 @@ class FlowControl:
         """
         _check_counts(records, tokens)
         counts = self._counts.get(tp)
-        if counts is None:
-            return
+        if counts is not None:
+            self._count_out(counts, records, tokens)
+
+    def _count_in(self, counts: _Counts, records: int, tokens: int) -> None:
+        """Add checked counts to ``counts`` and to the totals."""
+        counts.records += records
+        counts.tokens += tokens
+        self._total_records += records
+        self._total_tokens += tokens
+
+    def _count_out(self, counts: _Counts, records: int, tokens: int) -> None:
+        """Take checked counts from ``counts`` and from the totals, stopping at zero."""
         records = min(records, counts.records)
         tokens = min(tokens, counts.tokens)
         counts.records -= records

@@ -24,10 +24,7 @@ from aiokafka.errors import IllegalStateError
 from consumer.kafka.client_config import client_kwargs
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
-from consumer.kafka.errors import (
-    RangeSourceError,
-    map_kafka_errors,
-)
+from consumer.kafka.errors import RangeSourceError, map_kafka_errors
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.range_source import (
     PartitionRange,

@@ -25,7 +25,8 @@ Every forward is masked, so padding and batch neighbours never change a result.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,13 +41,7 @@ from consumer.model.errors import map_device_errors
 from consumer.model.torch_backend import TorchBackend, _Prepared
 from schemas.sparse import SPARSE
 
-__all__ = [
-    "RerankBackend",
-    "SparseBackend",
-    "SpladeConfig",
-    "TokenClassifyBackend",
-    "read_splade",
-]
+__all__ = ["RerankBackend", "SparseBackend", "SpladeConfig", "TokenClassifyBackend", "read_splade"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +106,18 @@ class _TaskBackend(TorchBackend):
             [t.n_tokens for t in items],
         )
 
+    @contextmanager
+    def _running(self, prepared: object) -> Iterator[tuple[_TaskPrepared, Any]]:
+        """The model's output for ``prepared`` (a warm-up batch included), inside the device
+        error mapping, inference mode and autocast that the caller's post-processing needs too.
+
+        Raises:
+            TypeError: ``prepared`` is not what :meth:`prepare` returns.
+        """
+        numel = int(prepared.ids.numel()) if isinstance(prepared, _Prepared) else 0
+        with map_device_errors(), torch.inference_mode(), self._autocast(numel):
+            yield self._run(prepared)
+
     def _run(self, prepared: object) -> tuple[_TaskPrepared, Any]:
         if not isinstance(prepared, _Prepared):
             raise TypeError("forward() takes the result of prepare()")
@@ -149,15 +156,10 @@ class RerankBackend(_TaskBackend):
 
     def forward(self, prepared: object) -> list[dict[str, Any]]:
         """``{"score": float}`` per pair, in order."""
-        with map_device_errors(), torch.inference_mode(), self._autocast(self._numel(prepared)):
-            _, out = self._run(prepared)
+        with self._running(prepared) as (_, out):
             logits = out.logits.float()[:, 0]
             scores = torch.sigmoid(logits) if self.activation == "sigmoid" else logits
             return [{"score": s} for s in scores.cpu().tolist()]
-
-    @staticmethod
-    def _numel(prepared: object) -> int:
-        return int(prepared.ids.numel()) if isinstance(prepared, _Prepared) else 0
 
 
 class SparseBackend(_TaskBackend):
@@ -178,12 +180,7 @@ class SparseBackend(_TaskBackend):
 
     def forward(self, prepared: object) -> list[dict[str, Any]]:
         """The non-zero weights of each row (``SPARSE``) and ``dim``."""
-        with (
-            map_device_errors(),
-            torch.inference_mode(),
-            self._autocast(RerankBackend._numel(prepared)),
-        ):
-            task_prepared, out = self._run(prepared)
+        with self._running(prepared) as (task_prepared, out):
             # (n, L, V) float32: the batch's largest tensor (30 522 floats a padded token for
             # a BERT vocabulary), so it is transformed in place, never copied.
             weights = out.logits.float()
@@ -213,12 +210,7 @@ class TokenClassifyBackend(_TaskBackend):
 
     def forward(self, prepared: object) -> list[dict[str, Any]]:
         """The item's per-token softmax scores and alignment (``TOKENS``)."""
-        with (
-            map_device_errors(),
-            torch.inference_mode(),
-            self._autocast(RerankBackend._numel(prepared)),
-        ):
-            task_prepared, out = self._run(prepared)
+        with self._running(prepared) as (task_prepared, out):
             probs = torch.softmax(out.logits.float(), dim=-1).cpu().numpy()
         texts = task_prepared.texts or [""] * len(probs)
         alignments = task_prepared.alignments or [None] * len(probs)

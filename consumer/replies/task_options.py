@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from consumer.entities import TOKENS, aggregate_windows, redact_windows
-from consumer.options import OptionError
+from consumer.options import OptionError, RequestOptions
 from schemas.models import TASK_OPTIONS, Aggregation, Chunking, EncodingFormat, Request, Task
 from schemas.sparse import SPARSE, sparse_result
 
@@ -82,7 +82,7 @@ class TaskOptionError(OptionError):
 
 
 @dataclass(frozen=True, slots=True)
-class TaskOptions:
+class TaskOptions(RequestOptions):
     """The reply-time options of one request (None: absent)."""
 
     top_n: int | None = None
@@ -90,17 +90,6 @@ class TaskOptions:
     encoding_format: EncodingFormat | None = None
     aggregation: Aggregation | None = None
     redact: bool | None = None
-
-    @classmethod
-    def of(cls, request: Request) -> TaskOptions:
-        """The options ``request`` carries."""
-        return cls(
-            request.top_n,
-            request.top_k,
-            request.encoding_format,
-            request.aggregation,
-            request.redact,
-        )
 
 
 def check_task_options(request: object, task: Task) -> None:
