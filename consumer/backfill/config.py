@@ -30,11 +30,7 @@ from consumer.replies.task_options import TaskOptions
 from consumer.tracing.settings import TracingSettings
 from schemas.models import Aggregation, Chunking, ChunkOutput, EncodingFormat
 
-__all__ = ["CPU_MAX_BATCH_TOKENS", "CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
-
-CPU_MAX_BATCH_TOKENS: int = BatchPolicyConfig.model_fields["max_batch_tokens"].default
-"""Default padded-token budget on a CPU (``kbatch bench engine``'s, measured on 2 cores): the
-batch policy's own default, 2048."""
+__all__ = ["CUDA_MAX_BATCH_TOKENS", "BackfillSettings"]
 
 CUDA_MAX_BATCH_TOKENS = 16_384
 """Default padded-token budget on CUDA (the engine's warm-up lowers it if it does not fit)."""

@@ -256,7 +256,7 @@ class Engine:
 
     def new_routed_id(self) -> int:
         """A fresh item id for a submit with its own ``on_outcomes`` (negative: never one of
-        the default producer's ids, which count up from 0)."""
+        the ids an owner counts up from 0, as serve's pipeline does)."""
         return self._routes.new_id()
 
     async def submit(

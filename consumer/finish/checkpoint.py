@@ -176,8 +176,8 @@ class Checkpoint:
         Raises:
             TransactionError: transactional, a transaction could not be committed; what was
                 committed is recorded first, and the failed partitions' producers are closed
-                (serve rewinds them unless fenced: :meth:`consumer.serve.pipeline.Pipeline.commit`;
-                backfill stops).
+                (serve rewinds them unless fenced:
+                :meth:`consumer.serve.rebalance.Rebalancer.commit`; backfill stops).
         """
         raise NotImplementedError
 
@@ -302,7 +302,7 @@ class TransactionalCheckpoint(Checkpoint):
 
         Raises:
             KafkaUnavailableError: the producer did not start (within ``timeout_s`` seconds
-                when given: a rewind, :meth:`consumer.serve.pipeline.Pipeline.commit`).
+                when given: a rewind, :meth:`consumer.serve.rebalance.Rebalancer.commit`).
         """
         await self._transactions.open(tp, timeout_s)
         committed = await self._read_back(tp, source)

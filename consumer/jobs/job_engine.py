@@ -1,10 +1,10 @@
 """The engine as one backfill job sees it: its items in the bulk lane, its outcomes its own.
 
-Serve has one :class:`consumer.batching.engine.Engine`; the pipeline's items use the engine's
-default outcome callback and ids counting up from 0. A job's :class:`BackfillJob` numbers its
-items from 0 too, so :class:`JobEngine` gives each item a fresh engine id
-(:meth:`Engine.new_routed_id`, negative), submits it with its own callback and restores the
-job's id on the way back, to the callback the job's submit named. Its items get
+Serve has one :class:`consumer.batching.engine.Engine`; the pipeline's items name the
+pipeline's ``on_outcomes`` at each submit and have ids counting up from 0. A job's
+:class:`BackfillJob` numbers its items from 0 too, so :class:`JobEngine` gives each item a
+fresh engine id (:meth:`Engine.new_routed_id`, negative), submits it with its own callback and
+restores the job's id on the way back, to the callback the job's submit named. Its items get
 ``lane="bulk"`` and a job-scoped ``group`` (serve's ``cancel_group`` of a revoked request
 partition never drops a job's item). Issue 26: the lane scheduling is the engine's; this only
 maps ids and counts what is in flight.

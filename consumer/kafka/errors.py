@@ -136,7 +136,7 @@ class TransactionError(KafkaLayerError):
             got no verdict), ``aborted`` (the broker refused it), or :data:`FENCED`. Every
             reason but :data:`FENCED` is recoverable: serve replaces the producer and computes
             the partition again from its committed offset (Kafka Streams' corrupted task;
-            :meth:`consumer.serve.pipeline.Pipeline.commit`); a fenced one stops the command.
+            :meth:`consumer.serve.rebalance.Rebalancer.commit`); a fenced one stops the command.
     """
 
     def __init__(

@@ -240,10 +240,6 @@ class AssignedRange:
         """Partition → where reading stands (for progress records)."""
         return {p: r.start for p, r in self._plan.items()}
 
-    def stop_reading(self) -> None:
-        """Poll nothing more (revoked, cancelled, or serve stopping)."""
-        self._active.clear()
-
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         """As :meth:`consumer.kafka.range_source.RangeSource.poll`, over the assigned plan.
 

@@ -90,7 +90,7 @@ class ModelSettings(BaseModel):
     device: str = Field(
         "auto", description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:1'."
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: DType = Field(
         "float32",
         description="Autocast dtype of the torch backend: bfloat16 or float16 on CUDA; "
         "bfloat16 on the CPU (fast with AMX/AVX512-BF16, gated against float32 at start-up).",

@@ -88,7 +88,8 @@ def freeze_startup_heap() -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Parts:
-    """The parts of one ``kbatch serve``, built and bound, none started yet."""
+    """The parts of one ``kbatch serve``, built (each given its collaborators at construction),
+    none started yet."""
 
     pipeline: Pipeline
     engine: Engine
@@ -325,7 +326,14 @@ async def _run(
     finally:
         # The drain spends the shutdown deadline less the closes' reserve; leaving the
         # stack then stops consumer, producer, engine, metrics server within the rest.
-        drained = await pipeline.finish(None, life.drain_deadline())
+        deadline = life.drain_deadline()
+        tracker = pipeline.tracker
+        log.info(  # a slow drain must not look like a hang
+            "stopping: draining %d records in flight (at most %.1f s)",
+            sum(tracker.pending(tp) for tp in tracker.assigned),
+            deadline.remaining_s(),
+        )
+        drained = await pipeline.finish(None, deadline)
     return failed, drained
 
 
