@@ -58,15 +58,19 @@ class OutcomeRoutes:
         """Hand ``outcomes`` to their callbacks (``default`` for those routed nowhere), each
         callback's part in one call, in order."""
         by_id = self._by_id
-        if not by_id:
-            if default is not None:
-                call_each([(default, outcomes)])
+        if not by_id and default is not None:
+            call_each([(default, outcomes)])
             return
         groups: list[tuple[OutcomeCallback, list[ItemOutcome]]] = []
+        lost: list[int] = []
         for o in outcomes:
             callback = by_id.pop(o.item_id, default)
             if callback is not None:
                 add_to(groups, callback, o)
+            else:
+                lost.append(o.item_id)
+        if lost:  # a submit without a callback on an engine without a default: a bug
+            log.error("outcomes of items %s have no callback: dropped", lost[:10])
         call_each(groups)
 
 
