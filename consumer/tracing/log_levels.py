@@ -58,6 +58,8 @@ _EXPORT_FAILING: Final = (
 """A message template's marker and what it counts: the lines of a collector not answering."""
 
 _URL_RE: Final = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>()]+")
+_PATH_QUERY_RE: Final = re.compile(r"(/[^\s'\"<>()?]*)\?[^\s'\"<>()]+")
+"""A path with a query and no scheme (urllib3's ``Max retries exceeded with url: /v1/traces?…``)."""
 
 
 def redact_url(url: str) -> str:
@@ -77,8 +79,9 @@ def redact_url(url: str) -> str:
 
 
 def redact_urls(text: str) -> str:
-    """``text`` with every URL in it passed through :func:`redact_url`."""
-    return _URL_RE.sub(lambda m: redact_url(m.group(0)), text)
+    """``text`` with every URL in it passed through :func:`redact_url`, and the query of every
+    bare path (``/v1/traces?api_key=…``, as urllib3 names a URL) ``?***``."""
+    return _PATH_QUERY_RE.sub(r"\1?***", _URL_RE.sub(lambda m: redact_url(m.group(0)), text))
 
 
 class ExportLogFilter(logging.Filter):

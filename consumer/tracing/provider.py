@@ -155,6 +155,7 @@ def open_tracer(component: str) -> OpenTracer:
     provider.sampler = LinkedSampler.wrap(provider.sampler)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     tracer = provider.get_tracer("kbatch")
+    _warn_ignored_settings()
     log.info(
         "tracing on: %s to %s",
         provider.sampler.get_description(),
@@ -166,6 +167,20 @@ def open_tracer(component: str) -> OpenTracer:
         ),
     )
     return OpenTracer(provider, tracer)
+
+
+def _warn_ignored_settings() -> None:
+    """Say what in the ``OTEL_*`` environment kbatch does not follow: a protocol other than
+    OTLP/HTTP protobuf (the extra ships that exporter only), the SDK switched off."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = os.environ.get(name)
+        if protocol and protocol != "http/protobuf":
+            log.warning(
+                "%s=%s is not followed: kbatch exports OTLP over HTTP/protobuf", name, protocol
+            )
+            break
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        log.warning("OTEL_SDK_DISABLED=true: --tracing records and exports no spans")
 
 
 class LinkedSampler:

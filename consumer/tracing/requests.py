@@ -205,6 +205,8 @@ def _put_trace_headers(span: Span, record: OutRecord) -> None:
     """Put ``span``'s ``traceparent`` (and its ``tracestate``: the request's, when valid) on
     ``record``."""
     ctx = span.get_span_context()
+    if not ctx.is_valid:  # OTEL_SDK_DISABLED: no span, nothing to continue
+        return
     record.headers.append(
         (TRACEPARENT, format_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags))
     )

@@ -147,3 +147,31 @@ def test_a_missing_exporter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TracingUnavailableError) as err:
         check_tracing()
     assert str(err.value).endswith("(missing: opentelemetry-exporter-otlp-proto-http)")
+
+
+def test_a_bare_path_query_is_redacted_as_urllib3_names_the_url() -> None:
+    line = "Max retries exceeded with url: /v1/traces?api_key=topsecret (Caused by x)"
+    assert redact_urls(line) == "Max retries exceeded with url: /v1/traces?*** (Caused by x)"
+    assert "topsecret" not in redact_urls("url: /?api_key=topsecret/v1/traces")
+
+
+def test_settings_kbatch_does_not_follow_are_named_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    with caplog.at_level(logging.WARNING, logger="consumer.tracing.provider"):
+        opened = open_tracer("serve")
+    opened.shutdown(timeout_ms=100)
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not followed" in caplog.text
+
+
+def test_a_span_without_a_valid_context_puts_no_traceparent_on_the_reply() -> None:
+    from opentelemetry.trace import INVALID_SPAN
+
+    from consumer.tracing.requests import _put_trace_headers
+    from schemas.records import OutRecord
+
+    reply = OutRecord(topic="t", partition=None, key=b"k", value=b"v", headers=[])
+    _put_trace_headers(INVALID_SPAN, reply)  # type: ignore[arg-type]
+    assert reply.headers == []  # not 00-000…0-000…0-00, a header kbatch itself refuses
