@@ -241,35 +241,20 @@ class ReplyEnvelope:
         """A JSON-ready dict: the reply as the contract writes it (an embedding sent as bytes
         shown as its decoded list: floats, or 0/1 bits for ``binary``), plus the record and
         timing."""
-        vector = self.embedding()
-        sparse = self.sparse()
-        chunks = self.chunks()
+        vector, sparse, chunks = self.embedding(), self.sparse(), self.chunks()
+        decoded: dict[str, Any] = {}  # bytes have no JSON form: the decoded lists instead
         if chunks is not None:  # each chunk's vector decoded, as one embedding's
-            reply = self.reply.model_dump(
-                mode="json", exclude_none=True, exclude={"result": {"chunks"}}
-            )
-            reply["result"] = {
-                "chunks": [
-                    {"embedding": v.astype(float).tolist(), "start": a, "end": b}
-                    for a, b, v in chunks
-                ],
-                **reply["result"],
-            }
-        elif sparse is not None:  # bytes have no JSON form: the decoded lists instead
-            reply = self.reply.model_dump(
-                mode="json", exclude_none=True, exclude={"result": {"indices", "values"}}
-            )
-            reply["result"] = {
-                "indices": sparse[0].tolist(),
-                "values": sparse[1].astype(float).tolist(),
-                **reply["result"],
-            }
-        elif vector is None:
-            reply = self.reply.model_dump(mode="json", exclude_none=True)
-        else:  # bytes have no JSON form: the decoded vector instead
-            exclude = {"result": {"embedding"}}
-            reply = self.reply.model_dump(mode="json", exclude_none=True, exclude=exclude)
-            reply["result"] = {"embedding": vector.tolist(), **reply["result"]}
+            decoded["chunks"] = [
+                {"embedding": v.astype(float).tolist(), "start": a, "end": b} for a, b, v in chunks
+            ]
+        elif sparse is not None:
+            decoded = {"indices": sparse[0].tolist(), "values": sparse[1].astype(float).tolist()}
+        elif vector is not None:
+            decoded["embedding"] = vector.tolist()
+        exclude = {"result": set(decoded)} if decoded else None
+        reply = self.reply.model_dump(mode="json", exclude_none=True, exclude=exclude)
+        if decoded:
+            reply["result"] = {**decoded, **reply["result"]}
         return {
             "reply": reply,
             "record": {
