@@ -112,6 +112,7 @@ from consumer.bench.e2e_report import (
     ratios,
     replica_ratios,
     seq_per_s,
+    token_stats,
     variant_key,
 )
 from consumer.bench.otlp_sink import otlp_sink
@@ -669,16 +670,6 @@ async def _engine_variant(opts: E2EBenchOptions, say: Say) -> dict[str, Any]:
 # ---- the run --------------------------------------------------------------------------------
 
 
-def _token_stats(model_dir: Path, texts: Sequence[str]) -> dict[str, int]:
-    from consumer.model.tokenize import HFTokenizer
-
-    lengths = sorted(len(ids) for ids in HFTokenizer(model_dir).encode(list(texts)))
-    return {
-        "median_tokens": lengths[len(lengths) // 2],
-        "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
-    }
-
-
 async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> dict[str, Any]:
     """Measure every variant in ``opts.variants`` (in :data:`VARIANTS` order); the JSON-able
     report: one object per variant (``seq_per_s``, ``p50_ms``, ``p99_ms`` and details), the
@@ -698,6 +689,8 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         raise ValueError(f"replicas must be counts >= 1, got {opts.replicas}")
     if opts.serve_model is not None and {"naive", "engine"} & set(opts.variants):
         raise ValueError(f"--model {opts.serve_model}: naive and engine need a model directory")
+    from consumer.model.tokenize import HFTokenizer
+
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if opts.log_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="kbatch-bench-e2e-")
@@ -728,7 +721,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
     report["setup"] = {
         "model": opts.serve_model or str(opts.model_dir),
         "texts": len(opts.texts),
-        **_token_stats(opts.model_dir, opts.texts),
+        **token_stats(len(ids) for ids in HFTokenizer(opts.model_dir).encode(list(opts.texts))),
         "torch_threads": opts.threads or "auto",
         "backend": opts.backend,
         "max_wait_ms": opts.max_wait_ms,

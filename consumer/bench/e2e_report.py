@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,6 +100,16 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
 
 PrefillRecord = tuple[bytes, bytes, list[tuple[str, bytes]]]
 """(key, msgpack value, headers) of one pre-filled request record."""
+
+
+def token_stats(counts: Iterable[int]) -> dict[str, int]:
+    """``median_tokens`` and ``p99_tokens`` (nearest rank) of the texts' token ``counts``
+    (special tokens included): a report's ``setup``."""
+    lengths = sorted(counts)
+    return {
+        "median_tokens": lengths[len(lengths) // 2],
+        "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
+    }
 
 
 def seq_per_s(n: int, drain_s: float) -> float:

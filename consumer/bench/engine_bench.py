@@ -72,6 +72,7 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine, WarmupMode
 from consumer.batching.stats import EngineStats, NullStats
 from consumer.batching.types import Batch, InferenceItem, ItemOutcome, TokenizedItem
+from consumer.bench.e2e_report import token_stats
 from consumer.bench.quality import load_candidate
 from consumer.cpu.plan import budget_cores_whole
 from consumer.model.baselines import BaselineRun, PlainModel, plain_loop, sorted_offline
@@ -507,12 +508,10 @@ async def run_engine_bench(opts: EngineBenchOptions) -> dict[str, Any]:
         report["runner_loop"]["paced_batch_ms_p50"] = round(_percentile(paced_ms, 50), 2)
     report.update(ratios(report))
     report.update(_bucketed_bounds(report["bucketed"], opts.max_wait_ms, info if cuda else {}))
-    lengths = sorted(len(x) for x in tokenizer.encode(texts))
     report["setup"] = {
         "model": str(opts.model_dir),
         "texts": len(texts),
-        "median_tokens": lengths[len(lengths) // 2],
-        "p99_tokens": lengths[min(len(lengths) - 1, round(0.99 * (len(lengths) - 1)))],
+        **token_stats(len(ids) for ids in tokenizer.encode(texts)),
         "paced_rate_per_s": round(rate, 1),
         "paced_rate_basis": rate_basis,
         "paced_items": len(paced),

@@ -25,7 +25,6 @@ from consumer.cli.bench_inputs import (
     bench_model,
     bootstrap_option,
     model_option,
-    packaged_model,
     progress_printer,
     sample_texts,
     texts_option,
@@ -147,10 +146,11 @@ def engine(
     import json
 
     from consumer.bench.engine_bench import EngineBenchOptions, run_engine_bench
+    from consumer.model.loader import packaged_model_dir
 
     _check_backend(opts["backend"], opts["quantize"], device, dtype)
     bench_opts = EngineBenchOptions(
-        model_dir=model or packaged_model(),
+        model_dir=model or packaged_model_dir(),
         texts=sample_texts(texts_file, opts["n"], opts["seed"], distinct=True),
         rate_per_s=rate,
         device=None if device == "auto" else device,
@@ -227,11 +227,12 @@ def quality(
     import json
 
     from consumer.bench.quality import QualityBenchOptions, run_quality_bench
+    from consumer.model.loader import packaged_model_dir
 
     _check_backend(opts["backend"], opts["quantize"], opts["device"], dtype)
     report = run_quality_bench(
         QualityBenchOptions(
-            model_dir=model or packaged_model(),
+            model_dir=model or packaged_model_dir(),
             texts=sample_texts(texts_file, n, seed, distinct=True),
             threads=torch_threads,
             sentence_transformers=not no_sentence_transformers,

