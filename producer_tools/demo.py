@@ -65,11 +65,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ready(port: int) -> bool:
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers HTTP 200 within 2 s (a ``kbatch serve``'s ``/readyz``)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2) as resp:
             return int(resp.status) == 200
-    except OSError:
+    except OSError:  # urllib.error.URLError included
         return False
 
 
@@ -132,7 +133,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     failures = 0
     try:
         deadline = time.monotonic() + opts.ready_timeout_s
-        while not _ready(metrics_port):
+        while not http_ok(f"http://127.0.0.1:{metrics_port}/readyz"):
             if server.poll() is not None or time.monotonic() > deadline:
                 console.print(f"[red]kbatch serve did not get ready[/]; see {log_path}")
                 return 1

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -141,8 +141,11 @@ class LoadRun:
     report: dict[str, Any]
 
 
-def _read_token_counters(url: str, timeout_s: float = 2.0) -> tuple[float, float] | None:
-    """(real, padded) from ``kbatch_tokens_real_total``/``kbatch_tokens_padded_total``."""
+def metric_sums(
+    url: str, names: Collection[str], timeout_s: float = 2.0
+) -> dict[str, float] | None:
+    """Each of ``names`` present on the Prometheus text page at ``url`` (a ``kbatch serve``
+    ``/metrics``) → the sum of its samples; None when the page cannot be fetched."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -150,14 +153,20 @@ def _read_token_counters(url: str, timeout_s: float = 2.0) -> tuple[float, float
             body = resp.read().decode()
     except (OSError, urllib.error.URLError):
         return None
-    values: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
-            if sample.name in ("kbatch_tokens_real_total", "kbatch_tokens_padded_total"):
-                values[sample.name] = sample.value
-    if len(values) != 2:
+            if sample.name in names:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    return sums
+
+
+def _read_token_counters(url: str) -> tuple[float, float] | None:
+    """(real, padded) from ``kbatch_tokens_real_total``/``kbatch_tokens_padded_total``."""
+    got = metric_sums(url, ("kbatch_tokens_real_total", "kbatch_tokens_padded_total"))
+    if got is None or len(got) != 2:
         return None
-    return values["kbatch_tokens_real_total"], values["kbatch_tokens_padded_total"]
+    return got["kbatch_tokens_real_total"], got["kbatch_tokens_padded_total"]
 
 
 class _Runner:

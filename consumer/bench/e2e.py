@@ -88,8 +88,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -252,14 +250,6 @@ class _Process:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @dataclass(frozen=True)
 class _Topics:
     request: str
@@ -293,7 +283,7 @@ def _serve_process(
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> tuple[_Process, str]:
-    from producer_tools.demo import free_port
+    from producer_tools.demo import free_port, http_ok
 
     port = free_port()
     args = [
@@ -311,7 +301,7 @@ def _serve_process(
         *extra,
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    proc = _Process(name, args, log_dir / f"{name}.log", lambda: _http_ok(f"{base}/readyz"), env)
+    proc = _Process(name, args, log_dir / f"{name}.log", lambda: http_ok(f"{base}/readyz"), env)
     return proc, f"{base}/metrics"
 
 
@@ -470,20 +460,10 @@ async def _latency_phase(
 def _model_seconds(metrics_url: str | None) -> float | None:
     """``kbatch_inference_seconds_sum`` of a ``kbatch serve`` (its replicas summed), None when
     there is no endpoint or no such sample."""
-    if metrics_url is None:
-        return None
-    from prometheus_client.parser import text_string_to_metric_families
+    from producer_tools.load import metric_sums
 
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-    except (urllib.error.URLError, OSError):
-        return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "kbatch_inference_seconds_sum":
-                return float(sample.value)
-    return None
+    name = "kbatch_inference_seconds_sum"
+    return None if metrics_url is None else (metric_sums(metrics_url, (name,), 5) or {}).get(name)
 
 
 async def _kafka_variant(

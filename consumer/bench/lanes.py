@@ -27,8 +27,6 @@ import itertools
 import math
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -96,21 +94,15 @@ def lanes_goals(
     }
 
 
-def _inference(metrics_url: str) -> tuple[float, float]:
-    """``kbatch_inference_seconds`` sum and count from serve's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
+_SUM, _COUNT = "kbatch_inference_seconds_sum", "kbatch_inference_seconds_count"
 
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-    except (urllib.error.URLError, OSError):
-        return 0.0, 0.0
-    got = {"kbatch_inference_seconds_sum": 0.0, "kbatch_inference_seconds_count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in got:
-                got[sample.name] += float(sample.value)
-    return got["kbatch_inference_seconds_sum"], got["kbatch_inference_seconds_count"]
+
+def _inference(metrics_url: str) -> tuple[float, float]:
+    """``kbatch_inference_seconds`` sum and count from serve's /metrics (0 when unread)."""
+    from producer_tools.load import metric_sums
+
+    got = metric_sums(metrics_url, (_SUM, _COUNT), 5) or {}
+    return got.get(_SUM, 0.0), got.get(_COUNT, 0.0)
 
 
 async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
