@@ -26,10 +26,20 @@ from matplotlib.axes import Axes
 from producer_tools.arrivals import Schedule
 from producer_tools.report import Outcome, RunLog
 
-__all__ = ["write_plots"]
+__all__ = ["save_png", "write_plots"]
 
 _SIZE_IN = (8.0, 4.2)
 _DPI = 100
+
+
+def save_png(fig: Any, path: Path, dpi: float | str = "figure") -> Path:
+    """Write ``fig`` as a PNG at ``path`` (its folder made if missing; ``dpi`` default: the
+    figure's) and close it; returns ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def _mark_segments(ax: Axes, schedule: Schedule) -> None:
@@ -97,9 +107,7 @@ def _latency_over_time(log: RunLog, schedule: Schedule, path: Path, title: str) 
     ax.set_title(title, fontsize=10, pad=14)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def _latency_cdf(log: RunLog, report: dict[str, Any], schedule: Schedule, path: Path) -> None:
@@ -129,9 +137,7 @@ def _latency_cdf(log: RunLog, report: dict[str, Any], schedule: Schedule, path: 
     ax.set_title("latency CDF", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def _throughput_over_time(log: RunLog, schedule: Schedule, path: Path) -> None:
@@ -149,9 +155,7 @@ def _throughput_over_time(log: RunLog, schedule: Schedule, path: Path) -> None:
     ax.set_title("throughput over time", fontsize=10, pad=14)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def _throughput_vs_offered(report: dict[str, Any], path: Path) -> None:
@@ -183,9 +187,7 @@ def _throughput_vs_offered(report: dict[str, Any], path: Path) -> None:
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="upper left")
     ax.set_title("throughput and p99 against offered load", fontsize=10)
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_plots(

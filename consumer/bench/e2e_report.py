@@ -321,10 +321,9 @@ def print_e2e_table(report: Mapping[str, Any], console: Any) -> None:
 def plot_e2e(report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e.png") -> Path:
     """One PNG, two panels: throughput (seq/s) and latency p50/p99 (ms) per variant, both on
     log scales; returns its path (``out_dir`` is created)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from producer_tools.plots import save_png  # selects matplotlib's Agg backend (no display)
 
     names = [k for k, v in report.items() if isinstance(v, Mapping) and "seq_per_s" in v]
     rows = [report[n] for n in names]
@@ -350,7 +349,7 @@ def plot_e2e(report: Mapping[str, Any], out_dir: Path, name: str = "bench_e2e.pn
     for ax in (ax_t, ax_l):
         ax.tick_params(axis="x", labelrotation=15)
         ax.grid(axis="y", alpha=0.3, which="both")
-    return _save(fig, out_dir / name)
+    return save_png(fig, out_dir / name, dpi=110)
 
 
 def plot_frontier(
@@ -362,10 +361,9 @@ def plot_frontier(
     rows = {k: v for k, v in report.items() if isinstance(v, Mapping) and v.get("frontier")}
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from producer_tools.plots import save_png  # selects matplotlib's Agg backend (no display)
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drains: list[tuple[float, str]] = []
@@ -397,15 +395,4 @@ def plot_frontier(
     ax.set_title(f"Latency vs offered load ({label})")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, out_dir / name)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    """Write ``fig`` as a PNG (110 dpi) at ``path`` (its folder made if missing); close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, out_dir / name, dpi=110)
