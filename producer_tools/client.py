@@ -34,6 +34,7 @@ means the request itself is invalid (empty text, oversized meta) and was never s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import struct
@@ -464,12 +465,8 @@ class RequestReplyClient:
         self._fail_all(ClientClosedError("the client was closed while the call waited"))
         if self._listener is not None:
             self._listener.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged by the listener
                 await self._listener
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # already logged by the listener
-                pass
         if self._producer is not None:
             await self._producer.stop()
         if self._consumer is not None:
@@ -678,8 +675,6 @@ class RequestReplyClient:
                 for records in batches.values():
                     for record in records:
                         self._dispatch(record, received_s)
-        except asyncio.CancelledError:
-            raise
         except DENIALS as exc:  # this principal may not read the reply topic: one line
             self._broken = ClientError(
                 f"not allowed to read the reply topic {self.reply_topic!r}: {describe_denial(exc)}"

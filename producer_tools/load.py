@@ -23,7 +23,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -216,11 +217,7 @@ class _Runner:
             reply = env.reply
             log.received_s[i] = env.received_s - self.t0
             log.reply_ts_s[i] = env.record.timestamp_ms / 1000.0 - self.wall_minus_mono_s - self.t0
-            log.outcome[i] = {
-                "ok": Outcome.OK,
-                "error": Outcome.ERROR,
-                "expired": Outcome.EXPIRED,
-            }[reply.status]
+            log.outcome[i] = Outcome[reply.status.upper()]  # OK, ERROR or EXPIRED
             log.dedup[i] = reply.dedup
             if reply.timing is not None:
                 log.batch_size[i] = reply.timing.batch_size
@@ -285,46 +282,42 @@ class _Runner:
                 await asyncio.gather(ticker, return_exceptions=True)
                 tick()
 
-    def _progress(self) -> Any:
-        from contextlib import contextmanager
-
+    @contextmanager
+    def _progress(self) -> Iterator[Callable[[], None]]:
+        """A progress bar on stderr (none without ``progress``); yields its refresh."""
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        @contextmanager
-        def ctx() -> Any:
-            if not self.progress:
-                yield lambda: None
-                return
-            total = len(self.schedule)
-            n_warm = total - int(self.schedule.measured.sum())
-            warm_note = f" ({n_warm} warm-up)" if n_warm else ""
-            with Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.fields[status]}"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            ) as bar:
-                task_id = bar.add_task(f"kbatch load {self.opts.pattern}", total=total, status="")
+        if not self.progress:
+            yield lambda: None
+            return
+        total = len(self.schedule)
+        n_warm = total - int(self.schedule.measured.sum())
+        warm_note = f" ({n_warm} warm-up)" if n_warm else ""
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        ) as bar:
+            task_id = bar.add_task(f"kbatch load {self.opts.pattern}", total=total, status="")
 
-                def tick() -> None:
-                    ok = int((self.log.outcome == Outcome.OK).sum())
-                    lost = int((self.log.outcome == Outcome.TIMEOUT).sum())
-                    bar.update(
-                        task_id,
-                        completed=self.done,
-                        status=f"sent {self.sent}/{total}{warm_note} in flight "
-                        f"{self.sent - self.done} "
-                        f"ok {ok} timeouts {lost}",
-                    )
+            def tick() -> None:
+                ok = int((self.log.outcome == Outcome.OK).sum())
+                lost = int((self.log.outcome == Outcome.TIMEOUT).sum())
+                bar.update(
+                    task_id,
+                    completed=self.done,
+                    status=f"sent {self.sent}/{total}{warm_note} in flight "
+                    f"{self.sent - self.done} "
+                    f"ok {ok} timeouts {lost}",
+                )
 
-                yield tick
+            yield tick
 
-        return ctx()
-
-    async def _tick(self, tick: Any) -> None:
+    async def _tick(self, tick: Callable[[], None]) -> None:
         while True:
             tick()
             await asyncio.sleep(0.25)
