@@ -188,13 +188,10 @@ def load_command(
         print_report(run.report, report_console())
     rate = error_rate(run.report["summary"])
     if rate > max_error_rate:
+        first = run.report.get("first_error")
         click.echo(
             f"kbatch load: error rate {rate:.2%} is above --max-error-rate {max_error_rate:.2%}"
-            + (
-                f" (first error: {run.report['first_error']})"
-                if "first_error" in run.report
-                else ""
-            ),
+            + (f" (first error: {first})" if first is not None else ""),
             err=True,
         )
         raise SystemExit(1)
