@@ -101,7 +101,6 @@ class _Bucket:
     """
 
     __slots__ = (
-        "edge",
         "groups",
         "in_order",
         "index",
@@ -114,9 +113,8 @@ class _Bucket:
         "tokens",
     )
 
-    def __init__(self, index: int, edge: int) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.edge = edge
         self.items: deque[TokenizedItem] = deque()
         self.tokens = 0  # real tokens queued
         self.max_tokens = 0  # longest queued item
@@ -217,7 +215,7 @@ class BucketBatcher:
         self.max_length = max_length
         self.max_batch_ms = max_batch_ms
         self.edges: tuple[int, ...] = config.edges_for(max_length)
-        self._buckets = [_Bucket(i, e) for i, e in enumerate(self.edges)]
+        self._buckets = [_Bucket(i) for i in range(len(self.edges))]
         self._due: list[float] = [math.inf] * len(self.edges)
         self._queued_items = 0
         self._queued_tokens = 0
