@@ -20,7 +20,6 @@ cannot work (the message names the values).
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,8 +56,6 @@ __all__ = [
     "load_settings",
     "project",
 ]
-
-log = logging.getLogger(__name__)
 
 _GROUP = ConfigDict(frozen=True, extra="forbid")
 

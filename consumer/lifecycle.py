@@ -22,6 +22,7 @@ import math
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from consumer.deadline import Deadline
 
@@ -44,36 +45,31 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
+@dataclass(eq=False)
 class Lifecycle:
     """The parts of one command on an exit stack, and its one shutdown deadline.
 
-    Args:
+    Attributes:
         stack: entered by the caller (``async with AsyncExitStack() as stack``).
         shutdown_timeout_s: the whole shutdown's budget (``drain_timeout_s``), counted from
             :meth:`begin_shutdown`.
         clock: monotonic seconds (the event loop's clock is the same).
     """
 
-    def __init__(
-        self,
-        stack: contextlib.AsyncExitStack,
-        shutdown_timeout_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._stack = stack
-        self._timeout_s = shutdown_timeout_s
-        self._clock = clock
-        self._deadline: Deadline | None = None
+    stack: contextlib.AsyncExitStack
+    shutdown_timeout_s: float
+    clock: Callable[[], float] = time.monotonic
+    _deadline: Deadline | None = field(default=None, init=False)
 
     def enter(self, name: str, stop: Stop) -> None:
         """Stop this started part (``stop``, sync or async) when the stack is left, bounded by
         the shutdown deadline; a stop that overruns it is logged and abandoned."""
-        self._stack.push_async_callback(self._stop, name, stop)
+        self.stack.push_async_callback(self._stop, name, stop)
 
     def begin_shutdown(self) -> Deadline:
         """The shutdown deadline, started by the first call (later calls return it)."""
         if self._deadline is None:
-            self._deadline = Deadline.after(self._timeout_s, self._clock)
+            self._deadline = Deadline.after(self.shutdown_timeout_s, self.clock)
         return self._deadline
 
     def drain_deadline(self) -> Deadline:

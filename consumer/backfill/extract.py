@@ -20,6 +20,7 @@ applied to events; the ``content-type`` header says which.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -238,19 +239,16 @@ def _decode(value: bytes, encoding: Encoding) -> Any:
         raise ExtractError(f"the value is not valid msgpack: {type(err).__name__}") from None
 
 
+_KINDS: tuple[tuple[type | types.UnionType, str], ...] = (
+    (type(None), "null"),
+    (bool, "a boolean"),  # before int: a bool is an int
+    (int | float, "a number"),
+    (bytes, "binary"),
+    (str, "a string"),
+    (list, "a list"),
+    (dict, "a map"),
+)
+
+
 def _kind(node: object) -> str:
-    if node is None:
-        return "null"
-    if isinstance(node, bool):
-        return "a boolean"
-    if isinstance(node, int | float):
-        return "a number"
-    if isinstance(node, bytes):
-        return "binary"
-    if isinstance(node, str):
-        return "a string"
-    if isinstance(node, list):
-        return "a list"
-    if isinstance(node, dict):
-        return "a map"
-    return f"a {type(node).__name__}"
+    return next((name for t, name in _KINDS if isinstance(node, t)), f"a {type(node).__name__}")

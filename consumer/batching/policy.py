@@ -101,7 +101,6 @@ class _Bucket:
     """
 
     __slots__ = (
-        "edge",
         "groups",
         "in_order",
         "index",
@@ -114,9 +113,8 @@ class _Bucket:
         "tokens",
     )
 
-    def __init__(self, index: int, edge: int) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.edge = edge
         self.items: deque[TokenizedItem] = deque()
         self.tokens = 0  # real tokens queued
         self.max_tokens = 0  # longest queued item
@@ -217,7 +215,7 @@ class BucketBatcher:
         self.max_length = max_length
         self.max_batch_ms = max_batch_ms
         self.edges: tuple[int, ...] = config.edges_for(max_length)
-        self._buckets = [_Bucket(i, e) for i, e in enumerate(self.edges)]
+        self._buckets = [_Bucket(i) for i in range(len(self.edges))]
         self._due: list[float] = [math.inf] * len(self.edges)
         self._queued_items = 0
         self._queued_tokens = 0
@@ -235,8 +233,7 @@ class BucketBatcher:
             prior_fixed_ms=config.batch_overhead_tokens * PRIOR_PER_TOKEN_US / 1000.0,
             prior_per_token_us=PRIOR_PER_TOKEN_US,
         )
-        self._budget_tokens = config.max_batch_tokens
-        self._budget_tokens = fit_budget(self.config, self.cost, self.max_length, self.max_batch_ms)
+        self._refit_budget()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -279,16 +276,17 @@ class BucketBatcher:
         """The runner computed a batch of ``padded_tokens`` (size × padded length) in
         ``batch_ms`` milliseconds: refit the cost model and the token budget (rule 8)."""
         self.cost.observe(padded_tokens, batch_ms)
-        self._budget_tokens = fit_budget(self.config, self.cost, self.max_length, self.max_batch_ms)
+        self._refit_budget()
 
     def set_max_batch_ms(self, max_batch_ms: float | None) -> None:
         """Change the ``max_batch_ms`` cap (None: none) and refit the token budget; the
         engine's automatic bulk cap (consumer/batching/lanes.py rule 2) moves it per batch."""
         if max_batch_ms != self.max_batch_ms:
             self.max_batch_ms = max_batch_ms
-            self._budget_tokens = fit_budget(
-                self.config, self.cost, self.max_length, self.max_batch_ms
-            )
+            self._refit_budget()
+
+    def _refit_budget(self) -> None:
+        self._budget_tokens = fit_budget(self.config, self.cost, self.max_length, self.max_batch_ms)
 
     def worst_case_shapes(self) -> list[tuple[int, int]]:
         """``(batch_size, padded_len)`` of each bucket's largest possible batch (for warm-up)."""

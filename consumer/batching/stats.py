@@ -99,7 +99,6 @@ class EngineStats:
         infer_ms: float,
         lane: Lane = "live",
     ) -> None:
-        """See :meth:`StatsSink.on_batch`."""
         with self._lock:
             self.batches += 1
             self.items += batch_size
@@ -109,27 +108,22 @@ class EngineStats:
             self.infer_ms.append(infer_ms)
 
     def on_queue_wait(self, queue_ms: float, lane: Lane = "live") -> None:
-        """See :meth:`StatsSink.on_queue_wait`."""
         with self._lock:
             self.queue_ms.append(queue_ms)
 
     def on_expired(self, n: int) -> None:
-        """See :meth:`StatsSink.on_expired`."""
         with self._lock:
             self.expired += n
 
     def on_split(self) -> None:
-        """See :meth:`StatsSink.on_split`."""
         with self._lock:
             self.splits += 1
 
     def on_failed(self, n: int) -> None:
-        """See :meth:`StatsSink.on_failed`."""
         with self._lock:
             self.failed += n
 
     def on_watchdog(self) -> None:
-        """See :meth:`StatsSink.on_watchdog`."""
         with self._lock:
             self.watchdog_trips += 1
 

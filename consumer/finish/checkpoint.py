@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from consumer.finish.delivery import SinkLike, SourcedSinkLike
@@ -113,10 +113,11 @@ class Committed:
     ok: bool = True
 
 
+@dataclass(eq=False)
 class Checkpoint:
     """Commit cadence, kb1 metadata, lag base, read-back: the part both modes share.
 
-    Args:
+    Attributes:
         tracker: the owner's offset tracker.
         offsets_now: the offsets to commit now (serve: ``tracker.committable``; backfill adds
             each finished partition's end offset).
@@ -125,20 +126,14 @@ class Checkpoint:
         before_commit: awaited with the offsets just before each commit that has some.
     """
 
-    def __init__(
-        self,
-        tracker: OffsetTracker,
-        offsets_now: OffsetsNow,
-        commit_interval_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        before_commit: BeforeCommit | None = None,
-    ) -> None:
-        self.tracker = tracker
-        self._before_commit = before_commit
-        self._offsets_now = offsets_now
-        self._interval_s = commit_interval_s
-        self._clock = clock
-        self._next_commit_s = clock() + commit_interval_s
+    tracker: OffsetTracker
+    offsets_now: OffsetsNow
+    commit_interval_s: float
+    clock: Callable[[], float] = time.monotonic
+    before_commit: BeforeCommit | None = None
+
+    def __post_init__(self) -> None:
+        self._next_commit_s = self.clock() + self.commit_interval_s
         # The lag base per partition: the last committed offset, or before the first commit
         # the first offset this member took.
         self._base: dict[TopicPartition, int] = {}
@@ -147,15 +142,15 @@ class Checkpoint:
 
     def due(self) -> bool:
         """True once the commit interval has passed since start or the last :meth:`committed`."""
-        return self._clock() >= self._next_commit_s
+        return self.clock() >= self._next_commit_s
 
     def seconds_to_due(self) -> float:
         """Seconds until :meth:`due` (0 when due)."""
-        return max(0.0, self._next_commit_s - self._clock())
+        return max(0.0, self._next_commit_s - self.clock())
 
     def restart_interval(self) -> None:
         """The interval counts again from now (after an interval's commit)."""
-        self._next_commit_s = self._clock() + self._interval_s
+        self._next_commit_s = self.clock() + self.commit_interval_s
 
     # ---- the lag base ---------------------------------------------------------------------------
 
@@ -207,89 +202,73 @@ class Checkpoint:
         self._base.pop(tp, None)
 
 
+@dataclass(eq=False)
 class PlainCheckpoint(Checkpoint):
     """Offsets and kb1 metadata in a plain group commit (``commit_offsets``: the source's
     ``commit``); a refused commit (:class:`CommitError` of serve's source,
     :class:`RangeSourceError` of backfill's) is logged and retried at the next interval."""
 
-    def __init__(
-        self,
-        tracker: OffsetTracker,
-        offsets_now: OffsetsNow,
-        commit_interval_s: float,
-        commit_offsets: CommitOffsets,
-        clock: Callable[[], float] = time.monotonic,
-        before_commit: BeforeCommit | None = None,
-    ) -> None:
-        super().__init__(tracker, offsets_now, commit_interval_s, clock, before_commit)
-        self._commit_offsets = commit_offsets
+    commit_offsets: CommitOffsets = field(kw_only=True)
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
-        offsets = dict(self._offsets_now())
+        offsets = dict(self.offsets_now())
         if only is not None:
             offsets = {tp: off for tp, off in offsets.items() if tp in only}
         if not offsets:
             return Committed({})
-        started = self._clock()
+        started = self.clock()
         metadata = self.tracker.commit_metadata(offsets)
-        if self._before_commit is not None:
-            await self._before_commit(offsets)
+        if self.before_commit is not None:
+            await self.before_commit(offsets)
         try:
-            await self._commit_offsets(offsets, {tp: m.text for tp, m in metadata.items()})
+            await self.commit_offsets(offsets, {tp: m.text for tp, m in metadata.items()})
         except (CommitError, RangeSourceError) as err:
             log.warning("commit failed (retried at the next interval): %s", err)
             return Committed({}, ok=False)
         self._committed(offsets)
         truncated = sum(m.truncated for m in metadata.values())
-        return Committed(offsets, truncated, self._clock() - started)
+        return Committed(offsets, truncated, self.clock() - started)
 
 
+@dataclass(eq=False)
 class TransactionalCheckpoint(Checkpoint):
     """``--exactly-once``: each input partition's replies and offsets in its own Kafka
     transaction (:mod:`consumer.finish.exactly_once`, :mod:`consumer.kafka.transactions`); one
     commit at a time.
 
-    Args:
+    Attributes:
         transactions: the transactional sink the replies are sent through.
         gate: the delivery whose interval gate bounds each transaction.
     """
 
-    def __init__(
-        self,
-        tracker: OffsetTracker,
-        offsets_now: OffsetsNow,
-        commit_interval_s: float,
-        transactions: TransactionalSinkLike,
-        gate: GateOwner,
-        clock: Callable[[], float] = time.monotonic,
-        before_commit: BeforeCommit | None = None,
-    ) -> None:
-        super().__init__(tracker, offsets_now, commit_interval_s, clock, before_commit)
-        self._transactions = transactions
-        self._gate = gate
+    transactions: TransactionalSinkLike = field(kw_only=True)
+    gate: GateOwner = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._lock = asyncio.Lock()
 
     async def commit(self, only: frozenset[TopicPartition] | None = None) -> Committed:
         async with self._lock:
             assigned = self.tracker.assigned
             tps = assigned if only is None else only & assigned
-            started = self._clock()
+            started = self.clock()
             committed: dict[TopicPartition, int] = {}
             try:
                 committed, truncated = await commit_transactions(
-                    self._gate,
-                    self._transactions,
+                    self.gate,
+                    self.transactions,
                     tps,
-                    self._offsets_now,
+                    self.offsets_now,
                     self.tracker.commit_metadata,
-                    before_commit=self._before_commit,
+                    before_commit=self.before_commit,
                 )
             except TransactionError as err:
                 committed = err.committed
                 raise
             finally:
                 self._committed(committed)
-            elapsed_s = self._clock() - started if committed else 0.0
+            elapsed_s = self.clock() - started if committed else 0.0
             return Committed(committed, truncated, elapsed_s)
 
     async def assign(
@@ -304,7 +283,7 @@ class TransactionalCheckpoint(Checkpoint):
             KafkaUnavailableError: the producer did not start (within ``timeout_s`` seconds
                 when given: a rewind, :meth:`consumer.serve.rebalance.Rebalancer.commit`).
         """
-        await self._transactions.open(tp, timeout_s)
+        await self.transactions.open(tp, timeout_s)
         committed = await self._read_back(tp, source)
         if committed is not None:
             source.seek(tp, committed)
@@ -312,7 +291,7 @@ class TransactionalCheckpoint(Checkpoint):
     async def revoke(self, tp: TopicPartition) -> None:
         """What was not committed is aborted."""
         await super().revoke(tp)
-        await self._transactions.close(tp)
+        await self.transactions.close(tp)
 
 
 def checkpoint_for(
@@ -329,13 +308,10 @@ def checkpoint_for(
     """The checkpoint of the delivery mode, chosen once: transactional when ``transactions``
     is given (``--exactly-once``: through ``gate``, the delivery), else plain
     (``commit_offsets``); both await ``before_commit`` just before committing."""
+    common = (tracker, offsets_now, commit_interval_s, clock, before_commit)
     if transactions is None:
-        return PlainCheckpoint(
-            tracker, offsets_now, commit_interval_s, commit_offsets, clock, before_commit
-        )
-    return TransactionalCheckpoint(
-        tracker, offsets_now, commit_interval_s, transactions, gate, clock, before_commit
-    )
+        return PlainCheckpoint(*common, commit_offsets=commit_offsets)
+    return TransactionalCheckpoint(*common, transactions=transactions, gate=gate)
 
 
 @dataclass(frozen=True, slots=True)

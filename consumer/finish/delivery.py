@@ -151,7 +151,6 @@ class Delivery(Generic[P]):
         sourced: SourcedSinkLike | None = None,
         on_dead_letters_denied: Callable[[str], None] | None = None,
     ) -> None:
-        self._sink = sink
         self._on_denied = on_dead_letters_denied
         # (input partition, records) → one ack future each; the partition picks the
         # transaction under --exactly-once and is ignored otherwise.
@@ -220,10 +219,7 @@ class Delivery(Generic[P]):
         """``tps`` moved to another member: their held records are never sent, each is
         finished as not completed (its record stays uncommitted here)."""
         for pending, _, _, _ in self._gate.drop(tps):
-            self._open -= 1
-            if self._open == 0:
-                self._idle.set()
-            self._owner.on_finished(pending, False)
+            self._closed(pending, False)
 
     def reopen(self, tps: frozenset[TopicPartition]) -> None:
         """The commit or the revoke ended: start the records of ``tps`` held meanwhile."""
@@ -273,6 +269,10 @@ class Delivery(Generic[P]):
 
     def _done(self, pending: P, completed: bool) -> None:
         self._gate.finished(pending.record.tp)
+        self._closed(pending, completed)
+
+    def _closed(self, pending: P, completed: bool) -> None:
+        """``pending`` needs nothing more (its send ended, or it was held and dropped)."""
         self._open -= 1
         if self._open == 0:
             self._idle.set()

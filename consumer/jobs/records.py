@@ -282,11 +282,10 @@ def derive_status(
     if state == "completed":
         state, reason = end_state(counts)
     return JobStatus(
-        job_id=job.job_id,
+        **job.model_dump(
+            include={"job_id", "source_topic", "output_topic", "group_id", "created_at_s"}
+        ),
         state=state,
-        source_topic=job.source_topic,
-        output_topic=job.output_topic,
-        group_id=job.group_id,
         total_offsets=job.total_offsets,
         finished_offsets=finished,
         counts=counts,
@@ -294,7 +293,6 @@ def derive_status(
             p.member: _shown(p, now_s, lost_after_s)
             for p in sorted(members, key=lambda m: m.member)
         },
-        created_at_s=job.created_at_s,
         updated_at_s=max([job.updated_at_s, *(p.updated_at_s for p in members)]),
         reason=reason,
     )

@@ -225,9 +225,7 @@ class JobWorker:
         if self._running is not running:  # the revoke callback and the loop both waited
             return
         self._running = self._current = None
-        self._counts = self._counts + JobCounts(
-            done=job.ok, failed=job.error_replies + job.dead_lettered, skipped=job.skipped_completed
-        )
+        self._counts = self._live_counts(job)
         self._positions.update(job.committed_positions())
         if job.undelivered:
             raise ValueError(f"{job.undelivered} dead letter(s) could not be delivered")
@@ -265,8 +263,8 @@ class JobWorker:
 
     # -- reporting -----------------------------------------------------------------------------
 
-    def _live_counts(self) -> JobCounts:
-        job = self._current
+    def _live_counts(self, job: BackfillJob | None) -> JobCounts:
+        """The counts of the assignments that ended, plus ``job``'s (the running one)."""
         if job is None:
             return self._counts
         return self._counts + JobCounts(
@@ -284,7 +282,7 @@ class JobWorker:
                 member=self.member,
                 state=state,
                 positions=dict(self._positions),
-                counts=self._live_counts(),
+                counts=self._live_counts(self._current),
                 updated_at_s=self._wall(),
                 reason=reason,
             )

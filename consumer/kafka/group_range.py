@@ -28,11 +28,12 @@ from consumer.kafka.errors import RangeSourceError, map_kafka_errors
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.range_source import (
     PartitionRange,
+    PlannedRead,
     fetch_in_range,
     plan_partition,
     start_range_consumer,
 )
-from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.records import InRecord
 
 __all__ = ["AssignedRange", "GroupRangeSource"]
 
@@ -214,7 +215,7 @@ class GroupRangeSource:
         return partitions <= set(self._current)
 
 
-class AssignedRange:
+class AssignedRange(PlannedRead):
     """One assignment's fixed plan: the ``RangeSourceLike`` a ``BackfillJob`` runs over.
 
     Reading stops (every partition reported finished, nothing more polled) once the
@@ -227,14 +228,6 @@ class AssignedRange:
         self.topic = source.topic
         self._plan = plan
         self._active = source._seek(plan)
-
-    @property
-    def plan(self) -> Mapping[int, PartitionRange]:
-        return self._plan
-
-    @property
-    def finished(self) -> frozenset[int]:
-        return frozenset(p for p in self._plan if p not in self._active)
 
     def positions(self) -> dict[int, int]:
         """Partition → where reading stands (for progress records)."""
@@ -264,24 +257,3 @@ class AssignedRange:
         except IllegalStateError:  # the assignment went away meanwhile
             self._active.clear()
             return []
-
-    async def commit(
-        self,
-        offsets: Mapping[TopicPartition, int],
-        metadata: Mapping[TopicPartition, str] | None = None,
-    ) -> None:
-        """Commit for the job's group (the generation must still hold the partitions).
-
-        Raises:
-            RangeSourceError: the broker refused (e.g. the partitions moved) or failed.
-        """
-        if not offsets:
-            return
-        meta = metadata or {}
-        try:
-            with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
-                await self._consumer.commit(
-                    {KafkaTP(*tp): (off, meta.get(tp, "")) for tp, off in offsets.items()}
-                )
-        except IllegalStateError as err:
-            raise RangeSourceError(f"commit of {dict(offsets)} failed: {err}") from err

@@ -150,7 +150,6 @@ class JobsTopicWriter:
 
     def __init__(self, client: KafkaClientSettings, topic: str) -> None:
         self.topic = topic
-        self._client = client
         self._producer = AIOKafkaProducer(
             acks="all", enable_idempotence=True, client_id="kbatch-jobs", **client_kwargs(client)
         )

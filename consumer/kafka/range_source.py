@@ -69,6 +69,7 @@ __all__ = [
     "Earliest",
     "Latest",
     "PartitionRange",
+    "PlannedRead",
     "RangeBound",
     "RangeSource",
     "RangeSourceError",
@@ -249,7 +250,49 @@ def plan_partition(
 # ---- I/O -----------------------------------------------------------------------------------------
 
 
-class RangeSource:
+class PlannedRead:
+    """A fixed plan being read and committed: :class:`RangeSource`, and one assignment of a
+    job's group (:class:`consumer.kafka.group_range.AssignedRange`). Subclasses set
+    ``topic``, ``_consumer``, ``_plan`` and ``_active`` (the partitions still being read)."""
+
+    topic: str
+    _consumer: AIOKafkaConsumer
+    _plan: dict[int, PartitionRange]
+    _active: set[int]
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]:
+        """The per-partition ranges (empty before :meth:`RangeSource.resolve`)."""
+        return self._plan
+
+    @property
+    def finished(self) -> frozenset[int]:
+        """Partitions whose read position reached their end (nothing more will be polled)."""
+        return frozenset(p for p in self._plan if p not in self._active)
+
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
+    ) -> None:
+        """Commit ``offsets`` (next offset to read, per partition of :attr:`topic`) for the
+        job's group, each with its ``metadata`` string ("" when not given;
+        :mod:`consumer.kafka.offset_metadata`); as :meth:`KafkaSource.commit`.
+
+        Raises:
+            RangeSourceError: the broker refused (a group member: the partitions moved) or
+                could not be reached.
+        """
+        if not offsets:
+            return
+        meta = metadata or {}
+        with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
+            await self._consumer.commit(
+                {KafkaTP(*tp): (off, meta.get(tp, "")) for tp, off in offsets.items()}
+            )
+
+
+class RangeSource(PlannedRead):
     """Reads ``topic`` over a fixed range per partition, committing under ``group_id``.
 
     Call :meth:`start`, then :meth:`resolve` once, then :meth:`poll` until :attr:`finished`
@@ -287,16 +330,6 @@ class RangeSource:
         self._plan: dict[int, PartitionRange] = {}
         self._active: set[int] = set()
         self._started = False
-
-    @property
-    def plan(self) -> Mapping[int, PartitionRange]:
-        """The per-partition ranges fixed by :meth:`resolve` (empty before)."""
-        return self._plan
-
-    @property
-    def finished(self) -> frozenset[int]:
-        """Partitions whose read position reached their end (nothing more will be polled)."""
-        return frozenset(p for p in self._plan if p not in self._active)
 
     async def start(self) -> None:
         """Connect.
@@ -388,26 +421,6 @@ class RangeSource:
         return await fetch_in_range(
             self._consumer, self.topic, self._plan, self._active, max_records, timeout_ms
         )
-
-    async def commit(
-        self,
-        offsets: Mapping[TopicPartition, int],
-        metadata: Mapping[TopicPartition, str] | None = None,
-    ) -> None:
-        """Commit ``offsets`` (next offset to read, per partition of :attr:`topic`) for the
-        job's group, each with its ``metadata`` string ("" when not given;
-        :mod:`consumer.kafka.offset_metadata`); as :meth:`KafkaSource.commit`.
-
-        Raises:
-            RangeSourceError: the broker refused or could not be reached.
-        """
-        if not offsets:
-            return
-        meta = metadata or {}
-        with map_kafka_errors(RangeSourceError, f"commit of {dict(offsets)} failed"):
-            await self._consumer.commit(
-                {KafkaTP(*tp): (off, meta.get(tp, "")) for tp, off in offsets.items()}
-            )
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
@@ -96,10 +97,11 @@ def transactional_id(prefix: str, group_id: str, tp: TopicPartition) -> str:
     return f"{prefix}-{group_id}-{tp[0]}-{tp[1]}"
 
 
+@dataclass(eq=False)
 class TransactionalSink:
     """Replies and offsets of each input partition in its own Kafka transactions.
 
-    Args:
+    Attributes:
         client: the brokers and security.
         settings: the delivery deadline of one send.
         default_topic: where a record without a topic goes.
@@ -107,20 +109,13 @@ class TransactionalSink:
         id_prefix: first part of every transactional id (:func:`transactional_id`).
     """
 
-    def __init__(
-        self,
-        client: KafkaClientSettings,
-        settings: SinkSettings,
-        *,
-        default_topic: str,
-        group_id: str,
-        id_prefix: str = "kbatch",
-    ) -> None:
-        self._client = client
-        self._settings = settings
-        self._default_topic = default_topic
-        self._group_id = group_id
-        self._prefix = id_prefix
+    client: KafkaClientSettings
+    settings: SinkSettings
+    default_topic: str = field(kw_only=True)
+    group_id: str = field(kw_only=True)
+    id_prefix: str = field(default="kbatch", kw_only=True)
+
+    def __post_init__(self) -> None:
         self._sinks: dict[TopicPartition, KafkaSink] = {}
         self._write_verdicts = WriteVerdicts()  # issue 36 item 2: denied topics stay out
         # Partitions with a send that failed without a verdict (maybe written): their open
@@ -154,10 +149,10 @@ class TransactionalSink:
         if tp in self._sinks:
             return
         sink = KafkaSink(
-            self._client,
-            self._settings,
-            default_topic=self._default_topic,
-            transactional_id=transactional_id(self._prefix, self._group_id, tp),
+            self.client,
+            self.settings,
+            default_topic=self.default_topic,
+            transactional_id=transactional_id(self.id_prefix, self.group_id, tp),
             write_verdicts=self._write_verdicts,
         )
         try:
@@ -265,7 +260,7 @@ class TransactionalSink:
         if tp in self._tainted:
             raise SinkClosedError(f"a send of {tp}'s transaction was not acknowledged")
         producer = self._sinks[tp].producer
-        timeout_s = self._settings.send_timeout_ms / 1000
+        timeout_s = self.settings.send_timeout_ms / 1000
         try:
             await asyncio.wait_for(self._end_transaction(producer, tp, offset, metadata), timeout_s)
         except TimeoutError as err:
@@ -278,7 +273,7 @@ class TransactionalSink:
         self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, metadata: str
     ) -> None:
         await producer.send_offsets_to_transaction(
-            {KafkaTP(*tp): (offset, metadata)}, self._group_id
+            {KafkaTP(*tp): (offset, metadata)}, self.group_id
         )
         await producer.commit_transaction()
 

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Protocol
 
 from consumer.batching.types import ItemOutcome
@@ -91,10 +92,11 @@ class Work(Protocol):
         """Stop working for ``tps``: queued items cancelled, running ones forgotten."""
 
 
+@dataclass(eq=False)
 class Rebalancer:
     """Assigns, revokes, rewinds, commits and drains the partitions of one serve member.
 
-    Args:
+    Attributes:
         settings: serve's settings (``rebalance_timeout_ms``, ``send_timeout_ms``).
         source: the Kafka source (pause, resume, seek, membership, end offsets).
         work: the pipeline's work in progress (:class:`Work`).
@@ -103,32 +105,20 @@ class Rebalancer:
         clock: monotonic seconds (the lag refresh's cadence).
     """
 
-    def __init__(
-        self,
-        settings: ServeSettings,
-        source: SourceLike,
-        work: Work,
-        *,
-        tracker: OffsetTracker,
-        flow: FlowControl,
-        dedup: DedupCache[Pending, ItemOutcome],
-        delivery: Delivery[Pending],
-        checkpoint: Checkpoint,
-        metrics: Metrics,
-        progress: asyncio.Event,
-        clock: Callable[[], float],
-    ) -> None:
-        self.settings = settings
-        self.source = source
-        self._work = work
-        self.tracker = tracker
-        self.flow = flow
-        self.dedup = dedup
-        self._delivery = delivery
-        self.checkpoint = checkpoint
-        self._metrics = metrics
-        self._progress = progress
-        self._clock = clock
+    settings: ServeSettings
+    source: SourceLike
+    work: Work
+    _: KW_ONLY
+    tracker: OffsetTracker
+    flow: FlowControl
+    dedup: DedupCache[Pending, ItemOutcome]
+    delivery: Delivery[Pending]
+    checkpoint: Checkpoint
+    metrics: Metrics
+    progress: asyncio.Event
+    clock: Callable[[], float]
+
+    def __post_init__(self) -> None:
         self.assigned_once = False
         self.intake_blocked: str | None = None
         """Why intake is paused for good (the dead-letter topic denied), else None."""
@@ -170,12 +160,12 @@ class Rebalancer:
                     reason,
                     err,
                 )
-                self._metrics.transaction_recoveries.labels(reason).inc()
+                self.metrics.transaction_recoveries.labels(reason).inc()
             self._corrupted |= err.failed.keys()
             done = Committed(err.committed)
         if done.offsets:
-            self._metrics.commit_time.observe(done.elapsed_s)
-        self._metrics.commit_metadata_truncated.inc(done.truncated)
+            self.metrics.commit_time.observe(done.elapsed_s)
+        self.metrics.commit_metadata_truncated.inc(done.truncated)
         due = frozenset(self._corrupted & self.tracker.assigned)
         if rewind and due:
             await self._rewind(due)
@@ -200,11 +190,11 @@ class Rebalancer:
 
     def update_gauges(self) -> None:
         """After a commit: the in-flight and assignment gauges; a lag refresh when due."""
-        m = self._metrics
+        m = self.metrics
         m.in_flight_records.set(self.flow.total_records)
         m.in_flight_tokens.set(self.flow.total_tokens)
         m.assigned_partitions.set(len(self.tracker.assigned))
-        now = self._clock()
+        now = self.clock()
         if self._lag_refresh is None and now >= self._next_lag_s:
             self._next_lag_s = now + LAG_REFRESH_S
             self._lag_refresh = asyncio.ensure_future(self.refresh_lag())
@@ -230,7 +220,7 @@ class Rebalancer:
                     base = await asyncio.wait_for(self.source.position(tp), LAG_REFRESH_S)
             if base is None or tp not in self.tracker.assigned:  # revoked meanwhile
                 continue
-            self._metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
+            self.metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
 
     def dead_letters_denied(self, reason: str) -> None:
         """Delivery: the broker's ACLs refuse the dead-letter topic. Intake pauses for good
@@ -250,10 +240,10 @@ class Rebalancer:
         decision = self.flow.decide()
         if decision.pause:
             self.source.pause(decision.pause)
-            self._metrics.pauses.inc(len(decision.pause))
+            self.metrics.pauses.inc(len(decision.pause))
         if decision.resume:
             self.source.resume(decision.resume)
-        self._metrics.paused_partitions.set(len(self.flow.paused))
+        self.metrics.paused_partitions.set(len(self.flow.paused))
 
     def stop(self) -> None:
         """The loop ended: no more lag refreshes."""
@@ -264,7 +254,7 @@ class Rebalancer:
         """Go on with the suspended partitions given back without a break; drop the work of
         those that moved; start a new generation for the others; re-apply pauses aiokafka
         forgot (:mod:`consumer.serve.handover`)."""
-        self._metrics.rebalances.labels("assigned").inc()
+        self.metrics.rebalances.labels("assigned").inc()
         plan = handover(self.tracker.suspended, tps, self._revoked_in, self.source.membership())
         corrupted = plan.kept & self._corrupted  # its producer is closed: set up anew
         if corrupted:
@@ -282,7 +272,7 @@ class Rebalancer:
             if last is not None:  # the client would read again from the committed offset
                 self.source.seek(tp, last + 1)
         ready = await self._set_up(plan.new)
-        self._delivery.reopen(plan.kept)  # the replies answered meanwhile go out
+        self.delivery.reopen(plan.kept)  # the replies answered meanwhile go out
         self._resume(plan.kept | ready)
         self.assigned_once = True
         if plan.kept or plan.moved:
@@ -303,7 +293,7 @@ class Rebalancer:
         :data:`REVOKE_SENDS_WAIT_S` to be acknowledged; the commit is bounded by the revoke's
         share (:data:`REVOKE_SHARE`) of the rebalance timeout. Nothing waits for the model.
         """
-        self._metrics.rebalances.labels("revoked").inc()
+        self.metrics.rebalances.labels("revoked").inc()
         self._revoked_in = self.source.membership()
         if not tps:
             return
@@ -313,7 +303,7 @@ class Rebalancer:
             self.settings.rebalance_timeout_ms / 1000 * REVOKE_SHARE, loop.time
         )
         try:
-            await self._delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
+            await self.delivery.quiesce(tps, min(REVOKE_SENDS_WAIT_S, deadline.remaining_s()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.commit(only=tps, rewind=False), deadline.remaining_s())
         finally:  # also when the commit raised (TransactionError): the assignment decides
@@ -363,13 +353,13 @@ class Rebalancer:
         """Suspended partitions that moved: their work is dropped (queued cancelled, running
         forgotten, held replies never sent) and their state forgotten; under
         ``--exactly-once`` their open transaction is aborted."""
-        self._work.drop_unanswered(tps)
-        self._delivery.drop(tps)
+        self.work.drop_unanswered(tps)
+        self.delivery.drop(tps)
         for tp in tps:
             self.dedup.drop_partition(tp)
             self.tracker.revoke(tp)
             self.flow.revoke(tp)
-            self._metrics.forget_partition(tp)
+            self.metrics.forget_partition(tp)
             await self.checkpoint.revoke(tp)  # --exactly-once: what was not committed is aborted
 
     async def finish(self, tps: frozenset[TopicPartition] | None, deadline: Deadline) -> bool:
@@ -389,17 +379,17 @@ class Rebalancer:
         """
         targets = tps if tps is not None else self.tracker.assigned
         work = deadline.keeping(COMMIT_RESERVE_S)
-        await self._work.settle(work)
+        await self.work.settle(work)
         done = False
         while True:
             done = all(self.tracker.pending(tp) == 0 for tp in targets)
             if done or work.expired:
                 break
-            self._progress.clear()
+            self.progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), work.remaining_s())
+                await asyncio.wait_for(self.progress.wait(), work.remaining_s())
         if not done:
-            self._work.drop_unanswered(frozenset(targets))
+            self.work.drop_unanswered(frozenset(targets))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
                 self.commit(only=frozenset(targets), rewind=False), deadline.remaining_s()
