@@ -115,6 +115,15 @@ class LoadedModel:
     threads: ThreadPlan
     """How the process's thread pools share its CPU budget (:mod:`consumer.cpu.plan`)."""
 
+    def device_memory_bytes(self) -> int:
+        """Bytes of accelerator memory torch holds now (0 on the CPU and for models that do
+        not run torch): ``kbatch_gpu_memory_bytes``."""
+        if not self.device.startswith("cuda"):
+            return 0  # no torch import for noop, sim and CPU models
+        from consumer.model.torch_backend import allocated_bytes
+
+        return allocated_bytes(self.device)
+
 
 def load_model(
     settings: ModelSettings, stats: StatsSink, *, max_length: int | None, truncate: bool

@@ -120,6 +120,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def allocated_bytes(device: str) -> int:
+    """Bytes of CUDA memory torch holds for tensors on ``device`` now (0 on the CPU)."""
+    if not device.startswith("cuda"):
+        return 0
+    return int(torch.cuda.memory_allocated(device))
+
+
 def configure_threads(intra_op_threads: int, interop_threads: int = 1) -> int:
     """Set torch's intra-op and inter-op thread counts (from the process's
     :class:`consumer.cpu.plan.ThreadPlan`); returns the intra-op count torch reports. Call once,

@@ -202,6 +202,7 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     stats = PrometheusStats(metrics)
     model = load_model(settings, stats, max_length=settings.max_length, truncate=settings.truncate)
     metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
+    metrics.device_memory = model.device_memory_bytes
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
     client = project(KafkaClientSettings, settings)
     mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition

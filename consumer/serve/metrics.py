@@ -42,6 +42,8 @@ class Metrics:
         self._declare_partitions()
         self._declare_process()
         self._refreshed_s = 0.0
+        # bytes of accelerator memory in use now: serve sets the loaded model's probe
+        self.device_memory: Callable[[], int] = lambda: 0
 
     def _declare_records(self) -> None:
         """Requests taken in and how each was answered (replies, dead letters, shortcuts)."""
@@ -242,7 +244,8 @@ class Metrics:
             self.threads.labels(pool=pool).set(n)
 
     def refresh(self, now_s: float) -> None:
-        """Write the computed gauges' current values (``kbatch_model_busy_ratio``) to their
+        """Write the computed gauges' current values (``kbatch_model_busy_ratio``,
+        ``kbatch_gpu_memory_bytes``, ``kbatch_time_to_drain_seconds``) to their
         stored value, at most once a second of ``now_s`` (monotonic seconds).
 
         A gauge computed at scrape time (``set_function``) is read from this process's registry;
@@ -252,6 +255,7 @@ class Metrics:
         if now_s - self._refreshed_s >= 1.0:
             self._refreshed_s = now_s
             self.model_busy_ratio.set(self.model_busy.ratio())
+            self.gpu_memory.set(self.device_memory())
             lag = _sum_samples(self.lag, "kbatch_consumer_lag")
             replies = _sum_samples(self.replies, "kbatch_replies_total")
             self.time_to_drain.set(self.drain.observe(now_s, replies, lag))

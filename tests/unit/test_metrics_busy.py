@@ -69,3 +69,29 @@ def test_the_gauge_is_exported_and_fed_by_the_engine_stats_sink() -> None:
     PrometheusStats(metrics).on_batch(8, 100, 128, infer_ms=1000.0)
     clock.now_s += 1.0  # 1 s busy out of the 2 s since that batch started
     assert metrics.registry.get_sample_value("kbatch_model_busy_ratio") == pytest.approx(0.5)
+
+
+def test_gpu_memory_reads_the_models_probe_on_refresh() -> None:
+    """kbatch_gpu_memory_bytes was declared and never set (0 on a GPU too): it now reads the
+    loaded model's probe once a second of the beat."""
+    m = Metrics()
+    in_use = [3 * 2**30]
+    m.device_memory = lambda: in_use[0]
+    m.refresh(1.0)
+    assert m.registry.get_sample_value("kbatch_gpu_memory_bytes") == 3 * 2**30
+    in_use[0] = 2**30
+    m.refresh(1.5)  # within the second: unchanged
+    assert m.registry.get_sample_value("kbatch_gpu_memory_bytes") == 3 * 2**30
+    m.refresh(2.0)
+    assert m.registry.get_sample_value("kbatch_gpu_memory_bytes") == 2**30
+
+
+def test_a_cpu_model_reports_no_gpu_memory() -> None:
+    from consumer.model.loader import LoadedModel
+
+    loaded = object.__new__(LoadedModel)  # only the device is read
+    object.__setattr__(loaded, "device", "cpu")
+    assert loaded.device_memory_bytes() == 0
+    from consumer.model.torch_backend import allocated_bytes
+
+    assert allocated_bytes("cpu") == 0
