@@ -238,6 +238,48 @@ def secret_env(settings: ServeSettings) -> dict[str, str]:
     return env
 
 
+RUNTIME_PREFIX = "kbatch-replicas-"
+"""A supervisor's runtime folder (the replicas' settings file and metrics files) is
+``<tmp>/kbatch-replicas-<supervisor pid>-<random>``, mode 0700, removed when it stops."""
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux's ``/proc``; elsewhere a
+    signal 0)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_runtimes(tmp: Path) -> list[Path]:
+    """Remove the runtime folders in ``tmp`` that supervisors stopped by SIGKILL left behind:
+    this user's, named with a supervisor pid that no longer runs, and whose replicas (the pids
+    in their metrics files' names, ``gauge_livesum_<pid>.db``) have all exited too: an orphaned
+    replica still draining keeps its folder. Returns the folders removed (sorted)."""
+    removed = []
+    for folder in sorted(tmp.glob(f"{RUNTIME_PREFIX}*-*")):
+        owner = folder.name.removeprefix(RUNTIME_PREFIX).split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            if not owner.isdigit() or folder.stat().st_uid != os.getuid() or _running(int(owner)):
+                continue
+            pids = {f.stem.rsplit("_", 1)[-1] for f in (folder / "metrics").glob("*_*.db")}
+            if any(p.isdigit() and _running(int(p)) for p in pids):
+                continue
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
+
+
 @dataclass
 class _Replica:
     index: int
@@ -318,7 +360,7 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._stopping = False
         self._aborted = False
-        self._runtime = Path(tempfile.mkdtemp(prefix="kbatch-replicas-"))
+        self._runtime = Path(tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-"))
         self._multiproc = self._runtime / "metrics"
         self._multiproc.mkdir()
         self._settings_file = self._runtime / "settings.yaml"
@@ -491,6 +533,8 @@ class Supervisor:
         from consumer.serve.metrics import HealthServer
 
         s = self.settings
+        if swept := sweep_stale_runtimes(Path(tempfile.gettempdir())):
+            log.info("removed %d folder(s) left by killed supervisors: %s", len(swept), swept)
         try:
             await self._prepare_topics()
         except (KafkaUnavailableError, TopicCreationError) as err:

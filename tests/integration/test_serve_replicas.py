@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from consumer.cpu.budget import read_cpu_budget
+from consumer.serve.replicas import RUNTIME_PREFIX
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
     ServeProcess,
@@ -251,6 +253,8 @@ async def test_replicas_of_a_killed_supervisor_drain_and_exit(
     try:
         server.wait_ready()
         pids = [row["pid"] for row in server.readyz()["replicas"]]
+        runtime = list(Path(tempfile.gettempdir()).glob(f"{RUNTIME_PREFIX}{server.pid}-*"))
+        assert len(runtime) == 1, runtime  # the killed supervisor's settings and metrics
         await burst(kafka_bootstrap, req, n)
         poll_until(lambda: replies_ok(server) >= 100, 120, "100 replies")
         kill(server)
@@ -258,6 +262,8 @@ async def test_replicas_of_a_killed_supervisor_drain_and_exit(
         (tmp_path / "second").mkdir()
         second = start_replicas(tmp_path / "second", kafka_bootstrap, (req, rep, dlq), group)
         replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)
+        second.wait_ready()  # it sweeps before it starts its replicas
+        assert not runtime[0].exists()  # nothing the killed supervisor wrote is left behind
     finally:
         for pid in pids:  # never leave orphans behind when the test fails
             with contextlib.suppress(ProcessLookupError):

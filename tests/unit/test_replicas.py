@@ -11,6 +11,7 @@ import pytest
 from consumer.config import ServeSettings, load_settings
 from consumer.serve.replicas import (
     PER_REPLICA_FLAGS,
+    RUNTIME_PREFIX,
     RestartPolicy,
     RestartState,
     Supervisor,
@@ -21,6 +22,7 @@ from consumer.serve.replicas import (
     replica_instance_id,
     secret_env,
     settings_file_data,
+    sweep_stale_runtimes,
 )
 
 
@@ -182,3 +184,38 @@ def test_every_gauge_says_how_replicas_combine() -> None:
     assert gauges["lag"] == "livemostrecent"
     assert gauges["engine_healthy"] == "livemin"
     assert gauges["in_flight_records"] == "livesum"
+
+
+def _exited_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _runtime(tmp: Path, supervisor: int, replicas: tuple[int, ...] = ()) -> Path:
+    folder = tmp / f"{RUNTIME_PREFIX}{supervisor}-abc123"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "settings.yaml").write_text("{}")
+    for pid in replicas:
+        (folder / "metrics" / f"gauge_livesum_{pid}.db").write_bytes(b"")
+    return folder
+
+
+def test_sweep_removes_what_a_killed_supervisor_left(tmp_path: Path) -> None:
+    """kill -9 of a supervisor skips its cleanup: the next one removes the folder, once the
+    supervisor and every replica named in its metrics files are gone."""
+    import os
+
+    dead = _exited_pid()
+    stale = _runtime(tmp_path, dead, replicas=(_exited_pid(),))
+    live_supervisor = _runtime(tmp_path, os.getpid())
+    draining_orphan = tmp_path / f"{RUNTIME_PREFIX}{dead}-draining"
+    (draining_orphan / "metrics").mkdir(parents=True)
+    (draining_orphan / "metrics" / f"counter_{os.getpid()}.db").write_bytes(b"")
+    unrelated = tmp_path / f"{RUNTIME_PREFIX}notapid-x"
+    unrelated.mkdir()
+    assert sweep_stale_runtimes(tmp_path) == [stale]
+    assert not stale.exists()
+    assert live_supervisor.exists() and draining_orphan.exists() and unrelated.exists()
