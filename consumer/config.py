@@ -227,7 +227,8 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
         "__* topics are never allowed; others are dead-lettered reply_topic_not_allowed.",
     )
     create_topics: bool = Field(
-        True, description="Create the request, reply and dead-letter topics when missing."
+        True,
+        description="Create the request, reply, dead-letter and jobs topics when missing.",
     )
     topic_partitions: int = Field(
         6, ge=1, description="Partitions of a created request/reply topic (the DLQ gets 1)."

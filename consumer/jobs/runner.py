@@ -102,6 +102,7 @@ class JobRunner:
             self.topic,
             replication_factor=self.settings.jobs_topic_replication_factor,
             request_topic=self.settings.request_topic,
+            create=self.settings.create_topics,
         )  # logs its replicas when it creates the topic, warns when it is less durable
         await self._writer.start()
         await self._reader.start()

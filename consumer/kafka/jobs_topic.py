@@ -42,8 +42,10 @@ async def ensure_jobs_topic(
     *,
     replication_factor: int | None = None,
     request_topic: str | None = None,
+    create: bool = True,
 ) -> bool:
-    """Create ``topic`` (1 partition, compacted) when missing; True when it was created.
+    """Create ``topic`` (1 partition, compacted) when missing; True when it was created. With
+    ``create`` False (serve's ``--no-create-topics``) a missing topic is an error instead.
 
     Replicas: ``replication_factor``, else the cluster's default, else ``min(3, brokers)``
     (:func:`consumer.kafka.durability.choose_replication`); ``min.insync.replicas`` is the
@@ -57,12 +59,13 @@ async def ensure_jobs_topic(
 
     Raises:
         KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
-        JobsTopicError: the broker refused to create it, or it exists and is not compacted.
+        JobsTopicError: the broker refused to create it, it exists and is not compacted, or
+            it is missing and ``create`` is False.
     """
     admin = AIOKafkaAdminClient(**client_kwargs(client))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
     try:
-        created = await _create_or_check(admin, topic, replication_factor)
+        created = await _create_or_check(admin, topic, replication_factor, create)
         if request_topic is not None:
             await _compare_durability(admin, topic, request_topic)
         return created
@@ -71,7 +74,7 @@ async def ensure_jobs_topic(
 
 
 async def _create_or_check(
-    admin: AIOKafkaAdminClient, topic: str, replication_factor: int | None
+    admin: AIOKafkaAdminClient, topic: str, replication_factor: int | None, create: bool
 ) -> bool:
     if topic in set(await admin.list_topics()):
         policy = await read_config(admin, ConfigResourceType.TOPIC, topic, "cleanup.policy")
@@ -81,6 +84,11 @@ async def _create_or_check(
                 "topic is compacted (choose another --jobs-topic)"
             )
         return False
+    if not create:
+        raise JobsTopicError(
+            f"the jobs topic {topic!r} does not exist and --no-create-topics leaves creating "
+            "it to you (one partition, cleanup.policy=compact)"
+        )
     with map_kafka_errors(JobsTopicError, f"creating the jobs topic {topic!r}"):
         default, brokers = await cluster_replication(admin)
     try:

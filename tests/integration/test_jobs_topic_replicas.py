@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -16,6 +17,7 @@ from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import Durability, topic_durability
 from consumer.kafka.errors import JobsTopicError
 from consumer.kafka.jobs_topic import COMPACTED, ensure_jobs_topic
+from tests.integration.harness import ServeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +78,53 @@ async def test_a_jobs_topic_less_durable_than_the_request_topic_is_warned_about(
     (line,) = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
     assert "(1 replica(s), min.insync.replicas 1 against 1 replica(s), min.insync.replicas 2)" \
         in line and jobs in line and strict in line  # fmt: skip
+
+
+async def existing_topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_no_create_topics_creates_no_jobs_topic(
+    kafka_bootstrap: str, names: list[str]
+) -> None:
+    """``--no-create-topics`` created the request, reply and dead-letter topics no more but still
+    created the jobs topic: a missing one is now an error naming the flag, and nothing is
+    created; an existing compacted one is used as before."""
+    client = KafkaClientSettings(bootstrap=kafka_bootstrap)
+    with pytest.raises(JobsTopicError, match="does not exist and --no-create-topics"):
+        await ensure_jobs_topic(client, names[0], create=False)
+    assert names[0] not in await existing_topics(kafka_bootstrap)
+    await create_topics(kafka_bootstrap, [names[1]], config=COMPACTED)
+    assert not await ensure_jobs_topic(client, names[1], create=False)
+
+
+async def test_serve_with_no_create_topics_runs_without_jobs_and_creates_nothing(
+    kafka_bootstrap: str, names: list[str], tmp_path: Path
+) -> None:
+    """serve answers with backfill jobs off (one error line) and leaves the jobs topic
+    uncreated: kbatch writes only where its operator allowed."""
+    jobs, requests, replies = names
+    await create_topics(kafka_bootstrap, [requests, replies])
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=requests,
+        reply_topic=replies,
+        dlq_topic=replies,
+        group_id=f"test.jobs-rf.{uuid.uuid4().hex[:8]}",
+        model="noop",
+        extra=["--no-create-topics", "--jobs-topic", jobs],
+    )
+    try:
+        server.wait_ready()
+        log = server.log_tail(200)
+    finally:
+        server.stop()
+    (line,) = [x for x in log.splitlines() if "backfill jobs off" in x]
+    assert "ERROR" in line and f"the jobs topic {jobs!r} does not exist" in line
+    assert jobs not in await existing_topics(kafka_bootstrap)
