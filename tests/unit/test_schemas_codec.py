@@ -21,12 +21,14 @@ from pydantic import ValidationError
 from schemas.codec import (
     DEFAULT_MAX_META_BYTES,
     DEFAULT_MAX_TEXT_BYTES,
+    FLOAT32_MAX,
     MAX_DEPTH,
     MAX_ITEMS,
     Encoding,
     decode_reply,
     decode_request,
     encode_reply,
+    encode_reply_wire,
     encode_request,
     max_request_bytes,
 )
@@ -666,6 +668,18 @@ def test_embedding_beyond_float32_range_cannot_be_encoded_in_msgpack() -> None:
     assert decode_reply(encode_reply(ok_embed([1e39]), JSON), JSON).result == EmbedResult(
         embedding=[1e39], dim=1
     )
+
+
+@pytest.mark.parametrize("n", [1, 16, 70_000])  # each msgpack array header: fix, 16, 32
+@pytest.mark.parametrize("bad", [1e39, -math.inf, -FLOAT32_MAX * (1 + 2**-30)])  # last: rounds
+def test_embedding_beyond_float32_is_refused_at_any_length(n: int, bad: float) -> None:
+    def wire(values: list[float]) -> dict[str, Any]:
+        return {"v": 1, "status": "ok", "result": {"embedding": values, "dim": len(values)}}
+
+    with pytest.raises(EncodeError, match="does not fit a float32"):
+        encode_reply_wire(wire([0.25] * (n - 1) + [bad]), MSGPACK)
+    edge = [0.25] * (n - 1) + [-FLOAT32_MAX]  # the largest float32 itself fits
+    assert msgpack.unpackb(encode_reply_wire(wire(edge), MSGPACK))["result"]["embedding"] == edge
 
 
 def test_binary_meta_cannot_be_encoded_in_json() -> None:
