@@ -29,7 +29,15 @@ from consumer.cli.bench_inputs import (
     sample_texts,
     texts_option,
 )
-from consumer.cli.options import CommaList, flag, group_option, json_option, option, seed_option
+from consumer.cli.options import (
+    CommaList,
+    OutputDir,
+    flag,
+    group_option,
+    json_option,
+    option,
+    seed_option,
+)
 from consumer.model.settings import DTYPE_AUTOCAST, ModelSettings, check_backend
 
 backend_option = group_option(ModelSettings, "backend")
@@ -367,14 +375,14 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 @seed_option("Sampling and arrivals seed.")
 @option(
     "--plots-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=OutputDir(),
     help="Write bench_e2e.png (and bench_e2e_frontier.png with a frontier) here; default: "
     "no plot (kbatch writes only where it is told to).",
 )
 @flag("--no-plots", help="Write no plot (the default; kept for scripts).")
 @option(
     "--log-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=OutputDir(),
     help="Keep the consumer processes' logs here (default: a temporary directory).",
 )
 @json_option

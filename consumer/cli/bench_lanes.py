@@ -16,7 +16,14 @@ from consumer.cli.bench_inputs import (
     sample_texts,
     texts_option,
 )
-from consumer.cli.options import CommaList, group_option, json_option, option, seed_option
+from consumer.cli.options import (
+    CommaList,
+    OutputDir,
+    group_option,
+    json_option,
+    option,
+    seed_option,
+)
 from consumer.model.settings import ModelSettings
 
 __all__ = ["lanes_command"]
@@ -57,7 +64,7 @@ __all__ = ["lanes_command"]
 @seed_option("Sampling and arrivals seed.")
 @option(
     "--log-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=OutputDir(),
     help="Keep serve's log here (default: a temporary directory).",
 )
 @json_option

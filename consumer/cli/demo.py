@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from consumer.cli.options import option
+from consumer.cli.options import OutputDir, option
 
 
 @click.command("demo")
 @option("--steady-s", type=float, default=30.0, help="Steady phase length.")
 @option("--steady-rate", type=float, default=30.0, help="Requests/s, steady.")
 @option("--pulse-s", type=float, default=30.0, help="Pulse phase length.")
-@option("--plots-dir", type=click.Path(path_type=Path), help="Write PNG plots here.")
+@option("--plots-dir", type=OutputDir(), help="Write PNG plots here.")
 @option(
     "--broker-port",
     type=int,

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
-from consumer.cli.options import POSITIVE, CommaList, flag, option, seed_option
+from consumer.cli.options import POSITIVE, CommaList, OutputDir, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
 
 
@@ -118,9 +118,7 @@ from consumer.cli.request import encoding_option, topic_options
     "--tracing; docs/TRACING.md).",
 )
 @flag("--json", "as_json", help="Print one JSON object (no tables).")
-@option(
-    "--plots-dir", type=click.Path(path_type=Path, file_okay=False), help="Write PNG plots here."
-)
+@option("--plots-dir", type=OutputDir(), help="Write PNG plots here.")
 @option("--plots-prefix", help="File name prefix (default: the pattern).")
 @flag("--no-progress", help="No progress bar on stderr.")
 @encoding_option

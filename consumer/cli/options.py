@@ -7,6 +7,7 @@ still apply (see :func:`consumer.config.load_settings`).
 
 from __future__ import annotations
 
+import tempfile
 import types
 import typing
 from collections.abc import Callable
@@ -114,6 +115,27 @@ def flag(*decls: str, help: str) -> Callable[[F], F]:
 
 
 POSITIVE = click.FloatRange(min=0, min_open=True)
+
+
+class OutputDir(click.Path):
+    """A folder kbatch writes into (plots, logs): made (with its parents) and checked writable
+    when the flag is read, so a run that cannot keep its output fails before it starts, in
+    one line, instead of with a traceback at its end."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        folder = typing.cast(Path, super().convert(value, param, ctx))  # path_type=Path
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            self.fail(f"cannot write to {str(folder)!r}: {err.strerror or err}", param, ctx)
+        return folder
+
+
 """Click type of a float flag that must be above 0 (``--timeout-s``)."""
 
 json_option = flag("--json", "as_json", help="Print one JSON object.")

@@ -154,30 +154,37 @@ async def write_jobs_record(
 
 
 class JobsTopicWriter:
-    """A producer of jobs-topic records (acks=all, idempotent)."""
+    """A producer of jobs-topic records (acks=all, idempotent).
+
+    The aiokafka producer is made by :meth:`start`: one made and never started logs
+    "Unclosed AIOKafkaProducer" at ERROR when it is collected (serve with a jobs topic it
+    cannot use would print that after its one "backfill jobs off" line)."""
 
     def __init__(self, client: KafkaClientSettings, topic: str) -> None:
         self.topic = topic
-        self._producer = AIOKafkaProducer(
-            acks="all", enable_idempotence=True, client_id="kbatch-jobs", **client_kwargs(client)
-        )
-        self._started = False
+        self._client = client
+        self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
         """Connect. Raises KafkaUnavailableError: no broker answered."""
-        await start_client(
-            self._producer.start, self._producer.stop, "cannot connect to Kafka (jobs topic)"
+        producer = AIOKafkaProducer(
+            acks="all",
+            enable_idempotence=True,
+            client_id="kbatch-jobs",
+            **client_kwargs(self._client),
         )
-        self._started = True
+        await start_client(producer.start, producer.stop, "cannot connect to Kafka (jobs topic)")
+        self._producer = producer
 
     async def stop(self) -> None:
         """Flush and close (idempotent)."""
-        if self._started:
-            self._started = False
-            await self._producer.stop()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
     async def write(self, key: bytes, value: bytes | None) -> None:
         """Write and wait for the acknowledgement. Raises JobsTopicError: it failed."""
+        assert self._producer is not None, "start() first"
         with map_kafka_errors(JobsTopicError, f"writing {key!r} to {self.topic}"):
             await self._producer.send_and_wait(self.topic, value, key=key)
 
@@ -187,19 +194,20 @@ class JobsTopicReader:
 
     Call :meth:`start`, then :meth:`poll` repeatedly; :meth:`caught_up` says whether what was
     polled reaches the end offsets asked at start (the state written before this reader began).
+    Like the writer's producer, the aiokafka consumer is made by :meth:`start`.
     """
 
     def __init__(self, client: KafkaClientSettings, topic: str) -> None:
         self.topic = topic
-        self._consumer = AIOKafkaConsumer(
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            client_id="kbatch-jobs-reader",
-            **client_kwargs(client),
-        )
+        self._client = client
+        self._live: AIOKafkaConsumer | None = None  # made and started by start()
         self._tps: list[KafkaTP] = []
         self._ends: dict[KafkaTP, int] = {}
-        self._started = False
+
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        assert self._live is not None, "start() first"
+        return self._live
 
     async def start(self) -> None:
         """Connect, assign every partition of the topic at its beginning.
@@ -208,10 +216,14 @@ class JobsTopicReader:
             KafkaUnavailableError: no broker answered.
             JobsTopicError: the topic does not exist.
         """
-        await start_client(
-            self._consumer.start, self._consumer.stop, "cannot connect to Kafka (jobs topic)"
+        consumer = AIOKafkaConsumer(
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id="kbatch-jobs-reader",
+            **client_kwargs(self._client),
         )
-        self._started = True
+        await start_client(consumer.start, consumer.stop, "cannot connect to Kafka (jobs topic)")
+        self._live = consumer  # stop() closes it from here on, whatever follows fails
         with map_kafka_errors(JobsTopicError, f"reading {self.topic}"):
             partitions = None
             for _ in range(20):  # metadata of a topic created a moment ago may lag
@@ -231,9 +243,9 @@ class JobsTopicReader:
 
     async def stop(self) -> None:
         """Close (idempotent)."""
-        if self._started:
-            self._started = False
-            await self._consumer.stop()
+        consumer, self._live = self._live, None
+        if consumer is not None:
+            await consumer.stop()
 
     async def poll(self, timeout_ms: int) -> list[tuple[bytes | None, bytes | None]]:
         """The next records, ``(key, value)`` in topic order.

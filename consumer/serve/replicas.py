@@ -534,7 +534,8 @@ class Supervisor:
 
         s = self.settings
         if swept := sweep_stale_runtimes(Path(tempfile.gettempdir())):
-            log.info("removed %d folder(s) left by killed supervisors: %s", len(swept), swept)
+            names = ", ".join(str(f) for f in swept)
+            log.info("removed %d folder(s) left by killed supervisors: %s", len(swept), names)
         try:
             await self._prepare_topics()
         except (KafkaUnavailableError, TopicCreationError) as err:
