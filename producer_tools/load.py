@@ -155,19 +155,39 @@ def metric_sums(
     except (OSError, urllib.error.URLError):
         return None
     sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name in names:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    try:
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name in names:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:  # not a Prometheus text page (a /healthz, an HTML error page)
+        return None
     return sums
+
+
+TOKEN_COUNTERS = ("kbatch_tokens_real_total", "kbatch_tokens_padded_total")
+
+
+def metrics_url_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why ``kbatch load --metrics-url`` cannot read batch size and padding efficiency from
+    ``url`` (it cannot be fetched, is not a Prometheus page, or has no kbatch token counters);
+    None when it can. Checked once before the run, so a wrong URL is one line, not figures
+    silently missing from the report."""
+    got = metric_sums(url, TOKEN_COUNTERS, timeout_s)
+    if got is None:
+        return f"cannot read a Prometheus page at {url} (a kbatch serve's /metrics)"
+    if len(got) != len(TOKEN_COUNTERS):
+        return f"{url} has no kbatch token counters: is it a kbatch serve's /metrics?"
+    return None
 
 
 def _read_token_counters(url: str) -> tuple[float, float] | None:
     """(real, padded) from ``kbatch_tokens_real_total``/``kbatch_tokens_padded_total``."""
-    got = metric_sums(url, ("kbatch_tokens_real_total", "kbatch_tokens_padded_total"))
-    if got is None or len(got) != 2:
+    got = metric_sums(url, TOKEN_COUNTERS)
+    if got is None or len(got) != len(TOKEN_COUNTERS):
         return None
-    return got["kbatch_tokens_real_total"], got["kbatch_tokens_padded_total"]
+    real, padded = TOKEN_COUNTERS
+    return got[real], got[padded]
 
 
 class _Runner:

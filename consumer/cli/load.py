@@ -145,10 +145,18 @@ def load_command(
 
     from producer_tools import corpus as corpus_mod
     from producer_tools.client import ClientError
-    from producer_tools.load import LoadError, LoadOptions, run_load, write_plots
+    from producer_tools.load import (
+        LoadError,
+        LoadOptions,
+        metrics_url_problem,
+        run_load,
+        write_plots,
+    )
     from producer_tools.report import error_rate, print_report, report_console
     from schemas.codec import Encoding
 
+    if opts.get("metrics_url") and (problem := metrics_url_problem(opts["metrics_url"])):
+        raise click.BadParameter(problem, param_hint="--metrics-url")
     try:
         if corpus == "vader":
             pool = corpus_mod.load_vader()
