@@ -9,7 +9,8 @@ the stops, so the whole shutdown — drain, commit and closes — fits ``drain_t
 (quix-streams ``app.py`` and ``checkpointing/deadline.py``; aiokafka's idempotent ``stop``).
 
 Every stop given to :meth:`Lifecycle.enter` must be idempotent (a part may be stopped by its
-owner too).
+owner too). :func:`process_running` is the one check of another process's life (a broker's
+pid file, a killed supervisor's folder).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import contextlib
 import inspect
 import logging
 import math
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from consumer.deadline import Deadline
 
-__all__ = ["CLOSE_RESERVE_S", "Lifecycle", "stop_on_signals"]
+__all__ = ["CLOSE_RESERVE_S", "Lifecycle", "process_running", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,24 @@ CLOSE_RESERVE_S = 3.0
 group cleanly spares the next owner a session timeout), at most a quarter of the budget."""
 
 Stop = Callable[[], Awaitable[None] | None]
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux's ``/proc``; elsewhere a
+    signal 0, which counts a zombie as running). Another user's process counts as running."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def stop_on_signals() -> asyncio.Event:

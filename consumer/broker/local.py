@@ -31,6 +31,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from consumer.lifecycle import process_running
+
 KAFKA_VERSION: Final = "4.4.0"
 KAFKA3_VERSION: Final = "3.9.1"
 DEFAULT_PORT: Final = 9092
@@ -228,13 +230,7 @@ class LocalBroker:
             pid = int((self.home / "broker.pid").read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        return pid
+        return pid if process_running(pid) else None
 
     def _java(self, main: str, *args: str, heap: tuple[str, ...] = ()) -> list[str]:
         java = shutil.which("java")

@@ -57,6 +57,7 @@ from consumer.cpu.budget import read_cpu_budget
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
+from consumer.lifecycle import process_running
 from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV
 
 __all__ = [
@@ -243,24 +244,6 @@ RUNTIME_PREFIX = "kbatch-replicas-"
 ``<tmp>/kbatch-replicas-<supervisor pid>-<random>``, mode 0700, removed when it stops."""
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (Linux's ``/proc``; elsewhere a
-    signal 0)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def sweep_stale_runtimes(tmp: Path) -> list[Path]:
     """Remove the runtime folders in ``tmp`` that supervisors stopped by SIGKILL left behind:
     this user's, named with a supervisor pid that no longer runs, and whose replicas (the pids
@@ -270,10 +253,14 @@ def sweep_stale_runtimes(tmp: Path) -> list[Path]:
     for folder in sorted(tmp.glob(f"{RUNTIME_PREFIX}*-*")):
         owner = folder.name.removeprefix(RUNTIME_PREFIX).split("-", 1)[0]
         with contextlib.suppress(OSError):
-            if not owner.isdigit() or folder.stat().st_uid != os.getuid() or _running(int(owner)):
+            if (
+                not owner.isdigit()
+                or folder.stat().st_uid != os.getuid()
+                or process_running(int(owner))
+            ):
                 continue
             pids = {f.stem.rsplit("_", 1)[-1] for f in (folder / "metrics").glob("*_*.db")}
-            if any(p.isdigit() and _running(int(p)) for p in pids):
+            if any(p.isdigit() and process_running(int(p)) for p in pids):
                 continue
             shutil.rmtree(folder)
             removed.append(folder)

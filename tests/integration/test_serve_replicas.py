@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from consumer.cpu.budget import read_cpu_budget
+from consumer.lifecycle import process_running
 from consumer.serve.replicas import RUNTIME_PREFIX
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
@@ -227,15 +228,6 @@ async def test_more_replicas_than_partitions_is_warned(
         server.stop()
 
 
-def running(pid: int) -> bool:
-    """The process exists and is not a zombie (an orphan's exit may wait for init to reap)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 async def test_replicas_of_a_killed_supervisor_drain_and_exit(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
@@ -258,7 +250,9 @@ async def test_replicas_of_a_killed_supervisor_drain_and_exit(
         await burst(kafka_bootstrap, req, n)
         poll_until(lambda: replies_ok(server) >= 100, 120, "100 replies")
         kill(server)
-        poll_until(lambda: not any(running(p) for p in pids), 60, "the orphaned replicas exit")
+        poll_until(
+            lambda: not any(process_running(p) for p in pids), 60, "the orphaned replicas exit"
+        )
         (tmp_path / "second").mkdir()
         second = start_replicas(tmp_path / "second", kafka_bootstrap, (req, rep, dlq), group)
         replies = await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 180)

@@ -48,3 +48,25 @@ def test_the_drain_keeps_the_close_reserve_of_a_long_budget() -> None:
     assert life.drain_deadline().remaining_s() == 30.0 - CLOSE_RESERVE_S
     clock.now_s += 10.0  # the shutdown deadline started at the first call
     assert life.begin_shutdown().remaining_s() == 20.0
+
+
+def test_a_zombie_is_not_running_and_this_process_is() -> None:
+    """:func:`consumer.lifecycle.process_running`, the one life check (broker pid file, the
+    sweep): an exited child not yet reaped is a zombie, not a running process."""
+    import os
+    import subprocess
+    import time
+
+    from consumer.lifecycle import process_running
+
+    assert process_running(os.getpid())
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while process_running(child.pid):  # until it exits (a zombie: nobody reaped it yet)
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        assert child.returncode is None  # not reaped: the check saw a zombie, not a gone pid
+    finally:
+        child.wait()
+    assert not process_running(child.pid)
