@@ -10,7 +10,8 @@ the stops, so the whole shutdown — drain, commit and closes — fits ``drain_t
 
 Every stop given to :meth:`Lifecycle.enter` must be idempotent (a part may be stopped by its
 owner too). :func:`process_running` is the one check of another process's life (a broker's
-pid file, a killed supervisor's folder).
+pid file, a killed supervisor's folder); :func:`supervisor_pid` tells a replica of
+``serve --replicas N`` from a process started alone.
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ import math
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from consumer.deadline import Deadline
 
-__all__ = ["CLOSE_RESERVE_S", "Lifecycle", "process_running", "stop_on_signals"]
+__all__ = [
+    "CLOSE_RESERVE_S",
+    "SUPERVISOR_PID_ENV",
+    "Lifecycle",
+    "process_running",
+    "stop_on_signals",
+    "supervisor_pid",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,17 @@ CLOSE_RESERVE_S = 3.0
 group cleanly spares the next owner a session timeout), at most a quarter of the budget."""
 
 Stop = Callable[[], Awaitable[None] | None]
+
+SUPERVISOR_PID_ENV = "KBATCH_SUPERVISOR_PID"
+"""Environment variable the supervisor of ``serve --replicas N`` sets for each replica: its own
+pid (decimal)."""
+
+
+def supervisor_pid(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The supervisor's pid from :data:`SUPERVISOR_PID_ENV`, or None for a process that is not a
+    replica (the variable unset, empty or not a positive integer)."""
+    raw = environ.get(SUPERVISOR_PID_ENV, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
 def process_running(pid: int) -> bool:

@@ -29,15 +29,26 @@ from typing import Literal
 
 __all__ = [
     "QUOTA_BURST",
+    "SETTING_NAME",
     "CpuBudget",
     "QuotaReading",
     "cgroup_quota_cores",
+    "cores_text",
     "decide_budget",
     "read_cpu_budget",
 ]
 
 BudgetSource = Literal["affinity", "cgroup", "setting"]
 """What set the budget: the affinity set, the cgroup quota, or ``--cpu-budget``."""
+
+SETTING_NAME = "--cpu-budget"
+"""How the start-up line names the setting when nothing more precise is known (the flag, the
+``KBATCH_CPU_BUDGET`` variable and a ``--config`` file all set it)."""
+
+
+def cores_text(cores: float) -> str:
+    """``"1 core"``, ``"0.5 cores"``, ``"2 cores"``: a count of cores in a log line."""
+    return f"{cores:g} core" + ("" if cores == 1 else "s")
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,8 @@ class CpuBudget:
         quota: the tightest cgroup quota found, or None (no quota).
         setting_cores: ``--cpu-budget`` when given.
         source: which of the three set ``cores``.
+        setting_name: where ``setting_cores`` came from, for the start-up line
+            (``KBATCH_CPU_BUDGET``, a replica's share of ``serve --replicas``).
     """
 
     cores: float
@@ -87,6 +100,7 @@ class CpuBudget:
     quota: QuotaReading | None
     setting_cores: float | None
     source: BudgetSource
+    setting_name: str = SETTING_NAME
 
     @property
     def thread_cores(self) -> float:
@@ -106,21 +120,22 @@ class CpuBudget:
         if self.quota is not None:
             parts.append(f"cgroup quota {self.quota.cores:.2f} in {self.quota.path}")
         if self.setting_cores is not None:
-            parts.append(f"--cpu-budget {self.setting_cores:g}")
-        unit = "core" if self.cores == 1 else "cores"
-        by = _SOURCE_WORDS[self.source]
-        return f"{self.cores:g} {unit}, set by {by} ({'; '.join(parts)})"
+            parts.append(f"{self.setting_name} {self.setting_cores:g}")
+        by = _SOURCE_WORDS.get(self.source, self.setting_name)
+        return f"{cores_text(self.cores)}, set by {by} ({'; '.join(parts)})"
 
 
 _SOURCE_WORDS: dict[BudgetSource, str] = {
     "affinity": "the affinity set",
     "cgroup": "the cgroup quota",
-    "setting": "--cpu-budget",
 }
 
 
 def decide_budget(
-    affinity_cores: int, quota: QuotaReading | None, setting_cores: float | None
+    affinity_cores: int,
+    quota: QuotaReading | None,
+    setting_cores: float | None,
+    setting_name: str = SETTING_NAME,
 ) -> CpuBudget:
     """The budget from its three inputs (pure; the decision table of the module docstring).
 
@@ -141,11 +156,17 @@ def decide_budget(
         cores, source = math.ceil(quota.cores), "cgroup"
     if setting_cores is not None and setting_cores < cores:
         cores, source = setting_cores, "setting"
-    return CpuBudget(cores, affinity_cores, quota, setting_cores, source)
+    return CpuBudget(cores, affinity_cores, quota, setting_cores, source, setting_name)
 
 
-def read_cpu_budget(setting_cores: float | None = None, *, root: Path = Path("/")) -> CpuBudget:
-    """The budget of this process (reads the affinity set and the cgroup files under ``root``).
+def read_cpu_budget(
+    setting_cores: float | None = None,
+    *,
+    setting_name: str = SETTING_NAME,
+    root: Path = Path("/"),
+) -> CpuBudget:
+    """The budget of this process (reads the affinity set and the cgroup files under ``root``);
+    ``setting_name`` names where ``setting_cores`` came from in :meth:`CpuBudget.describe`.
 
     Raises:
         ValueError: ``setting_cores`` ≤ 0.
@@ -154,7 +175,7 @@ def read_cpu_budget(setting_cores: float | None = None, *, root: Path = Path("/"
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = os.cpu_count() or 1
-    return decide_budget(max(1, affinity), cgroup_quota_cores(root), setting_cores)
+    return decide_budget(max(1, affinity), cgroup_quota_cores(root), setting_cores, setting_name)
 
 
 # ---- the cgroup files -----------------------------------------------------------------------

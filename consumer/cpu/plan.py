@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from consumer.cpu.budget import CpuBudget
+from consumer.cpu.budget import CpuBudget, cores_text
 
 __all__ = [
     "ThreadPlan",
@@ -105,17 +105,16 @@ class ThreadPlan:
         torch = f"torch {self.torch_threads}" + _from(self.torch_from)
         tokenizer = f"tokenizer {self.tokenizer_threads}" + _from(self.tokenizer_from)
         kept = (
-            f"{self.host_reserve_cores} core{'s' if self.host_reserve_cores != 1 else ''} kept "
-            "for the event loop, tokenizer and Kafka"
+            f"{cores_text(self.host_reserve_cores)} kept for the event loop, tokenizer and Kafka"
             if self.host_reserve_cores
             else "no core kept for the host path"
         )
         where = "accelerator host" if self.accelerator else "CPU host"
         if self.budget.thread_cores > self.budget.cores and not self.accelerator:
-            where += f", threads may span {self.budget.thread_cores:g} cores under the quota"
+            where += f", threads may span {cores_text(self.budget.thread_cores)} under the quota"
         return (
-            f"a share of {self.share_cores:g} of {self.budget.cores:g} cores ({where}): {torch} "
-            f"(+{self.torch_interop_threads} inter-op), {tokenizer}, {kept}"
+            f"a share of {self.share_cores:g} of {cores_text(self.budget.cores)} ({where}): "
+            f"{torch} (+{self.torch_interop_threads} inter-op), {tokenizer}, {kept}"
         )
 
 

@@ -38,13 +38,13 @@ from consumer.kafka.errors import (
 )
 from consumer.kafka.flow import FlowControl
 from consumer.kafka.source import KafkaSource
-from consumer.lifecycle import Lifecycle, stop_on_signals
+from consumer.lifecycle import Lifecycle, stop_on_signals, supervisor_pid
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
 from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.serve.pipeline import Pipeline
-from consumer.serve.supervisor_watch import supervisor_pid, watch_supervisor
+from consumer.serve.supervisor_watch import watch_supervisor
 from consumer.tracing.provider import TracingUnavailableError
 
 if TYPE_CHECKING:

@@ -53,12 +53,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from consumer.config import ServeSettings
-from consumer.cpu.budget import read_cpu_budget
+from consumer.cpu.budget import cores_text, read_cpu_budget
 from consumer.kafka.admin import ensure_topics, partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
-from consumer.lifecycle import process_running
-from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV
+from consumer.lifecycle import SUPERVISOR_PID_ENV, process_running
 
 __all__ = [
     "RestartPolicy",
@@ -542,8 +541,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         log.info(
-            "supervising %d replicas of group %s (a CPU budget of %.3g core(s) each)",
-            s.replicas, s.effective_group_id, self.cpu_share,
+            "supervising %d replicas of group %s (a CPU budget of %s each)",
+            s.replicas, s.effective_group_id, cores_text(float(f"{self.cpu_share:.3g}")),
         )  # fmt: skip
         watcher = asyncio.create_task(self._watch(), name="replicas-watch")
         keepers = [

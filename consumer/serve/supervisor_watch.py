@@ -3,10 +3,10 @@
 The supervisor (:mod:`consumer.serve.replicas`) forwards SIGTERM/SIGINT, but a supervisor killed
 with SIGKILL (or by the OOM killer) forwards nothing: without this watch its replicas would run on
 as orphans, still members of the consumer group, and a restarted supervisor would add N more.
-So each replica learns its supervisor's pid (:data:`SUPERVISOR_PID_ENV`) and checks its parent
-pid every :data:`WATCH_INTERVAL_S`: once the parent is no longer that process (an orphan is
-re-parented to init or a subreaper), the replica drains and exits as on SIGTERM — its answered
-records are committed, the rest are re-read by the group's next owner.
+So each replica learns its supervisor's pid (:func:`consumer.lifecycle.supervisor_pid`) and
+checks its parent pid every :data:`WATCH_INTERVAL_S`: once the parent is no longer that
+process (an orphan is re-parented to init or a subreaper), the replica drains and exits as on
+SIGTERM — its answered records are committed, the rest are re-read by the group's next owner.
 
 Polling ``getppid`` is portable and needs no privileges; Linux's ``PR_SET_PDEATHSIG`` would
 signal sooner but is tied to the forking *thread* and to Linux.
@@ -18,25 +18,15 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-__all__ = ["SUPERVISOR_PID_ENV", "WATCH_INTERVAL_S", "supervisor_pid", "watch_supervisor"]
+__all__ = ["WATCH_INTERVAL_S", "watch_supervisor"]
 
 log = logging.getLogger("kbatch.replicas")
-
-SUPERVISOR_PID_ENV = "KBATCH_SUPERVISOR_PID"
-"""Environment variable the supervisor sets for each replica: its own pid (decimal)."""
 
 WATCH_INTERVAL_S = 1.0
 """Seconds between two parent-pid checks: how long an orphaned replica runs on at most before
 its drain begins."""
-
-
-def supervisor_pid(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The supervisor's pid from :data:`SUPERVISOR_PID_ENV`, or None for a process that is not a
-    replica (the variable unset, empty or not a positive integer)."""
-    raw = environ.get(SUPERVISOR_PID_ENV, "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
 async def watch_supervisor(

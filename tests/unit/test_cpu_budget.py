@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
-from consumer.cpu.budget import QuotaReading, cgroup_quota_cores, decide_budget
+from consumer.cpu.budget import QuotaReading, cgroup_quota_cores, cores_text, decide_budget
 from consumer.cpu.plan import PLANNED_ENV, apply_native_env, host_reserve_cores, plan_threads
 
 V1_MOUNTS = (
@@ -314,3 +315,84 @@ def test_kbatchs_own_variables_are_not_read_back_as_the_operators() -> None:
     assert child["OMP_NUM_THREADS"] == "7"  # the operator's stays
     child["RAYON_NUM_THREADS"] = "5"  # the operator changes it afterwards
     assert plan_threads(decide_budget(16, None, None), environ=child).tokenizer_threads == 5
+
+
+@pytest.mark.parametrize(
+    ("cores", "words"),
+    [(1.0, "1 core"), (0.5, "0.5 cores"), (2.0, "2 cores"), (1.5, "1.5 cores")],
+)
+def test_a_count_of_cores_reads_as_english(cores: float, words: str) -> None:
+    """A fresh-user trial read "a share of 1 of 1 cores" and "1 core(s) each" at start-up."""
+    assert cores_text(cores) == words
+
+
+def test_the_start_up_line_names_where_the_setting_came_from() -> None:
+    budget = decide_budget(2, None, 1.0, "KBATCH_CPU_BUDGET")
+    assert budget.describe() == (
+        "1 core, set by KBATCH_CPU_BUDGET (affinity 2; KBATCH_CPU_BUDGET 1)"
+    )
+    assert "a share of 1 of 1 core " in plan_threads(budget).describe()
+    assert "set by --cpu-budget" in decide_budget(2, None, 1.0).describe()
+
+
+@pytest.mark.parametrize(
+    ("environ", "setting", "name"),
+    [
+        ({}, 1.0, "--cpu-budget"),  # the flag or a --config file
+        ({"KBATCH_CPU_BUDGET": "1"}, 1.0, "KBATCH_CPU_BUDGET"),
+        ({"KBATCH_CPU_BUDGET": "3"}, 1.0, "--cpu-budget"),  # the flag wins over the variable
+        ({"KBATCH_CPU_BUDGET": "a"}, 1.0, "--cpu-budget"),
+        ({"KBATCH_SUPERVISOR_PID": "4242"}, 0.5, "the share of serve --replicas"),
+    ],
+)
+def test_the_loader_names_the_budgets_setting(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], setting: float, name: str
+) -> None:
+    """A fresh-user trial: the start-up line said "set by --cpu-budget" for a budget from
+    ``KBATCH_CPU_BUDGET`` or from the supervisor's share under ``--replicas``."""
+    from consumer.model import loader
+    from consumer.model.settings import ModelSettings
+
+    for variable in ("KBATCH_CPU_BUDGET", "KBATCH_SUPERVISOR_PID"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environ.items():
+        monkeypatch.setenv(variable, value)
+    settings = ModelSettings.model_construct(cpu_budget=setting)
+    assert loader._budget_setting_name(settings) == name
+
+
+@pytest.mark.parametrize(
+    ("budget_cores", "torch_threads", "warned"),
+    [
+        (0.5, None, False),  # one thread is torch's least: nothing to warn of
+        (1.0, None, False),
+        (1.0, 3, True),  # --torch-threads 3 on one core
+    ],
+)
+def test_torch_is_warned_of_only_above_its_one_thread_minimum(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    budget_cores: float,
+    torch_threads: int | None,
+    warned: bool,
+) -> None:
+    """A fresh-user trial: ``--cpu-budget 0.5`` warned that "torch's 1 threads exceed the 0.5
+    cores" and "will take turns", of the one thread serve cannot go below."""
+    from consumer.model import loader, torch_backend
+    from consumer.model.settings import ModelSettings
+
+    monkeypatch.setattr(torch_backend, "configure_threads", lambda intra, interop=1: intra)
+    monkeypatch.setattr("consumer.cpu.plan.apply_native_env", lambda plan, env=None: {})
+    settings = ModelSettings.model_construct(
+        model="some/dir", cpu_budget=budget_cores, torch_threads=torch_threads
+    )
+    caplog.set_level(logging.INFO, logger=loader.log.name)
+    plan, threads = loader._plan_threads(settings, "cpu")
+    assert threads == plan.torch_threads
+    said = [r.getMessage() for r in caplog.records if "take turns" in r.getMessage()]
+    assert bool(said) is warned, said
+    if warned:
+        assert said == [
+            "torch's 3 threads (--torch-threads) exceed the 1 core the CPU budget lets them "
+            "span: they will take turns (docs/CPU.md)"
+        ]

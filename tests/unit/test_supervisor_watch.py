@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from consumer.serve.supervisor_watch import SUPERVISOR_PID_ENV, supervisor_pid, watch_supervisor
+from consumer.lifecycle import SUPERVISOR_PID_ENV, supervisor_pid
+from consumer.serve.supervisor_watch import watch_supervisor
 
 
 @pytest.mark.parametrize(
