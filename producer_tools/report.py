@@ -50,6 +50,7 @@ __all__ = [
     "burst_stats",
     "error_rate",
     "find_knee",
+    "knee_line",
     "latency_summary",
     "print_report",
     "report_console",
@@ -435,6 +436,24 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def knee_line(k: dict[str, Any]) -> str:
+    """The report's one line about :func:`find_knee`'s result ``k``, in words where a step is
+    ``None`` (a fresh-user trial read "first saturated step None")."""
+    knee = (
+        f"step {k['knee_step']} at {k['knee_offered_rate_per_s']}/s offered "
+        f"({k['knee_throughput_per_s']} replies/s, p99 {k['knee_p99_ms']} ms)"
+        if k["knee_step"] is not None
+        else "none (even the first step saturated the server)"
+    )
+    saturated = k["first_saturated_step"]
+    return (
+        f"knee: {knee}; "
+        + ("no step saturated" if saturated is None else f"first saturated step {saturated}")
+        + f"; max throughput {k['max_throughput_per_s']}/s; p99 grew {k['p99_growth']}x "
+        f"({k['rule']})"
+    )
+
+
 def print_report(report: dict[str, Any], console: Any) -> None:
     """Print ``report`` as rich tables on ``console`` (a :class:`rich.console.Console`)."""
     from rich.table import Table
@@ -481,13 +500,7 @@ def print_report(report: dict[str, Any], console: Any) -> None:
             table.add_row(*cells)
         console.print(table)
     if "knee" in report:
-        k = report["knee"]
-        console.print(
-            f"knee: step {k['knee_step']} at {k['knee_offered_rate_per_s']}/s offered "
-            f"({k['knee_throughput_per_s']} replies/s, p99 {k['knee_p99_ms']} ms); first "
-            f"saturated step {k['first_saturated_step']}; max throughput "
-            f"{k['max_throughput_per_s']}/s; p99 grew {k['p99_growth']}x ({k['rule']})"
-        )
+        console.print(knee_line(report["knee"]))
     if "bursts" in report:
         console.print(f"baseline p99 {report['baseline_p99_ms']} ms")
         for b in report["bursts"]:

@@ -61,7 +61,8 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
         c = s.counts
         say(f"  done {c.done} · failed {c.failed} · skipped {c.skipped}")
         say(f"  {s.source_topic} → {s.output_topic}")
-        members = ", ".join(f"{m} {m_state}" for m, m_state in s.members.items()) or "none yet"
+        idle = "none yet" if s.state in ("pending", "running") else "none"  # ended: no more
+        members = ", ".join(f"{m} {m_state}" for m, m_state in s.members.items()) or idle
         say(f"  members: {members}")
         say(f"  created {_when(s.created_at_s)}")
 

@@ -174,6 +174,28 @@ async def partition_count(
     return len(described.get("partitions") or []) or None
 
 
+async def missing_topics(
+    bootstrap: str, topics: Iterable[str], security: dict[str, Any] | None = None
+) -> list[str]:
+    """Those of ``topics`` that do not exist, in order. A topic this principal may not describe
+    is not counted (:func:`denied_topics` tells it from a missing one); nothing is created
+    (the metadata request by name does not allow auto-creation).
+
+    Raises:
+        KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
+    """
+    wanted = list(topics)
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, **(security or {}))
+    await start_client(client.bootstrap, client.close, f"no Kafka broker answered at {bootstrap}")
+    try:
+        existing = (await client.fetch_all_metadata()).topics()
+        absent = [t for t in wanted if t not in existing]
+        denied = set(await denied_topics(client, absent)) if absent else set()
+    finally:
+        await client.close()
+    return [t for t in absent if t not in denied]
+
+
 async def denied_topics(client: AIOKafkaClient, topics: Iterable[str]) -> list[str]:
     """Those of ``topics`` the broker answers ``TOPIC_AUTHORIZATION_FAILED`` for, asked by
     name through ``client`` (a started aiokafka client). A listing of all topics leaves out

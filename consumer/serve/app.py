@@ -26,8 +26,6 @@ from consumer.batching.engine import Engine
 from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
 from consumer.finish.checkpoint import DeliveryMode, ProducerSink
-from consumer.kafka.admin import ensure_topics
-from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
     FencedInstanceError,
@@ -45,6 +43,7 @@ from consumer.replies.builder import ReplyBuilder
 from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.serve.pipeline import Pipeline
 from consumer.serve.supervisor_watch import watch_supervisor
+from consumer.serve.topics import prepare_topics
 from consumer.tracing.provider import TracingUnavailableError
 
 if TYPE_CHECKING:
@@ -129,7 +128,7 @@ async def serve(settings: ServeSettings) -> int:
         log.warning("config: %s", warning)
     metrics = Metrics()
     try:
-        await _create_topics(settings)
+        await prepare_topics(settings)
         tracing = _open_tracing(settings, metrics)  # None unless --tracing
     except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
         log.error("%s", err)
@@ -172,29 +171,6 @@ async def serve(settings: ServeSettings) -> int:
         return 0
     log.warning("stopped (drain deadline passed): unanswered records are re-read after a restart")
     return EXIT_DRAIN_DEADLINE
-
-
-async def _create_topics(settings: ServeSettings) -> None:
-    """``--create-topics``: the request and reply topics and the dead-letter topic.
-
-    Raises:
-        KafkaUnavailableError: no broker answered; KafkaSecurityError: an unreadable CA, key
-            or password file. TopicCreationError: the broker refused.
-    """
-    security = security_kwargs(settings)  # an unreadable CA, key or password file: now
-    if settings.create_topics:
-        created = await ensure_topics(
-            settings.bootstrap,
-            {
-                settings.request_topic: settings.topic_partitions,
-                settings.reply_topic: settings.topic_partitions,
-                settings.dead_letter_topic: 1,
-            },
-            settings.topic_replication_factor,
-            security,
-        )
-        if created:
-            log.info("created topics %s", created)
 
 
 def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | None) -> _Parts:

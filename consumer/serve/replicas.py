@@ -14,8 +14,9 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
   the settings file and applies per replica),
   ``--group-instance-id <id>-<i>`` when one is given (:func:`replica_instance_id`) and an
   internal ``--metrics-port`` on 127.0.0.1.
-- **Topics**: created once here (when ``--create-topics``); a warning when N exceeds the request
-  topic's partition count (the extra members get no partition).
+- **Topics**: created once here (when ``--create-topics``; with ``--no-create-topics`` the
+  missing ones are named once here: :mod:`consumer.serve.topics`); a warning when N exceeds
+  the request topic's partition count (the extra members get no partition).
 - **Signals**: SIGTERM/SIGINT are forwarded to every replica, which drains as ``kbatch serve``
   does; the supervisor waits for all of them (at most ``drain_timeout_s`` +
   :data:`KILL_GRACE_S`, then SIGKILL). A supervisor killed with SIGKILL forwards nothing: each
@@ -54,10 +55,11 @@ from typing import Any, Literal
 
 from consumer.config import ServeSettings
 from consumer.cpu.budget import cores_text, read_cpu_budget
-from consumer.kafka.admin import ensure_topics, partition_count
+from consumer.kafka.admin import partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 from consumer.lifecycle import SUPERVISOR_PID_ENV, process_running
+from consumer.serve.topics import prepare_topics
 
 __all__ = [
     "RestartPolicy",
@@ -495,17 +497,7 @@ class Supervisor:
 
     async def _prepare_topics(self) -> None:
         s = self.settings
-        if s.create_topics:
-            await ensure_topics(
-                s.bootstrap,
-                {
-                    s.request_topic: s.topic_partitions,
-                    s.reply_topic: s.topic_partitions,
-                    s.dead_letter_topic: 1,
-                },
-                s.topic_replication_factor,
-                security_kwargs(s),
-            )
+        await prepare_topics(s)
         partitions = await partition_count(s.bootstrap, s.request_topic, security_kwargs(s))
         if partitions is not None and s.replicas > partitions:
             log.warning(

@@ -17,7 +17,7 @@ from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import Durability, topic_durability
 from consumer.kafka.errors import JobsTopicError
 from consumer.kafka.jobs_topic import COMPACTED, ensure_jobs_topic
-from tests.integration.harness import ServeProcess
+from tests.integration.harness import ServeProcess, poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -130,3 +130,34 @@ async def test_serve_with_no_create_topics_runs_without_jobs_and_creates_nothing
     assert "backfill jobs off" in line and f"the jobs topic {jobs!r} does not exist" in line
     assert "Unclosed" not in log  # the jobs clients are made by start(), none left unclosed
     assert jobs not in await existing_topics(kafka_bootstrap)
+
+
+async def test_serve_names_a_missing_request_topic_and_waits_for_it(
+    kafka_bootstrap: str, names: list[str], tmp_path: Path
+) -> None:
+    """A fresh-user trial: with ``--no-create-topics`` and no request topic, serve said nothing
+    of its own (only aiokafka's "Topic … not found in cluster metadata", now a WARNING a
+    minute). Now one ERROR line names the missing topic (not the ones that exist), nothing is
+    created, and serve consumes once the operator has made it."""
+    jobs, requests, replies = names
+    await create_topics(kafka_bootstrap, [replies])
+    server = ServeProcess.start(
+        tmp_path,
+        bootstrap=kafka_bootstrap,
+        request_topic=requests,
+        reply_topic=replies,
+        dlq_topic=replies,
+        group_id=f"test.no-topic.{uuid.uuid4().hex[:8]}",
+        model="noop",
+        extra=["--no-create-topics", "--no-run-jobs", "--jobs-topic", jobs],
+    )
+    try:
+        poll_until(lambda: "serving " in server.log_tail(200), 120, "serve's start")
+        errors = [x for x in server.log_tail(200).splitlines() if " ERROR " in x]
+        assert len(errors) == 1, errors
+        assert f"topic {requests!r} does not exist" in errors[0] and replies not in errors[0]
+        assert requests not in await existing_topics(kafka_bootstrap)
+        await create_topics(kafka_bootstrap, [requests])
+        server.wait_ready(90)  # its metadata refresh (30 s) finds the topic; it is assigned
+    finally:
+        server.stop()

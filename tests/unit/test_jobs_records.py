@@ -223,6 +223,7 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     assert "  running 75/150 (50.0 %)" in plain.splitlines()  # no bar: blank spaces in a pipe
     assert "  done 75 · failed 0 · skipped 0" in lines
     assert any(line.startswith("  members: a running") for line in lines)
+    assert "  members: none" in lines  # the failed job that never ran: not "none yet"
     assert status_json(running)["fraction"] == 0.5
     empty = Console(record=True)
     render_statuses([], empty)

@@ -14,6 +14,7 @@ from producer_tools.report import (
     build_report,
     error_rate,
     find_knee,
+    knee_line,
     latency_summary,
 )
 
@@ -114,6 +115,20 @@ def test_find_knee(thr: list[float], knee: int | None, saturated: int | None) ->
     assert k["knee_step"] == knee and k["first_saturated_step"] == saturated
     assert k["max_throughput_per_s"] == max(thr)
     assert k["p99_growth"] == 90
+
+
+@pytest.mark.parametrize(
+    ("thr", "words"),
+    [
+        ([10, 20, 40, 80], "knee: step 4 at 80/s offered (80 replies/s, p99 900 ms); no step "),
+        ([5, 20, 40, 80], "knee: none (even the first step saturated the server); first "),
+        ([10, 20, 33, 34], "knee: step 2 at 20/s offered (20 replies/s, p99 12 ms); first "),
+    ],
+)
+def test_the_knee_line_says_none_in_words(thr: list[float], words: str) -> None:
+    """A fresh-user trial read "first saturated step None" after a sweep that kept up."""
+    line = knee_line(find_knee(_step_rows([10, 20, 40, 80], thr, [10, 12, 50, 900])))
+    assert line.startswith(words) and "None" not in line
 
 
 def test_step_report_has_a_row_per_step_and_finds_the_knee() -> None:
