@@ -103,6 +103,24 @@ async def test_no_create_topics_creates_no_jobs_topic(
     assert not await ensure_jobs_topic(client, names[1], create=False)
 
 
+def serve_without_creating(
+    bootstrap: str, names: list[str], tmp_path: Path, *extra: str
+) -> ServeProcess:
+    """``kbatch serve --no-create-topics`` (the no-op model) on ``names``: the jobs, request
+    and reply topics (replies and dead letters on one topic)."""
+    jobs, requests, replies = names
+    return ServeProcess.start(
+        tmp_path,
+        bootstrap=bootstrap,
+        request_topic=requests,
+        reply_topic=replies,
+        dlq_topic=replies,
+        group_id=f"test.no-create.{uuid.uuid4().hex[:8]}",
+        model="noop",
+        extra=["--no-create-topics", "--jobs-topic", jobs, *extra],
+    )
+
+
 async def test_serve_with_no_create_topics_runs_without_jobs_and_creates_nothing(
     kafka_bootstrap: str, names: list[str], tmp_path: Path
 ) -> None:
@@ -111,16 +129,7 @@ async def test_serve_with_no_create_topics_runs_without_jobs_and_creates_nothing
     kbatch writes only where its operator allowed."""
     jobs, requests, replies = names
     await create_topics(kafka_bootstrap, [requests, replies])
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=requests,
-        reply_topic=replies,
-        dlq_topic=replies,
-        group_id=f"test.jobs-rf.{uuid.uuid4().hex[:8]}",
-        model="noop",
-        extra=["--no-create-topics", "--jobs-topic", jobs],
-    )
+    server = serve_without_creating(kafka_bootstrap, names, tmp_path)
     try:
         server.wait_ready()
         log = server.log_tail(200)
@@ -139,18 +148,9 @@ async def test_serve_names_a_missing_request_topic_and_waits_for_it(
     of its own (only aiokafka's "Topic … not found in cluster metadata", now a WARNING a
     minute). Now one ERROR line names the missing topic (not the ones that exist), nothing is
     created, and serve consumes once the operator has made it."""
-    jobs, requests, replies = names
+    _, requests, replies = names
     await create_topics(kafka_bootstrap, [replies])
-    server = ServeProcess.start(
-        tmp_path,
-        bootstrap=kafka_bootstrap,
-        request_topic=requests,
-        reply_topic=replies,
-        dlq_topic=replies,
-        group_id=f"test.no-topic.{uuid.uuid4().hex[:8]}",
-        model="noop",
-        extra=["--no-create-topics", "--no-run-jobs", "--jobs-topic", jobs],
-    )
+    server = serve_without_creating(kafka_bootstrap, names, tmp_path, "--no-run-jobs")
     try:
         poll_until(lambda: "serving " in server.log_tail(200), 120, "serve's start")
         errors = [x for x in server.log_tail(200).splitlines() if " ERROR " in x]
