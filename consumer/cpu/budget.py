@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 __all__ = [
     "QUOTA_BURST",
+    "REPLICA_SHARE",
+    "SETTING_ENV",
     "SETTING_NAME",
     "CpuBudget",
     "QuotaReading",
@@ -36,6 +38,7 @@ __all__ = [
     "cores_text",
     "decide_budget",
     "read_cpu_budget",
+    "setting_name",
 ]
 
 BudgetSource = Literal["affinity", "cgroup", "setting"]
@@ -44,6 +47,28 @@ BudgetSource = Literal["affinity", "cgroup", "setting"]
 SETTING_NAME = "--cpu-budget"
 """How the start-up line names the setting when nothing more precise is known (the flag, the
 ``KBATCH_CPU_BUDGET`` variable and a ``--config`` file all set it)."""
+
+SETTING_ENV = "KBATCH_CPU_BUDGET"
+"""The setting's environment variable (the settings' ``KBATCH_`` prefix)."""
+
+REPLICA_SHARE = "the --replicas split"
+"""How a replica of ``serve --replicas N`` names its budget: the host's, split N ways."""
+
+
+def setting_name(
+    setting_cores: float | None, environ: Mapping[str, str], *, replica: bool = False
+) -> str:
+    """Where ``setting_cores`` came from, for :meth:`CpuBudget.describe`: :data:`REPLICA_SHARE`
+    in a replica (its supervisor passes its share); :data:`SETTING_ENV` when that variable
+    holds the value (the flag wins over it, so a different value came from the flag); else
+    :data:`SETTING_NAME` (the flag or a ``--config`` file)."""
+    if replica:
+        return REPLICA_SHARE
+    try:
+        from_env = float(environ.get(SETTING_ENV, "")) == setting_cores
+    except ValueError:
+        from_env = False
+    return SETTING_ENV if from_env else SETTING_NAME
 
 
 def cores_text(cores: float) -> str:
@@ -115,12 +140,13 @@ class CpuBudget:
 
     def describe(self) -> str:
         """One line for the start-up log, e.g. ``1 core, set by the cgroup quota (affinity 2;
-        cgroup quota 1.00 in /sys/fs/cgroup/cpu/x/cpu.cfs_quota_us)``."""
+        cgroup quota 1.00 in /sys/fs/cgroup/cpu/x/cpu.cfs_quota_us)`` or ``0.5 cores, set by
+        KBATCH_CPU_BUDGET (affinity 2; 0.5 from KBATCH_CPU_BUDGET)``."""
         parts = [f"affinity {self.affinity_cores}"]
         if self.quota is not None:
             parts.append(f"cgroup quota {self.quota.cores:.2f} in {self.quota.path}")
         if self.setting_cores is not None:
-            parts.append(f"{self.setting_name} {self.setting_cores:g}")
+            parts.append(f"{self.setting_cores:g} from {self.setting_name}")
         by = _SOURCE_WORDS.get(self.source, self.setting_name)
         return f"{cores_text(self.cores)}, set by {by} ({'; '.join(parts)})"
 

@@ -8,7 +8,9 @@
      │                              an ACL denial of the group or a topic, an unreadable
      │                              CA/key/password file; not retriable (one line, exit 1)
      ├── TopicCreationError         missing topics the broker refused to create (ACLs,
-     │                              replication factor, a policy); not retriable
+     │    │                         replication factor, a policy); not retriable
+     │    └── TopicMissingError     --no-create-topics and a topic kbatch writes to is
+     │                              missing (serve's start: exit 1); not retriable
      ├── CommitError                a commit was refused (rebalance in progress, partition
      │                              moved); retriable at the next commit interval
      ├── DeliveryError              a record that can never be delivered (bad topic or
@@ -67,6 +69,7 @@ __all__ = [
     "RangeSpecError",
     "SinkClosedError",
     "TopicCreationError",
+    "TopicMissingError",
     "TransactionError",
     "map_kafka_errors",
 ]
@@ -98,6 +101,11 @@ class TopicCreationError(KafkaLayerError):
     """Topics are missing and the broker refused to create them (no CREATE permission, a
     replication factor above the broker count, a policy); the message names them and says
     what to do. Brokers without ``auto.create.topics.enable`` never create them on first use."""
+
+
+class TopicMissingError(TopicCreationError):
+    """``--no-create-topics`` and a topic kbatch writes to is missing: the message names them
+    and says what to do (create them, then start)."""
 
 
 class CommitError(KafkaLayerError):

@@ -189,12 +189,18 @@ def load_model(
 def _plan_threads(settings: ModelSettings, device: str) -> tuple[ThreadPlan, int]:
     """Plan the process's thread pools from the CPU budget (docs/CPU.md), set the native
     pools' environment and torch's threads; returns the plan and torch's intra-op threads."""
-    from consumer.cpu.budget import cores_text, read_cpu_budget
+    from consumer.cpu.budget import cores_text, read_cpu_budget, setting_name
     from consumer.cpu.plan import apply_native_env, plan_threads
+    from consumer.lifecycle import supervisor_pid
     from consumer.model.torch_backend import configure_threads
 
     plan = plan_threads(
-        read_cpu_budget(settings.cpu_budget, setting_name=_budget_setting_name(settings)),
+        read_cpu_budget(
+            settings.cpu_budget,
+            setting_name=setting_name(
+                settings.cpu_budget, os.environ, replica=supervisor_pid() is not None
+            ),
+        ),
         accelerator=device != "cpu" or parse_sim(settings.model) is not None,
         torch_threads=settings.torch_threads,
         environ=os.environ,
@@ -214,22 +220,6 @@ def _plan_threads(settings: ModelSettings, device: str) -> tuple[ThreadPlan, int
     if env:
         log.debug("thread pool environment: %s", env)
     return plan, threads
-
-
-def _budget_setting_name(settings: ModelSettings) -> str:
-    """Where ``settings.cpu_budget`` came from, as the start-up line names it: a replica's
-    share (its supervisor passes it), ``KBATCH_CPU_BUDGET`` when that variable holds the value
-    (the flag wins over it), else ``--cpu-budget`` (the flag or a ``--config`` file)."""
-    from consumer.cpu.budget import SETTING_NAME
-    from consumer.lifecycle import supervisor_pid
-
-    if supervisor_pid() is not None:
-        return "the share of serve --replicas"
-    try:
-        from_env = float(os.environ.get("KBATCH_CPU_BUDGET", "")) == settings.cpu_budget
-    except ValueError:
-        from_env = False
-    return "KBATCH_CPU_BUDGET" if from_env else SETTING_NAME
 
 
 def _settings_runner(

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from consumer.config import ServeSettings
-from consumer.cpu.budget import cores_text, read_cpu_budget
+from consumer.cpu.budget import cores_text, read_cpu_budget, setting_name
 from consumer.kafka.admin import partition_count
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
@@ -341,8 +341,10 @@ class Supervisor:
     ) -> None:
         self.settings = settings
         self.policy = policy or RestartPolicy()
-        budget = cores or read_cpu_budget(settings.cpu_budget).cores
-        self.cpu_share = cpu_share_per_replica(budget, settings.replicas)
+        self.budget = read_cpu_budget(
+            settings.cpu_budget, setting_name=setting_name(settings.cpu_budget, os.environ)
+        )
+        self.cpu_share = cpu_share_per_replica(cores or self.budget.cores, settings.replicas)
         self.argv0 = argv0 or [sys.executable, "-c", "from consumer.cli import main; main()"]
         self.replicas = [_Replica(i, RestartState(self.policy)) for i in range(settings.replicas)]
         self._stop = asyncio.Event()
@@ -533,8 +535,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         log.info(
-            "supervising %d replicas of group %s (a CPU budget of %s each)",
+            "supervising %d replicas of group %s (a CPU budget of %s each; the host's: %s)",
             s.replicas, s.effective_group_id, cores_text(float(f"{self.cpu_share:.3g}")),
+            self.budget.describe(),
         )  # fmt: skip
         watcher = asyncio.create_task(self._watch(), name="replicas-watch")
         keepers = [

@@ -161,3 +161,24 @@ async def test_serve_names_a_missing_request_topic_and_waits_for_it(
         server.wait_ready(90)  # its metadata refresh (30 s) finds the topic; it is assigned
     finally:
         server.stop()
+
+
+async def test_serve_refuses_to_start_without_its_reply_topic(
+    kafka_bootstrap: str, names: list[str], tmp_path: Path
+) -> None:
+    """A fresh-user trial: with ``--no-create-topics`` and no reply (and dead-letter) topic,
+    serve consumed a request, both its reply and its dead letter were refused, and its offset
+    was committed: lost. Now serve stops at start, exit 1 and one ERROR line naming the
+    topic, before it joins the group: nothing consumed, nothing created."""
+    _, requests, replies = names
+    await create_topics(kafka_bootstrap, [requests])
+    server = serve_without_creating(kafka_bootstrap, names, tmp_path, "--no-run-jobs")
+    try:
+        assert server.wait(120) == 1
+    finally:
+        server.stop()
+    errors = [x for x in server.log_tail(200).splitlines() if " ERROR " in x]
+    assert len(errors) == 1, errors
+    assert f"topic {replies!r} does not exist with --no-create-topics: create it" in errors[0]
+    assert "Traceback" not in server.log_tail(200)
+    assert replies not in await existing_topics(kafka_bootstrap)

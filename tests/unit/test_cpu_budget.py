@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from consumer.cpu.budget import QuotaReading, cgroup_quota_cores, cores_text, decide_budget
+from consumer.cpu.budget import (
+    REPLICA_SHARE,
+    QuotaReading,
+    cgroup_quota_cores,
+    cores_text,
+    decide_budget,
+    setting_name,
+)
 from consumer.cpu.plan import PLANNED_ENV, apply_native_env, host_reserve_cores, plan_threads
 
 V1_MOUNTS = (
@@ -328,37 +335,32 @@ def test_a_count_of_cores_reads_as_english(cores: float, words: str) -> None:
 
 def test_the_start_up_line_names_where_the_setting_came_from() -> None:
     budget = decide_budget(2, None, 1.0, "KBATCH_CPU_BUDGET")
-    assert budget.describe() == (
-        "1 core, set by KBATCH_CPU_BUDGET (affinity 2; KBATCH_CPU_BUDGET 1)"
-    )
+    said = "1 core, set by KBATCH_CPU_BUDGET (affinity 2; 1 from KBATCH_CPU_BUDGET)"
+    assert budget.describe() == said
+    share = decide_budget(2, None, 1.0, REPLICA_SHARE).describe()
+    assert share == "1 core, set by the --replicas split (affinity 2; 1 from the --replicas split)"
+    tie = decide_budget(2, None, 2.0).describe()  # a tie goes to the affinity set, the flag shown
+    assert tie == "2 cores, set by the affinity set (affinity 2; 2 from --cpu-budget)"
     assert "a share of 1 of 1 core " in plan_threads(budget).describe()
     assert "set by --cpu-budget" in decide_budget(2, None, 1.0).describe()
 
 
 @pytest.mark.parametrize(
-    ("environ", "setting", "name"),
+    ("environ", "replica", "name"),
     [
-        ({}, 1.0, "--cpu-budget"),  # the flag or a --config file
-        ({"KBATCH_CPU_BUDGET": "1"}, 1.0, "KBATCH_CPU_BUDGET"),
-        ({"KBATCH_CPU_BUDGET": "3"}, 1.0, "--cpu-budget"),  # the flag wins over the variable
-        ({"KBATCH_CPU_BUDGET": "a"}, 1.0, "--cpu-budget"),
-        ({"KBATCH_SUPERVISOR_PID": "4242"}, 0.5, "the share of serve --replicas"),
+        ({}, False, "--cpu-budget"),  # the flag or a --config file
+        ({"KBATCH_CPU_BUDGET": "1"}, False, "KBATCH_CPU_BUDGET"),
+        ({"KBATCH_CPU_BUDGET": "3"}, False, "--cpu-budget"),  # the flag wins over the variable
+        ({"KBATCH_CPU_BUDGET": "a"}, False, "--cpu-budget"),
+        ({"KBATCH_CPU_BUDGET": "1"}, True, "the --replicas split"),
     ],
 )
-def test_the_loader_names_the_budgets_setting(
-    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], setting: float, name: str
+def test_the_start_up_line_names_the_budgets_setting(
+    environ: dict[str, str], replica: bool, name: str
 ) -> None:
     """A fresh-user trial: the start-up line said "set by --cpu-budget" for a budget from
     ``KBATCH_CPU_BUDGET`` or from the supervisor's share under ``--replicas``."""
-    from consumer.model import loader
-    from consumer.model.settings import ModelSettings
-
-    for variable in ("KBATCH_CPU_BUDGET", "KBATCH_SUPERVISOR_PID"):
-        monkeypatch.delenv(variable, raising=False)
-    for variable, value in environ.items():
-        monkeypatch.setenv(variable, value)
-    settings = ModelSettings.model_construct(cpu_budget=setting)
-    assert loader._budget_setting_name(settings) == name
+    assert setting_name(1.0, environ, replica=replica) == name
 
 
 @pytest.mark.parametrize(
