@@ -389,8 +389,8 @@ class Delivery(Generic[P]):
         try:
             await self._send_one(r.tp, cut_dead_letter(dlq, DEAD_LETTER_CUT_BYTES))
             return True
-        except DeliveryError:
-            log.exception("dead letter for %s@%d refused, also cut: skipped", r.tp, r.offset)
+        except DeliveryError as err:  # one line, no traceback: the error says why
+            log.error("dead letter for %s@%d refused, also cut: skipped (%s)", r.tp, r.offset, err)
             return False
 
     def _finish(self, pending: P) -> None:

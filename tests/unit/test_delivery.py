@@ -102,7 +102,7 @@ async def test_a_batch_goes_in_one_send_and_each_record_finishes_on_its_own_ack(
 
 @pytest.mark.parametrize("finish_unsent", [True, False])
 async def test_a_refused_reply_is_dead_lettered_cut_and_the_owner_decides_on_a_refused_one(
-    finish_unsent: bool,
+    finish_unsent: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     sink = FakeSink()
     delivery, tracker, owner, items = make(
@@ -125,6 +125,8 @@ async def test_a_refused_reply_is_dead_lettered_cut_and_the_owner_decides_on_a_r
     assert owner.events[0] == ("dead_lettered", 0, (ErrorCode.INVALID_REQUEST, False, False))
     assert owner.events[1] == ("finished", 0, finish_unsent)
     assert (tracker.committable() == {("req", 0): 1}) is finish_unsent
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]  # a trial saw a traceback
+    assert error.exc_info is None and error.getMessage().endswith("skipped (refused again)")
 
 
 async def test_max_in_flight_bounds_the_records_waiting_for_the_broker() -> None:
