@@ -45,7 +45,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from typing import Any, Generic, Protocol, TypeVar
 
 from consumer.finish.gate import IntervalGate
-from consumer.kafka.errors import DeliveryDeniedError, DeliveryError, SinkClosedError
+from consumer.kafka.errors import (
+    DeliveryDeniedError,
+    DeliveryError,
+    DeliveryTopicMissingError,
+    SinkClosedError,
+)
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.replies.builder import ReplyBuilder
@@ -349,9 +354,12 @@ class Delivery(Generic[P]):
         except SinkClosedError:
             self._done(pending, False)
             return
-        except DeliveryDeniedError as err:
+        except (DeliveryDeniedError, DeliveryTopicMissingError) as err:
             if self._on_denied is not None:  # kept unfinished: nothing is lost
-                self._on_denied(f"the dead-letter topic {dlq.topic} is denied: {err}")
+                # a deleted topic too (a fresh-user trial saw records lost then)
+                denied = isinstance(err, DeliveryDeniedError)
+                remedy = "grant WRITE on it" if denied else "create it"
+                self._on_denied(f"the dead-letter topic {dlq.topic} refused: {err}; {remedy}")
                 self._done(pending, False)
                 return
             sent = False
@@ -378,12 +386,13 @@ class Delivery(Generic[P]):
         Raises:
             SinkClosedError: the sink closed first.
             DeliveryDeniedError: the broker's ACLs refuse the dead-letter topic.
+            DeliveryTopicMissingError: the dead-letter topic does not exist.
         """
         try:
             await self._send_one(r.tp, dlq)
             return True
-        except DeliveryDeniedError:
-            raise
+        except (DeliveryDeniedError, DeliveryTopicMissingError):
+            raise  # cutting it would not help
         except DeliveryError as err:
             log.warning("dead letter for %s@%d refused (%s); sending it cut", r.tp, r.offset, err)
         try:

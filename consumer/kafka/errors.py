@@ -15,8 +15,9 @@
      │                              moved); retriable at the next commit interval
      ├── DeliveryError              a record that can never be delivered (bad topic or
      │    │                         partition, too large); not retriable: dead-letter it
-     │    └── DeliveryDeniedError   the broker's ACLs refuse writing to the topic
-     │                              (TOPIC_AUTHORIZATION_FAILED): reply_topic_not_allowed
+     │    ├── DeliveryDeniedError   the broker's ACLs refuse writing to the topic
+     │    │                         (TOPIC_AUTHORIZATION_FAILED): reply_topic_not_allowed
+     │    └── DeliveryTopicMissingError  the topic does not exist (not even after a grace)
      ├── SinkClosedError            the sink closed before the record was acknowledged;
      │                              not retriable here (the record is re-read after a restart)
      ├── TransactionError           --exactly-once: a partition's transaction aborted, without
@@ -61,6 +62,7 @@ __all__ = [
     "CommitError",
     "DeliveryDeniedError",
     "DeliveryError",
+    "DeliveryTopicMissingError",
     "FencedInstanceError",
     "KafkaLayerError",
     "KafkaSecurityError",
@@ -120,6 +122,10 @@ class DeliveryError(KafkaLayerError):
 
 class DeliveryDeniedError(DeliveryError):
     """The broker's ACLs refuse this principal writing to the record's topic."""
+
+
+class DeliveryTopicMissingError(DeliveryError):
+    """The record's topic does not exist (the sink waited ``MISSING_TOPIC_GRACE_S`` for it)."""
 
 
 class SinkClosedError(KafkaLayerError):

@@ -55,6 +55,7 @@ from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
     DeliveryDeniedError,
     DeliveryError,
+    DeliveryTopicMissingError,
     SinkClosedError,
     describe_denial,
 )
@@ -498,7 +499,7 @@ class KafkaSink:
 
         Raises:
             DeliveryDeniedError: the broker's ACLs hide the topic from this principal.
-            DeliveryError: the broker does not have the topic.
+            DeliveryTopicMissingError: the broker does not have the topic.
         """
         client = self._producer.client
         if client.cluster.partitions_for_topic(topic):
@@ -507,7 +508,7 @@ class KafkaSink:
         if self._missing_until.get(topic, 0.0) > loop.time():
             if topic in self._denied_topics:
                 raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
-            raise DeliveryError(f"topic {topic} does not exist")
+            raise DeliveryTopicMissingError(f"topic {topic} does not exist")
         self._denied_topics.discard(topic)  # an earlier verdict expired: ask again
         give_up = loop.time() + MISSING_TOPIC_GRACE_S
         while True:
@@ -524,7 +525,7 @@ class KafkaSink:
         if await denied_topics(client, [topic]):
             self._denied_topics.add(topic)
             raise DeliveryDeniedError(f"the broker denies describing or writing to {topic}")
-        raise DeliveryError(f"topic {topic} does not exist")
+        raise DeliveryTopicMissingError(f"topic {topic} does not exist")
 
     @staticmethod
     def _refused(err: Exception, topic: str, partition: int | None) -> Exception:
@@ -533,7 +534,7 @@ class KafkaSink:
         if isinstance(err, AssertionError | ValueError | TypeError):
             return DeliveryError(f"cannot send to {topic}[{partition}]: {err}")
         if isinstance(err, UnknownTopicOrPartitionError):
-            return DeliveryError(f"topic {topic} does not exist (no metadata in time)")
+            return DeliveryTopicMissingError(f"topic {topic} does not exist (no metadata in time)")
         if isinstance(err, TopicAuthorizationFailedError):
             denial = describe_denial(err)
             return DeliveryDeniedError(f"the broker denies writing to {topic}: {denial}")

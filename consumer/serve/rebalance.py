@@ -223,11 +223,12 @@ class Rebalancer:
             self.metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
 
     def dead_letters_denied(self, reason: str) -> None:
-        """Delivery: the broker's ACLs refuse the dead-letter topic. Intake pauses for good
-        (readiness says why); what is unfinished stays uncommitted and is read again after a
-        restart with the permission granted: nothing is lost."""
+        """Delivery: the broker's ACLs refuse the dead-letter topic, or it does not exist (it
+        was deleted while serve ran). Intake pauses for good (readiness says why); what is
+        unfinished stays uncommitted and is read again after a restart with the permission
+        granted or the topic made: nothing is lost. ``reason`` ends with the remedy."""
         if self.intake_blocked is None:
-            log.error("%s: intake paused; grant WRITE on it and restart", reason)
+            log.error("%s, then restart: intake paused", reason)
         self.intake_blocked = reason
         self.source.pause(self.tracker.assigned)
 

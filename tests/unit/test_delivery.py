@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from consumer.finish.delivery import DEAD_LETTER_CUT_BYTES, Delivery
-from consumer.kafka.errors import DeliveryError, SinkClosedError
+from consumer.kafka.errors import (
+    DeliveryDeniedError,
+    DeliveryError,
+    DeliveryTopicMissingError,
+    SinkClosedError,
+)
 from consumer.kafka.offset_metadata import decode_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import InRecord
@@ -127,6 +132,36 @@ async def test_a_refused_reply_is_dead_lettered_cut_and_the_owner_decides_on_a_r
     assert (tracker.committable() == {("req", 0): 1}) is finish_unsent
     (error,) = [r for r in caplog.records if r.levelname == "ERROR"]  # a trial saw a traceback
     assert error.exc_info is None and error.getMessage().endswith("skipped (refused again)")
+
+
+@pytest.mark.parametrize(
+    ("error", "remedy"),
+    [
+        (DeliveryTopicMissingError("topic dead does not exist"), "create it"),
+        (DeliveryDeniedError("the broker denies writing to dead"), "grant WRITE on it"),
+    ],
+)
+async def test_a_dead_letter_topic_that_is_gone_or_denied_keeps_the_record_unfinished(
+    error: DeliveryError, remedy: str
+) -> None:
+    """A fresh-user trial deleted the dead-letter topic while serve ran: the next bad
+    record's dead letter was refused (and sent again cut, in vain), skipped and its offset
+    committed: lost. A missing topic is now treated as a denied one: the owner is told (serve
+    pauses intake), the record stays unfinished, nothing is cut."""
+    sink = FakeSink()
+    reasons: list[str] = []
+    delivery, tracker, owner, items = make(sink, on_dead_letters_denied=reasons.append)
+    delivery.send([(items[0], reply(0))])
+    await settle()
+    sink.acks[0].set_exception(DeliveryError("no such partition"))  # the reply: dead-letter it
+    await settle()
+    sink.acks[1].set_exception(error)  # the dead letter
+    assert await delivery.wait(1.0) == 0
+    assert len(sink.sent) == 2  # no cut-down copy
+    (reason,) = reasons
+    assert reason.startswith("the dead-letter topic dead refused") and reason.endswith(remedy)
+    assert owner.events == [("finished", 0, False)]
+    assert tracker.committable() == {}
 
 
 async def test_max_in_flight_bounds_the_records_waiting_for_the_broker() -> None:
