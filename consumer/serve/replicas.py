@@ -14,9 +14,10 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
   the settings file and applies per replica),
   ``--group-instance-id <id>-<i>`` when one is given (:func:`replica_instance_id`) and an
   internal ``--metrics-port`` on 127.0.0.1.
-- **Topics**: created once here (when ``--create-topics``; with ``--no-create-topics`` the
-  missing ones are named once here: :mod:`consumer.serve.topics`); a warning when N exceeds
-  the request topic's partition count (the extra members get no partition).
+- **Topics**: created, or with ``--no-create-topics`` checked, once here
+  (:mod:`consumer.serve.topics`: a missing request topic is waited for, a missing reply or
+  dead-letter topic stops the host); a warning when N exceeds the request topic's partition
+  count (the extra members get no partition).
 - **Signals**: SIGTERM/SIGINT are forwarded to every replica, which drains as ``kbatch serve``
   does; the supervisor waits for all of them (at most ``drain_timeout_s`` +
   :data:`KILL_GRACE_S`, then SIGKILL). A supervisor killed with SIGKILL forwards nothing: each
