@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from consumer.batching.types import Lane
+from consumer.serve.lag_seconds import LagSeconds
 
 _LATENCY_BUCKETS_S = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _MultiprocessMode = Literal["livesum", "livemax", "livemin", "liveall", "livemostrecent"]
@@ -194,14 +195,24 @@ class Metrics:
             mode="liveall",
         )
         self.model_busy_ratio.set_function(self.model_busy.ratio)
-        self.drain = DrainEstimate()
-        self.time_to_drain = self._gauge(
-            "kbatch_time_to_drain_seconds",
-            "Seconds to answer the current backlog at the recent reply rate: the sum of "
-            f"kbatch_consumer_lag over the replies of the last {self.drain.window_s:g} s per "
-            f"second (capped at {self.drain.cap_s:g}; 0 without a backlog). The signal to "
-            "autoscale on (docs/CLUSTER.md §KEDA); with replicas: the slowest replica's.",
+        self.lag_windows = LagSeconds()
+        self.lag_seconds = self._gauge(
+            "kbatch_lag_seconds",
+            "Seconds to answer this member's backlog at its recent answer rate: the sum of "
+            "kbatch_consumer_lag over the offsets answered and committed per second in the "
+            f"last {self.lag_windows.window_s:g} s, over its partitions (0 without a backlog; "
+            f"{self.lag_windows.cap_s:g} when the window answered nothing). The group's value, "
+            "the autoscaling signal, is the recording rule kbatch:lag_seconds "
+            "(docs/CLUSTER.md §KEDA); with replicas: the slowest replica's.",
             mode="livemax",
+        )
+        self.partition_lag_seconds = self._gauge(
+            "kbatch_partition_lag_seconds",
+            "kbatch_lag_seconds of one assigned partition: its lag over its own answer rate "
+            f"(the last {self.lag_windows.window_s:g} s; {self.lag_windows.cap_s:g} when it "
+            "answered nothing there: just assigned, paused or stuck).",
+            ["topic", "partition"],
+            mode="livemostrecent",
         )
         self.cpu_budget = self._gauge(
             "kbatch_cpu_budget_cores",
@@ -245,8 +256,8 @@ class Metrics:
 
     def refresh(self, now_s: float) -> None:
         """Write the computed gauges' current values (``kbatch_model_busy_ratio``,
-        ``kbatch_gpu_memory_bytes``, ``kbatch_time_to_drain_seconds``) to their
-        stored value, at most once a second of ``now_s`` (monotonic seconds).
+        ``kbatch_gpu_memory_bytes``) to their stored value, at most once a second of
+        ``now_s`` (monotonic seconds).
 
         A gauge computed at scrape time (``set_function``) is read from this process's registry;
         under ``kbatch serve --replicas`` the host's ``/metrics`` reads the multiprocess files
@@ -256,9 +267,17 @@ class Metrics:
             self._refreshed_s = now_s
             self.model_busy_ratio.set(self.model_busy.ratio())
             self.gpu_memory.set(self.device_memory())
-            lag = _sum_samples(self.lag, "kbatch_consumer_lag")
-            replies = _sum_samples(self.replies, "kbatch_replies_total")
-            self.time_to_drain.set(self.drain.observe(now_s, replies, lag))
+
+    def show_lag(self, now_s: float, lags: Mapping[tuple[str, int], tuple[int, int]]) -> None:
+        """Publish one lag refresh: ``lags`` maps each assigned ``(topic, partition)`` to
+        ``(lag base offset, lag in records)`` (:meth:`consumer.serve.rebalance.Rebalancer.
+        refresh_lag`); ``now_s`` is monotonic seconds. Sets ``kbatch_consumer_lag``,
+        ``kbatch_partition_lag_seconds`` and ``kbatch_lag_seconds``."""
+        for (topic, partition), (base, lag) in lags.items():
+            self.lag.labels(topic, str(partition)).set(lag)
+            seconds = self.lag_windows.observe(now_s, (topic, partition), base, lag)
+            self.partition_lag_seconds.labels(topic, str(partition)).set(seconds)
+        self.lag_seconds.set(self.lag_windows.total())
 
     def forget_partition(self, tp: tuple[str, int]) -> None:
         """Remove the per-partition series of ``(topic, partition)`` (after a revoke)."""
@@ -267,6 +286,8 @@ class Metrics:
             # stays in the file and the new owner's newer value wins (livemostrecent)
             warnings.simplefilter("ignore", UserWarning)
             self.lag.remove(tp[0], str(tp[1]))
+            self.partition_lag_seconds.remove(tp[0], str(tp[1]))
+        self.lag_windows.forget(tp)
 
     def reply_status(self, status: str, lane: Lane = "live") -> _ReplyCount:
         """The ``kbatch_replies_total`` child of ``status`` and the ``kbatch_lane_replies_total``
@@ -295,37 +316,6 @@ class _ReplyCount:
     def inc(self, amount: float = 1) -> None:
         self._total.inc(amount)
         self._by_lane.inc(amount)
-
-
-def _sum_samples(metric: Counter | Gauge, name: str) -> float:
-    """The sum of every labelled child's ``name`` sample of ``metric`` (this process's)."""
-    return sum(s.value for family in metric.collect() for s in family.samples if s.name == name)
-
-
-class DrainEstimate:
-    """How long the backlog takes at the recent reply rate (pure; monotonic seconds passed in).
-
-    :meth:`observe` takes the replies counted so far and the backlog (records), keeps the
-    counts of the last ``window_s`` seconds, and returns ``backlog / rate``: 0 without a
-    backlog, ``cap_s`` when the window saw no reply (a stalled or just-started member: scale
-    up) or the estimate is longer.
-    """
-
-    def __init__(self, window_s: float = 60.0, cap_s: float = 86_400.0) -> None:
-        self.window_s = window_s
-        self.cap_s = cap_s
-        self._samples: deque[tuple[float, float]] = deque()
-
-    def observe(self, now_s: float, replies_total: float, backlog: float) -> float:
-        self._samples.append((now_s, replies_total))
-        while len(self._samples) > 2 and self._samples[1][0] <= now_s - self.window_s:
-            self._samples.popleft()
-        if backlog <= 0:
-            return 0.0
-        (t0, r0), (t1, r1) = self._samples[0], self._samples[-1]
-        if t1 <= t0 or r1 <= r0:
-            return self.cap_s
-        return min(self.cap_s, backlog / ((r1 - r0) / (t1 - t0)))
 
 
 class BusyWindow:

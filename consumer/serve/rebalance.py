@@ -209,10 +209,12 @@ class Rebalancer:
         """Set ``kbatch_consumer_lag`` of every assigned partition: log end offset (asked of
         the broker, so a paused partition's value moves while its log grows) minus the
         committed offset — or, before this group's first commit, the offset this member
-        started reading from (its first record taken, else its position). Run in the
-        background every :data:`LAG_REFRESH_S` (:meth:`update_gauges`)."""
+        started reading from (its first record taken, else its position) — and the lag
+        seconds that follow (:meth:`Metrics.show_lag`). Run in the background every
+        :data:`LAG_REFRESH_S` (:meth:`update_gauges`)."""
         assigned = self.tracker.assigned
         ends = await self.source.end_offsets(assigned)
+        lags: dict[TopicPartition, tuple[int, int]] = {}
         for tp, end in ends.items():
             base = self.checkpoint.lag_base(tp)
             if base is None:  # nothing taken yet; its position may wait for an offset reset
@@ -220,7 +222,8 @@ class Rebalancer:
                     base = await asyncio.wait_for(self.source.position(tp), LAG_REFRESH_S)
             if base is None or tp not in self.tracker.assigned:  # revoked meanwhile
                 continue
-            self.metrics.lag.labels(tp[0], str(tp[1])).set(max(0, end - base))
+            lags[tp] = (base, max(0, end - base))
+        self.metrics.show_lag(self.clock(), lags)
 
     def dead_letters_denied(self, reason: str) -> None:
         """Delivery: the broker's ACLs refuse the dead-letter topic, or it does not exist (it

@@ -29,15 +29,21 @@ EXPECTED_ALERTS = {
     "KbatchDeadLetterRefused",
     "KbatchEngineUnhealthy",
 }
+EXPECTED_RECORDS = {"kbatch:lag_seconds"}  # what the KEDA ScaledObject queries
 
 
 def _promtool() -> str:
     return require_tool("promtool", "prometheus")
 
 
-def _rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [rule for group in groups for rule in group["rules"]]
+
+
+def _rules() -> list[dict[str, Any]]:
+    """The alerting rules."""
+    return [rule for rule in _all_rules() if "alert" in rule]
 
 
 def _metrics_in(expr: str) -> set[str]:
@@ -49,12 +55,13 @@ def test_promtool_checks_the_rules() -> None:
         [_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"SUCCESS: {len(EXPECTED_ALERTS)} rules found" in out.stdout
+    assert f"SUCCESS: {len(EXPECTED_ALERTS) + len(EXPECTED_RECORDS)} rules found" in out.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
     """Each alert fires on its scenario, with its labels and annotations, and not on the
-    near misses beside it (kbatch.rules.test.yml)."""
+    near misses beside it; each recording rule gives its scenario's values
+    (kbatch.rules.test.yml)."""
     out = subprocess.run(
         [_promtool(), "test", "rules", RULES_TEST.name],
         capture_output=True,
@@ -65,6 +72,16 @@ def test_promtool_unit_tests_pass() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     tested = set(re.findall(r"alertname: (\w+)", RULES_TEST.read_text()))
     assert tested == EXPECTED_ALERTS
+    tested = set(re.findall(r"- expr: (\S+)", RULES_TEST.read_text()))
+    assert tested == EXPECTED_RECORDS
+
+
+def test_recording_rules_use_exported_metrics() -> None:
+    records = [rule for rule in _all_rules() if "record" in rule]
+    assert {r["record"] for r in records} == EXPECTED_RECORDS
+    for rule in records:
+        used = _metrics_in(rule["expr"])
+        assert used and used <= _metric_names(), (rule["record"], used - _metric_names())
 
 
 def test_every_alert_has_a_runbook_severity_and_exported_metrics() -> None:

@@ -173,22 +173,28 @@ def test_manifests_set_a_cpu_limit_and_leave_threads_to_the_budget() -> None:
     assert named.isdisjoint(THREAD_SETTINGS)
 
 
-def test_keda_scales_the_deployment_on_the_groups_lag() -> None:
+def test_keda_scales_on_the_groups_lag_in_seconds_and_the_models_busy_ratio() -> None:
+    """docs/CLUSTER.md §KEDA: the backlog in seconds (not records, whose meaning depends on the
+    model and the hardware) with metricType Value, so replicas = current x seconds / target;
+    the busy ratio keeps the replicas a steady load needs."""
     scaled = _k8s("keda-scaledobject.yaml")
     deployment = _k8s("deployment.yaml")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    flags = _flags(container["args"])
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "kafka"
-    assert trigger["metadata"]["consumerGroup"] == flags["--group-id"]
-    assert trigger["metadata"]["topic"] == flags["--request-topic"]
-    assert trigger["metadata"]["bootstrapServers"] == flags["--bootstrap"]
-    # docs/CLUSTER.md §KEDA: no 0<->1 flapping, no replica for a poison partition's lag.
-    assert int(trigger["metadata"]["activationLagThreshold"]) > 0
-    assert trigger["metadata"]["excludePersistentLag"] == "true"
-    assert trigger["metadata"]["limitToPartitionsWithLag"] == "true"
+    lag, busy = scaled["spec"]["triggers"]
+    assert lag["type"] == busy["type"] == "prometheus"
+    assert lag["metricType"] == "Value"
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/kbatch.rules.yml").read_text())["groups"]
+    records = {r["record"] for g in rules for r in g["rules"] if "record" in r}
+    assert lag["metadata"]["query"].split("{")[0] in records
+    assert float(lag["metadata"]["activationThreshold"]) > 0  # no 0<->1 flapping
+    assert 0 < float(lag["metadata"]["threshold"]) < 86_400  # below the stalled cap
+    assert busy["metricType"] == "AverageValue"
+    assert "kbatch_model_busy_ratio" in busy["metadata"]["query"]
+    assert 0 < float(busy["metadata"]["threshold"]) < 1
+    assert "lagThreshold" not in json.dumps(scaled)  # records per replica: not a fixed count
     assert scaled["spec"]["cooldownPeriod"] >= 120  # longer than a pod's model load
+    # equal shares at 1, 2, 3, 4 and 6 replicas up to the maximum
+    assert scaled["spec"]["maxReplicaCount"] % 12 == 0
 
 
 def test_bad_flag_values_are_reported_by_flag_name() -> None:
