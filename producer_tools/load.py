@@ -33,7 +33,7 @@ import numpy as np
 
 from producer_tools import arrivals
 from producer_tools.client import ClientError, RequestReplyClient, RequestTimeoutError
-from producer_tools.report import Outcome, RunLog, build_report
+from producer_tools.report import KneeRule, Outcome, RunLog, build_report
 from producer_tools.tracing import new_trace_headers
 from schemas.codec import Encoding
 
@@ -80,7 +80,8 @@ class LoadOptions:
     metrics_url: str | None = None
     probe: bool = True
     probe_timeout_s: float = 30.0
-    keep_up_ratio: float = 0.9
+    knee_p99_factor: float = 3.0
+    knee_p99_ms: float | None = None
     traceparent: bool = False
     client_options: dict[str, Any] = field(default_factory=dict)
 
@@ -362,7 +363,7 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
         pattern=opts.pattern,
         after_s=opts.after_window_s,
         boundary_tokens=runner.tokens if opts.metrics_url else None,
-        keep_up_ratio=opts.keep_up_ratio,
+        knee_rule=KneeRule(p99_factor=opts.knee_p99_factor, p99_bound_ms=opts.knee_p99_ms),
     )
     if runner.first_error is not None:
         report["first_error"] = runner.first_error

@@ -3,9 +3,15 @@
 - ``<prefix>_latency_over_time.png``: each request's latency at its scheduled send time (log
   scale), a per-second p99 line, bursts shaded, step boundaries marked, timeouts on top;
 - ``<prefix>_latency_cdf.png``: latency CDF per phase (step, or base/burst/after burst);
-- ``<prefix>_throughput_over_time.png``: offered, sent and replied per second;
+- ``<prefix>_throughput_over_time.png``: offered, sent and replied per whole second (a last,
+  partial second is left out: its count would read as a fall in throughput);
 - ``<prefix>_throughput_vs_offered.png`` (step sweeps): reply throughput and p99 against the
   offered rate, the knee marked.
+
+Millisecond axes are logarithmic with plain labels (``20``, ``50``, ``100``, ``1,000``) on a
+1-2-5 sequence, minor ticks unlabelled (:func:`plain_log_axis`). Each ``*_figure`` function
+returns its :class:`~matplotlib.figure.Figure` (tests read its lines and tick labels);
+:func:`write_plots` saves and closes them.
 """
 
 from __future__ import annotations
@@ -18,15 +24,27 @@ import matplotlib
 matplotlib.use("Agg")
 
 import itertools
+import math
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from producer_tools.arrivals import Schedule
 from producer_tools.report import Outcome, RunLog
 
-__all__ = ["save_png", "write_plots"]
+__all__ = [
+    "latency_cdf_figure",
+    "latency_over_time_figure",
+    "plain_log_axis",
+    "save_png",
+    "throughput_over_time_figure",
+    "throughput_vs_offered_figure",
+    "write_plots",
+]
 
 _SIZE_IN = (8.0, 4.2)
 _DPI = 100
@@ -40,6 +58,43 @@ def save_png(fig: Any, path: Path, dpi: float | str = "figure") -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def _plain(value: float, _pos: object = None) -> str:
+    """A tick label without exponents: ``0.5``, ``20``, ``1,000``."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def plain_log_axis(axis: Axis, lo: float, hi: float) -> None:
+    """Label a log-scale ``axis`` spanning ``[lo, hi]`` (data units, > 0) with plain numbers.
+
+    Major ticks on 1-2-5 × 10^k inside the span (1-2-3-5-7 when that gives fewer than three;
+    only powers of ten when it gives more than nine), labelled as :func:`_plain` writes them;
+    minor ticks stay, unlabelled (matplotlib's default labels them ``3×10¹`` and they overlap).
+    """
+    lo, hi = max(lo, 1e-9), max(hi, lo * 1.01)
+    ticks: list[float] = []
+    for mantissas in ((1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [
+            m * 10.0**k
+            for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+            for m in mantissas
+            if lo <= m * 10.0**k <= hi
+        ]
+        if len(ticks) >= 3:
+            break
+    if len(ticks) > 9:
+        ticks = [t for t in ticks if math.log10(t).is_integer()]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(_plain))
+    axis.set_minor_locator(LogLocator(subs="auto"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _span(values: np.ndarray[Any, Any]) -> tuple[float, float]:
+    """The positive finite range of ``values`` (``(1, 10)`` when there is none)."""
+    v = values[np.isfinite(values) & (values > 0)]
+    return (float(v.min()), float(v.max())) if v.size else (1.0, 10.0)
 
 
 def _mark_segments(ax: Axes, schedule: Schedule) -> None:
@@ -70,12 +125,17 @@ def _mark_segments(ax: Axes, schedule: Schedule) -> None:
 
 
 def _per_second(times: np.ndarray[Any, Any], end_s: float) -> tuple[np.ndarray[Any, Any], Any]:
-    edges = np.arange(0.0, np.ceil(end_s) + 1.0, 1.0)
+    """Counts of ``times`` per whole second in ``[0, end_s]`` (bin centres, counts); a last
+    second that ``end_s`` cuts short is left out."""
+    edges = np.arange(0.0, math.floor(end_s + 1e-9) + 1.0, 1.0)
+    if edges.size < 2:
+        return np.empty(0), np.empty(0, dtype=np.int64)
     counts, _ = np.histogram(times[np.isfinite(times)], bins=edges)
     return edges[:-1] + 0.5, counts
 
 
-def _latency_over_time(log: RunLog, schedule: Schedule, path: Path, title: str) -> None:
+def latency_over_time_figure(log: RunLog, schedule: Schedule, title: str) -> Figure:
+    """Each request's latency (ms, log) at its scheduled send time, p99 per second."""
     fig, ax = plt.subplots(figsize=_SIZE_IN, dpi=_DPI)
     lat = log.latency_ms
     ans = log.answered
@@ -102,15 +162,18 @@ def _latency_over_time(log: RunLog, schedule: Schedule, path: Path, title: str) 
         )
     _mark_segments(ax, schedule)
     ax.set_yscale("log")
+    lo, hi = _span(lat[ans])
+    plain_log_axis(ax.yaxis, lo, hi * (1.5 if timed_out.any() else 1.0))
     ax.set_xlabel("scheduled send time (s)")
     ax.set_ylabel("latency send→reply (ms)")
     ax.set_title(title, fontsize=10, pad=14)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", fontsize=7)
-    save_png(fig, path)
+    return fig
 
 
-def _latency_cdf(log: RunLog, report: dict[str, Any], schedule: Schedule, path: Path) -> None:
+def latency_cdf_figure(log: RunLog, report: dict[str, Any], schedule: Schedule) -> Figure:
+    """The latency CDF (ms, log) per phase: each step, or base and burst, or the whole run."""
     fig, ax = plt.subplots(figsize=_SIZE_IN, dpi=_DPI)
     lat = log.latency_ms
     groups: list[tuple[str, np.ndarray[Any, Any]]] = []
@@ -132,33 +195,38 @@ def _latency_cdf(log: RunLog, report: dict[str, Any], schedule: Schedule, path: 
     for q in (0.5, 0.99):
         ax.axhline(q, color="grey", lw=0.6, ls=":")
     ax.set_xscale("log")
+    plain_log_axis(ax.xaxis, *_span(np.concatenate([v for _, v in groups] or [np.empty(0)])))
     ax.set_xlabel("latency send→reply (ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("latency CDF", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    save_png(fig, path)
+    return fig
 
 
-def _throughput_over_time(log: RunLog, schedule: Schedule, path: Path) -> None:
+def throughput_over_time_figure(log: RunLog, schedule: Schedule) -> Figure:
+    """Offered and sent per second over the schedule, replies per second up to the last one:
+    whole seconds only (a partial last second would read as a fall to 0)."""
     fig, ax = plt.subplots(figsize=_SIZE_IN, dpi=_DPI)
-    end = max(schedule.end_s, float(np.nanmax(log.received_s)) if log.answered.any() else 0)
-    x, offered = _per_second(log.intended_s, end)
-    _, sent = _per_second(log.sent_s, end)
-    _, replied = _per_second(np.where(log.answered, log.received_s, np.nan), end)
+    replied_s = np.where(log.answered, log.received_s, np.nan)
+    last_rx = float(np.nanmax(replied_s)) if log.answered.any() else 0.0
+    x, offered = _per_second(log.intended_s, schedule.end_s)
+    _, sent = _per_second(log.sent_s, schedule.end_s)
+    x_rx, replied = _per_second(replied_s, max(schedule.end_s, last_rx))
     ax.plot(x, offered, label="offered", color="grey", ls="--")
     ax.plot(x, sent, label="sent", color="tab:blue")
-    ax.plot(x, replied, label="replies", color="tab:green")
+    ax.plot(x_rx, replied, label="replies", color="tab:green")
     _mark_segments(ax, schedule)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("requests per second")
     ax.set_title("throughput over time", fontsize=10, pad=14)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    save_png(fig, path)
+    return fig
 
 
-def _throughput_vs_offered(report: dict[str, Any], path: Path) -> None:
+def throughput_vs_offered_figure(report: dict[str, Any]) -> Figure:
+    """Reply throughput and p99 (ms, log) against each step's offered rate; the knee marked."""
     steps = report["phases"]
     offered = [s["offered_rate_per_s"] for s in steps]
     thr = [s["reply_throughput_per_s"] for s in steps]
@@ -171,6 +239,7 @@ def _throughput_vs_offered(report: dict[str, Any], path: Path) -> None:
     ax2 = ax.twinx()
     ax2.plot(offered, p99, "s-", color="tab:red", label="p99 latency")
     ax2.set_yscale("log")
+    plain_log_axis(ax2.yaxis, *_span(np.array([v for v in p99 if v is not None], dtype=float)))
     ax2.set_ylabel("p99 latency (ms)", color="tab:red")
     knee = report.get("knee", {})
     if knee.get("knee_offered_rate_per_s") is not None:
@@ -187,7 +256,7 @@ def _throughput_vs_offered(report: dict[str, Any], path: Path) -> None:
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="upper left")
     ax.set_title("throughput and p99 against offered load", fontsize=10)
     ax.grid(True, alpha=0.3)
-    save_png(fig, path)
+    return fig
 
 
 def write_plots(
@@ -204,10 +273,10 @@ def write_plots(
     title = (
         f"{report['pattern']}: latency (p50 {s['p50']} ms, p99 {s['p99']} ms, max {s['max']} ms)"
     )
-    _latency_over_time(log, schedule, paths[0], title)
-    _latency_cdf(log, report, schedule, paths[1])
-    _throughput_over_time(log, schedule, paths[2])
+    save_png(latency_over_time_figure(log, schedule, title), paths[0])
+    save_png(latency_cdf_figure(log, report, schedule), paths[1])
+    save_png(throughput_over_time_figure(log, schedule), paths[2])
     if report["pattern"] == "step" and report["phases"]:
         paths.append(out_dir / f"{prefix}_throughput_vs_offered.png")
-        _throughput_vs_offered(report, paths[-1])
+        save_png(throughput_vs_offered_figure(report), paths[-1])
     return paths

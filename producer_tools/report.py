@@ -26,8 +26,9 @@ followed. Definitions used throughout:
   device busy), ``forward`` (``timing.infer_ms``), ``reply`` (reply handed to the server's
   producer → read by the client: linger, broker ack, fetch, decode). Server and client share
   the machine's wall clock; the reply timestamp has 1 ms resolution.
-- **knee** (step sweeps): the last step whose reply throughput still kept up with its offered
-  rate (≥ ``keep_up_ratio``, default 0.9); beyond it throughput stops growing and p99 climbs.
+- **knee** (step sweeps): the last step before the first saturated one: a step saturates when
+  its reply throughput falls below 0.9 × its offered rate, it timed requests out, or its p99
+  exceeds 3 × the first step's p99 (or an optional bound in ms); :class:`KneeRule`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from producer_tools.arrivals import Schedule
 
 __all__ = [
     "STAGES",
+    "KneeRule",
     "Outcome",
     "RunLog",
     "build_report",
@@ -268,34 +270,81 @@ def error_rate(summary: dict[str, Any]) -> float:
     return float(failed / summary["scheduled"]) if summary["scheduled"] else 0.0
 
 
-def find_knee(steps: Sequence[dict[str, Any]], keep_up_ratio: float = 0.9) -> dict[str, Any]:
+@dataclass(frozen=True)
+class KneeRule:
+    """When a step of a rate sweep counts as saturated (:func:`find_knee`).
+
+    A step saturates when any of these holds:
+
+    - its reply throughput is below ``keep_up_ratio`` × its offered rate (the server no longer
+      keeps up), or it timed requests out;
+    - its p99 latency is above ``p99_factor`` × the first step's p99 (the queue grows before
+      the throughput shows it: at the first step the server is far from saturation, so its p99
+      is the service time plus batching wait; 3 ×: an M/M/1 queue's mean latency at 2/3
+      utilisation, past which it climbs steeply);
+    - its p99 is above ``p99_bound_ms``, when set (a latency budget).
+    """
+
+    keep_up_ratio: float = 0.9
+    p99_factor: float = 3.0
+    p99_bound_ms: float | None = None
+
+    def text(self) -> str:
+        """The rule in words, as the report prints it."""
+        bound = "" if self.p99_bound_ms is None else f" or > {self.p99_bound_ms:g} ms"
+        return (
+            f"a step saturates when its replies/s < {self.keep_up_ratio:g} x offered, it "
+            f"timed requests out, or its p99 > {self.p99_factor:g} x the first step's{bound}"
+        )
+
+    def saturation(self, step: dict[str, Any], first_p99_ms: float | None) -> str | None:
+        """Why ``step`` (a row of :func:`window_stats`) is saturated, in words; None if not."""
+        offered = step.get("offered_rate_per_s") or 0.0
+        thr = step.get("reply_throughput_per_s") or 0.0
+        if thr < self.keep_up_ratio * offered:
+            return f"{thr:g} replies/s < {self.keep_up_ratio:g} x {offered:g}/s offered"
+        if step.get("timeouts", 0) > 0:
+            return f"{step['timeouts']} timeouts"
+        p99 = step["latency_ms"]["p99"]
+        if p99 is None:
+            return None
+        if self.p99_bound_ms is not None and p99 > self.p99_bound_ms:
+            return f"p99 {p99:g} ms > {self.p99_bound_ms:g} ms"
+        if first_p99_ms is not None and p99 > self.p99_factor * first_p99_ms:
+            return f"p99 {p99:g} ms > {self.p99_factor:g} x the first step's {first_p99_ms:g} ms"
+        return None
+
+
+def find_knee(steps: Sequence[dict[str, Any]], rule: KneeRule | None = None) -> dict[str, Any]:
     """The knee of a rate sweep (rows of :func:`window_stats`, in offered-rate order).
 
-    The knee is the last step before the first one whose reply throughput falls below
-    ``keep_up_ratio × offered`` (or that timed requests out): up to it throughput grows with
-    the load, past it the server is saturated, throughput flattens and p99 climbs. Returns the
-    knee's index/offered rate/throughput/p99 (``None`` when even the first step saturated),
-    the first saturated step (``None`` when none did), the highest throughput seen and the p99
-    growth from the first step to the last.
+    The knee is the last step before the first saturated one (:class:`KneeRule`): up to it
+    the server keeps up at a steady latency; past it throughput flattens or p99 climbs.
+    Returns the knee's step (1-based)/offered rate/throughput/p99 (``None`` when even the
+    first step saturated), the first saturated step and why (``None`` when none did), the
+    highest throughput seen, the p99 growth from the first step to the last and the rule.
     """
+    rule = rule or KneeRule()
     knee: int | None = None
     saturated: int | None = None
+    reason: str | None = None
+    first_p99 = steps[0]["latency_ms"]["p99"] if steps else None
     for i, s in enumerate(steps):
-        offered = s.get("offered_rate_per_s") or 0.0
-        thr = s.get("reply_throughput_per_s") or 0.0
-        if thr < keep_up_ratio * offered or s.get("timeouts", 0) > 0:
+        reason = rule.saturation(s, first_p99)
+        if reason is not None:
             saturated = i
             break
         knee = i
     p99s = [s["latency_ms"]["p99"] for s in steps if s["latency_ms"]["p99"] is not None]
     thr_all = [s.get("reply_throughput_per_s") or 0.0 for s in steps]
     return {
-        "rule": f"last step with reply throughput >= {keep_up_ratio:g} x offered and no timeouts",
+        "rule": rule.text(),
         "knee_step": None if knee is None else knee + 1,
         "knee_offered_rate_per_s": None if knee is None else steps[knee]["offered_rate_per_s"],
         "knee_throughput_per_s": None if knee is None else steps[knee]["reply_throughput_per_s"],
         "knee_p99_ms": None if knee is None else steps[knee]["latency_ms"]["p99"],
         "first_saturated_step": None if saturated is None else saturated + 1,
+        "saturated_because": reason,
         "max_throughput_per_s": _r(max(thr_all)) if thr_all else None,
         "p99_growth": _r(p99s[-1] / p99s[0], 2) if len(p99s) >= 2 and p99s[0] > 0 else None,
     }
@@ -360,7 +409,7 @@ def build_report(
     pattern: str,
     after_s: float = 0.0,
     boundary_tokens: Sequence[tuple[float, float] | None] | None = None,
-    keep_up_ratio: float = 0.9,
+    knee_rule: KneeRule | None = None,
 ) -> dict[str, Any]:
     """The whole report of a run: ``summary`` over the measured (non-warm-up) requests,
     ``phases`` (one row per step; base/burst/after for a pulse), and ``knee`` (step) or
@@ -402,7 +451,7 @@ def build_report(
             row = window_stats(log, rows, [(s.start_s, s.end_s)], s.label, tok(k, k + 1))
             row["rate_per_s"] = s.rate_per_s
             report["phases"].append(row)
-        report["knee"] = find_knee(report["phases"], keep_up_ratio)
+        report["knee"] = find_knee(report["phases"], knee_rule)
     elif pattern == "pulse":
         bursts = [(s.start_s, s.end_s) for s in segs if s.phase == "burst"]
         starts = [lo for lo, _ in bursts[1:]] + [schedule.end_s]
@@ -448,7 +497,11 @@ def knee_line(k: dict[str, Any]) -> str:
     saturated = k["first_saturated_step"]
     return (
         f"knee: {knee}; "
-        + ("no step saturated" if saturated is None else f"first saturated step {saturated}")
+        + (
+            "no step saturated"
+            if saturated is None
+            else f"first saturated step {saturated} ({k['saturated_because']})"
+        )
         + f"; max throughput {k['max_throughput_per_s']}/s; p99 grew {k['p99_growth']}x "
         f"({k['rule']})"
     )

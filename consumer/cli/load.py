@@ -62,6 +62,19 @@ from consumer.cli.request import encoding_option, topic_options
     help="step: the rates of the sweep, e.g. 5,10,20,40 (default: --rate x 1..--steps).",
 )
 @option("--steps", type=click.IntRange(min=1), default=5)
+@option(
+    "--knee-p99-factor",
+    type=POSITIVE,
+    default=3.0,
+    help="step: a step whose p99 exceeds this x the first step's p99 is saturated (as is "
+    "one whose replies/s fall below 0.9 x offered, or that timed requests out); the knee "
+    "is the step before the first saturated one.",
+)
+@option(
+    "--knee-p99-ms",
+    type=POSITIVE,
+    help="step: a latency budget: a step whose p99 exceeds it is saturated too.",
+)
 @option("--step-s", type=POSITIVE, default=10.0, help="step: seconds per step.")
 @option("--burst-factor", type=POSITIVE, default=5.0, help="pulse: burst rate = factor x --rate.")
 @option("--burst-s", type=POSITIVE, default=2.0, help="pulse: burst length.")

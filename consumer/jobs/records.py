@@ -176,10 +176,26 @@ class JobStatus(BaseModel):
 
     @property
     def fraction(self) -> float:
-        """Finished share of the range in [0, 1] (1 for an empty range)."""
+        """Committed share of the range in [0, 1] (1 for an empty range): where a restart
+        resumes. It trails :attr:`progress` by what is answered above the lowest unanswered
+        offset of each partition (offsets commit contiguously)."""
         if self.total_offsets == 0:
             return 1.0
         return min(1.0, self.finished_offsets / self.total_offsets)
+
+    @property
+    def processed(self) -> int:
+        """Records the members finished: ``done + failed + skipped``."""
+        return self.counts.done + self.counts.failed + self.counts.skipped
+
+    @property
+    def progress(self) -> float:
+        """What ``status`` headlines, in [0, 1]: records processed of the range's offsets
+        (1 once completed: compaction gaps and transaction markers hold no record; a record
+        counted twice after a member's crash cannot pass 1)."""
+        if self.state == "completed" or self.total_offsets == 0:
+            return 1.0
+        return min(1.0, self.processed / self.total_offsets)
 
 
 def new_job_id(now_s: float | None = None) -> str:

@@ -107,11 +107,14 @@ def test_step_sweep_reports_each_step_and_writes_the_plots(
     out = subprocess.run(
         [KBATCH, "load", "--pattern", "step", "--rates", "10,30", "--step-s", "2",
          "--warmup-s", "0", "--corpus", str(corpus_file), "--json", "--no-progress",
-         "--plots-dir", str(tmp_path), *served.topic_flags()],
+         "--plots-dir", str(tmp_path), *served.topic_flags(),
+         # a shared machine's p99 of a few ms jitters by more than 3x: the throughput rule here
+         "--knee-p99-factor", "50"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    assert "p99 > 50 x the first step's" in report["knee"]["rule"]
     steps = report["phases"]
     assert [p["name"] for p in steps] == ["step 1 @ 10/s", "step 2 @ 30/s"]
     for step, rate in zip(steps, (10, 30), strict=True):

@@ -208,8 +208,8 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     console = Console(record=True, width=200, color_system=None, force_terminal=True)
     render_statuses([running, ended], console)
     text = console.export_text()
-    assert "━" in text and "75/150 (50.0 %)" in text  # the bar while running, and the offsets
-    assert "0/150 (0.0 %)" in text and "by hand" in text and "failed" in text
+    assert "━" in text and "75/150 records (50.0 %)" in text  # the bar while running
+    assert "0/150 records (0.0 %)" in text and "by hand" in text and "failed" in text
     # 40 columns: nothing cut (new-user trials saw the counts as `3…` in the old
     # eight-column table, then the id cut at 60 columns)
     narrow = Console(record=True, width=40, color_system=None, force_terminal=True)
@@ -220,14 +220,52 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     piped = Console(record=True, width=80, color_system=None, force_terminal=False)
     render_statuses([running], piped)
     plain = piped.export_text()
-    assert "  running 75/150 (50.0 %)" in plain.splitlines()  # no bar: blank spaces in a pipe
+    assert "  running 75/150 records (50.0 %)" in plain.splitlines()  # no bar in a pipe
     assert "  done 75 · failed 0 · skipped 0" in lines
     assert any(line.startswith("  members: a running") for line in lines)
     assert "  members: none" in lines  # the failed job that never ran: not "none yet"
     assert status_json(running)["fraction"] == 0.5
+    assert status_json(running)["committed_fraction"] == 0.5
     empty = Console(record=True)
     render_statuses([], empty)
     assert "no jobs" in empty.export_text()
+
+
+@pytest.mark.parametrize(
+    ("state", "positions", "counts", "headline", "committed"),
+    [
+        # a low offset still unanswered holds the commit back while thousands are done
+        ("running", {0: 12}, {"done": 2600, "failed": 40, "skipped": 20},
+         "  running 2660/8000 records (33.2 %)", "  committed 12/8000 offsets (0.1 %;"),
+        ("running", {0: 4000}, {"done": 4000}, "  running 4000/8000 records (50.0 %)",
+         "  committed 4000/8000 offsets (50.0 %;"),
+        # counted twice after a member's crash: never past the range
+        ("running", {0: 7000}, {"done": 8100}, "  running 8000/8000 records (100.0 %)",
+         "  committed 7000/8000 offsets (87.5 %;"),
+        # compaction gaps: fewer records than offsets, and yet the whole range is done
+        ("completed", {0: 8000}, {"done": 7900}, "  completed 8000/8000 records (100.0 %)", None),
+    ],
+)  # fmt: skip
+def test_status_headlines_records_processed_of_the_range(
+    state: str, positions: dict[int, int], counts: dict[str, int], headline: str,
+    committed: str | None,
+) -> None:  # fmt: skip
+    from rich.console import Console
+
+    from consumer.jobs.render import render_statuses, status_json
+
+    clock = FakeClock()
+    job = _job(clock).model_copy(update={"ranges": {0: (0, 8000)}})
+    if state == "completed":
+        job = job.with_state("completed", clock())
+    status = derive_status(job, [_progress(clock, "a", positions, **counts)])
+    console = Console(record=True, width=80, color_system=None, force_terminal=False)
+    render_statuses([status], console)
+    lines = console.export_text().splitlines()
+    assert headline in lines
+    shown = [line for line in lines if line.startswith("  committed")]
+    assert shown == [] if committed is None else shown[0].startswith(committed)
+    assert status_json(status)["fraction"] == round(status.progress, 4)
 
 
 def test_a_silent_running_member_is_shown_lost() -> None:

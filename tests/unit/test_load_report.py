@@ -9,6 +9,7 @@ import pytest
 
 from producer_tools.arrivals import arrival_times, constant_profile, pulse_profile, step_profile
 from producer_tools.report import (
+    KneeRule,
     Outcome,
     RunLog,
     build_report,
@@ -93,42 +94,98 @@ def test_error_rate_of_an_empty_window_is_zero() -> None:
     assert error_rate({"scheduled": 0, "timeouts": 0, "errors": 0, "send_failures": 0}) == 0.0
 
 
-def _step_rows(offered: list[float], thr: list[float], p99: list[float]) -> list[dict[str, Any]]:
+def _step_rows(
+    offered: list[float], thr: list[float], p99: list[float], timeouts: list[int] | None = None
+) -> list[dict[str, Any]]:
     return [
-        {"offered_rate_per_s": o, "reply_throughput_per_s": t, "timeouts": 0,
+        {"offered_rate_per_s": o, "reply_throughput_per_s": t, "timeouts": n,
          "latency_ms": {"p99": p}}
-        for o, t, p in zip(offered, thr, p99, strict=True)
+        for o, t, p, n in zip(offered, thr, p99, timeouts or [0] * len(offered), strict=True)
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("thr", "knee", "saturated"),
+    ("offered", "thr", "p99", "knee", "saturated", "because"),
     [
-        ([10, 20, 40, 80], 4, None),  # kept up everywhere
-        ([10, 20, 33, 34], 2, 3),  # 33 < 0.9 x 40
-        ([10, 20, 36, 40], 3, 4),  # 36 = 0.9 x 40 still keeps up
-        ([5, 20, 40, 80], None, 1),  # saturated from the start
+        # throughput: kept up everywhere at a steady latency
+        ([10, 20, 40, 80], [10, 20, 40, 80], [10, 12, 20, 29], 4, None, None),
+        ([10, 20, 40, 80], [10, 20, 33, 34], [10, 12, 20, 29], 2, 3, "33 replies/s < 0.9 x 40"),
+        ([10, 20, 40, 80], [10, 20, 36, 72], [10, 12, 20, 29], 4, None, None),  # 0.9 x: kept up
+        ([10, 20, 40, 80], [5, 20, 40, 80], [10, 12, 20, 29], None, 1, "5 replies/s < 0.9 x 10"),
+        # latency: throughput kept up while p99 passed 3 x the first step's
+        ([10, 20, 40, 80], [10, 20, 40, 80], [10, 12, 50, 900], 2, 3, "p99 50 ms > 3 x the "),
+        ([10, 20, 40, 80], [10, 20, 40, 80], [10, 12, 30, 31], 3, 4, "p99 31 ms > 3 x "),
+        # a sweep once reported as "knee: step 4 at 80.0/s ... no step saturated" while p99
+        # went 92 -> 592 ms at that step (the p99s between filled in)
+        ([20, 40, 60, 80], [20, 40, 59.6, 79.2], [92, 110, 140, 592], 3, 4, "p99 592 ms > 3 x"),
+        # recorded: kbatch load --pattern step --rates 20,40,60,80,95 --step-s 5 against
+        # kbatch serve --model sim:20,0 --max-batch-size 4 --max-wait-ms 5 (2 shared cores,
+        # 2026-12-03): replies kept up, p99 61.5 -> 200.8 ms
+        (
+            [20, 40, 60, 80, 95],
+            [20.0, 39.8, 59.8, 79.4, 94.8],
+            [61.516, 126.946, 141.823, 170.359, 200.774],
+            4,
+            5,
+            "p99 200.774 ms > 3 x the first step's 61.516 ms",
+        ),
+        # recorded, the same server, --rates 40,100,160,190: the CPU ran out at ~110/s
+        (
+            [40, 100, 160, 190],
+            [40.0, 93.6, 106.4, 117.6],
+            [199.191, 426.466, 2581.593, 4192.366],
+            2,
+            3,
+            "106.4 replies/s < 0.9 x 160/s offered",
+        ),
     ],
 )
-def test_find_knee(thr: list[float], knee: int | None, saturated: int | None) -> None:
-    k = find_knee(_step_rows([10, 20, 40, 80], thr, [10, 12, 50, 900]))
+def test_find_knee(
+    offered: list[float],
+    thr: list[float],
+    p99: list[float],
+    knee: int | None,
+    saturated: int | None,
+    because: str | None,
+) -> None:
+    k = find_knee(_step_rows(offered, thr, p99))
     assert k["knee_step"] == knee and k["first_saturated_step"] == saturated
+    assert k["saturated_because"] is None if because is None else because in k["saturated_because"]
     assert k["max_throughput_per_s"] == max(thr)
-    assert k["p99_growth"] == 90
+    assert k["p99_growth"] == pytest.approx(p99[-1] / p99[0], abs=0.01)
+
+
+def test_timeouts_and_a_latency_budget_saturate_a_step() -> None:
+    rows = _step_rows([10, 20, 40], [10, 20, 40], [10, 12, 14], timeouts=[0, 2, 0])
+    assert find_knee(rows)["first_saturated_step"] == 2
+    rows = _step_rows([10, 20, 40], [10, 20, 40], [10, 12, 14])
+    k = find_knee(rows, KneeRule(p99_bound_ms=13))
+    assert (k["knee_step"], k["first_saturated_step"]) == (2, 3)
+    assert k["saturated_because"] == "p99 14 ms > 13 ms"
+    assert "or > 13 ms" in k["rule"]
+    k = find_knee(rows, KneeRule(p99_factor=1.1))
+    assert k["first_saturated_step"] == 2
 
 
 @pytest.mark.parametrize(
-    ("thr", "words"),
+    ("thr", "p99", "words"),
     [
-        ([10, 20, 40, 80], "knee: step 4 at 80/s offered (80 replies/s, p99 900 ms); no step "),
-        ([5, 20, 40, 80], "knee: none (even the first step saturated the server); first "),
-        ([10, 20, 33, 34], "knee: step 2 at 20/s offered (20 replies/s, p99 12 ms); first "),
+        ([10, 20, 40, 80], [10, 12, 20, 29],
+         "knee: step 4 at 80/s offered (80 replies/s, p99 29 ms); no step "),
+        ([5, 20, 40, 80], [10, 12, 20, 29],
+         "knee: none (even the first step saturated the server); first "),
+        ([10, 20, 33, 34], [10, 12, 20, 29],
+         "knee: step 2 at 20/s offered (20 replies/s, p99 12 ms); first "),
+        ([10, 20, 40, 80], [92, 110, 140, 592],
+         "knee: step 3 at 40/s offered (40 replies/s, p99 140 ms); "
+         "first saturated step 4 (p99 592 ms > 3 x the first step's 92 ms)"),
     ],
-)
-def test_the_knee_line_says_none_in_words(thr: list[float], words: str) -> None:
-    """A fresh-user trial read "first saturated step None" after a sweep that kept up."""
-    line = knee_line(find_knee(_step_rows([10, 20, 40, 80], thr, [10, 12, 50, 900])))
+)  # fmt: skip
+def test_the_knee_line_says_why_in_words(thr: list[float], p99: list[float], words: str) -> None:
+    """The line names the step, why it saturated and the rule; never "None"."""
+    line = knee_line(find_knee(_step_rows([10, 20, 40, 80], thr, p99)))
     assert line.startswith(words) and "None" not in line
+    assert line.endswith("or its p99 > 3 x the first step's)")
 
 
 def test_step_report_has_a_row_per_step_and_finds_the_knee() -> None:
