@@ -1,8 +1,8 @@
 """The one model loader of ``kbatch serve``, ``kbatch backfill`` and the benchmarks.
 
-- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…`` or a
-  directory) → the directory and the name/revision replies report; cheap (no torch), so the
-  CLI checks it first.
+- :func:`resolve_model`: what ``--model`` names (``minilm``, ``noop``, ``sim:…``, a
+  directory or a Hugging Face Hub id) → the directory and the name/revision replies report;
+  cheap (no torch), so the CLI checks it first.
 - :func:`check_model`: the start-up check ``kbatch serve`` and ``kbatch backfill`` share
   (resolves, task head, default prompt; no torch).
 - :func:`load_model`: the runner and its tokenizer for a
@@ -28,6 +28,7 @@ from consumer.batching.stats import StatsSink
 from consumer.cpu.plan import ThreadPlan
 from consumer.model.batch_runner import ModelRunner
 from consumer.model.errors import ModelNotFoundError
+from consumer.model.hub import parse_hub_id, resolve_hub_model
 from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
 from consumer.model.settings import DTYPE_AUTOCAST, PACKAGED_MODEL, ModelSettings, check_backend
 from consumer.model.sim_backend import SimBackend, parse_sim
@@ -76,11 +77,14 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
     its maximum length) and reports the name ``noop``; so is a simulated device's
     (``sim:FIXED_MS,US_PER_TOKEN[,DIM]``, :mod:`consumer.model.sim_backend`: MiniLM's tokenizer),
     which reports its spec as the name. Another directory reports its own name and
-    ``--model-revision``.
+    ``--model-revision``. A name that is no local path and reads as a Hugging Face Hub id
+    (``ORG/NAME[@REV]``) is resolved through the hub's cache, else downloaded
+    (:func:`consumer.model.hub.resolve_hub_model`); it reports the id and the snapshot's commit.
 
     Raises:
-        ModelNotFoundError: the directory does not exist (a ``FileNotFoundError``).
-        ValueError: a malformed ``sim:`` spec.
+        ModelNotFoundError: the directory does not exist, or the hub id is neither cached nor
+            downloadable (a ``FileNotFoundError``; the message says what to do).
+        ValueError: a malformed ``sim:`` spec; ``ID@REV`` and a different ``--model-revision``.
     """
     if settings.model == NOOP_MODEL or parse_sim(settings.model) is not None:
         return packaged_model_dir(), ModelInfo(
@@ -94,11 +98,19 @@ def resolve_model(settings: ModelSettings) -> tuple[Path, ModelInfo]:
         name = "sentence-transformers/all-MiniLM-L6-v2"
         return packaged_model_dir(), ModelInfo(name=name, revision=revision)
     path = Path(settings.model).expanduser()
+    hub = None if path.exists() else parse_hub_id(settings.model, settings.model_revision)
+    if hub is not None:  # not a local path: a hub id (consumer/model/hub.py)
+        snapshot, commit = resolve_hub_model(*hub)
+        repo_id = hub[0]
+        path, info = snapshot, ModelInfo(name=repo_id, revision=commit)
+    else:
+        info = ModelInfo(name=path.name, revision=settings.model_revision)
     if not (path / "config.json").is_file():
         raise ModelNotFoundError(
-            f"--model {settings.model}: no config.json there (a save_pretrained directory)"
+            f"--model {settings.model}: no config.json in {path} (a save_pretrained directory, "
+            "or a Hugging Face Hub id such as sentence-transformers/all-MiniLM-L6-v2)"
         )
-    return path, ModelInfo(name=path.name, revision=settings.model_revision)
+    return path, info
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,15 @@ class ModelSettings(BaseModel):
 
     model: str = Field(
         PACKAGED_MODEL,
-        description=f"'{PACKAGED_MODEL}' (packaged MiniLM) or a local model directory.",
+        description=f"'{PACKAGED_MODEL}' (packaged MiniLM), a local model directory, or a "
+        "Hugging Face Hub id ORG/NAME[@REVISION] (from the hub's cache, else downloaded; "
+        "HF_HUB_OFFLINE=1: the cache only).",
     )
-    model_revision: str | None = Field(None, description="Reported in replies as model.revision.")
+    model_revision: str | None = Field(
+        None,
+        description="A hub id's revision to load (branch, tag or commit; replies report the "
+        "commit); a directory's: reported in replies as model.revision.",
+    )
     task: Literal["embed", "classify", "rerank", "sparse", "token-classify"] = Field(
         "embed",
         description="What the model computes: embed, classify, or (contract 1.2) rerank "
