@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 KBATCH := $(VENV)/bin/kbatch
 # pip keeps its cache (~/.cache/pip) so the ~3 GB torch wheel downloads once per machine.
 PIP_FLAGS ?= --disable-pip-version-check
-# Every dependency, dev tools included, pinned by `uv pip compile` (make lock).
+# Every dependency, the [serve] extra and the dev tools included, pinned by `uv pip compile`
+# (make lock).
 LOCK := requirements.lock
 LOCK_FLAGS ?=
 # promtool (Debian package prometheus) and kcat: the alert-rule and docs tests run them.
@@ -25,7 +26,7 @@ setup: $(VENV)/.installed
 # Refresh the lock from pyproject.toml, keeping current pins where they still fit.
 # Upgrade: make lock LOCK_FLAGS=--upgrade  (one package: LOCK_FLAGS='--upgrade-package torch')
 lock: setup
-	$(VENV)/bin/uv pip compile -q pyproject.toml --extra dev --universal --python-version 3.11 \
+	$(VENV)/bin/uv pip compile -q pyproject.toml --extra serve --extra dev --universal --python-version 3.11 \
 		--custom-compile-command "make lock" -o $(LOCK) $(LOCK_FLAGS)
 
 # Installs the Debian tools when missing (root with apt-get); otherwise says what to install.

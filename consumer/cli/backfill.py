@@ -19,6 +19,7 @@ import click
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import config_param, settings_from_flags, settings_options
 
 _EXPLICIT = frozenset({"source_topic", "output_topic", "range_from", "range_to"})
@@ -30,6 +31,7 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
             raise click.UsageError("give the flags after the subcommand")
         return
     settings = settings_from_flags(BackfillSettings, config, flags)
+    require_serve_extra()  # before the model layer's imports (a client install has none)
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import (
         KafkaUnavailableError,

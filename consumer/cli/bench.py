@@ -29,6 +29,7 @@ from consumer.cli.bench_inputs import (
     sample_texts,
     texts_option,
 )
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import (
     CommaList,
     OutputDir,
@@ -150,6 +151,7 @@ def engine(
 ) -> None:
     """Single vs fixed vs bucketed batching on real texts (and the plain-transformers
     baselines): throughput, padding, latency."""
+    require_serve_extra()
     import asyncio
     import json
 
@@ -232,6 +234,7 @@ def quality(
     """A backend/precision against torch fp32 (and sentence-transformers) on real texts in
     mixed-length batches: min/mean cosine, label agreement, max |Δscore|; exit 1 when it
     fails the start-up gate's thresholds."""
+    require_serve_extra()
     import json
 
     from consumer.bench.quality import QualityBenchOptions, run_quality_bench
@@ -410,6 +413,7 @@ def e2e(
     point also reports the consumer's cpu_ms_per_request (its processes' CPU over the phase
     per request sent). See consumer/bench/e2e.py for the exact definitions.
     """
+    require_serve_extra()
     import asyncio
     import json
 

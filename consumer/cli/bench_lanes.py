@@ -16,6 +16,7 @@ from consumer.cli.bench_inputs import (
     sample_texts,
     texts_option,
 )
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import (
     CommaList,
     OutputDir,
@@ -80,6 +81,7 @@ def lanes_command(
 ) -> None:
     """Live p50/p99 at --fractions of the drain rate, alone and with a backfill job running in
     the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
+    require_serve_extra()
     import asyncio
     import json
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import json_option, option
 
 __all__ = ["windows_command"]
@@ -37,6 +38,7 @@ def windows_command(
 ) -> None:
     """Model time and padding efficiency of one document of --windows windows against
     --windows separate one-window requests (goal: within 1.1x)."""
+    require_serve_extra()
     import json
     from typing import Literal, cast
 

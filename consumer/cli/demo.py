@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import OutputDir, option
 
 
@@ -26,6 +27,7 @@ def demo_command(
 ) -> None:
     """Start the local broker and `kbatch serve --model minilm`, drive it with a steady phase
     and a pulse of VADER texts, print the reports and sample replies, then stop it."""
+    require_serve_extra()
     from producer_tools.demo import DemoOptions, run_demo
 
     options = DemoOptions(

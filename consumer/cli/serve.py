@@ -9,12 +9,14 @@ from typing import Any
 
 import click
 
+from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import config_param, settings_from_flags, settings_options
 from consumer.config import ServeSettings
 
 
 def _serve(config: Path | None, **flags: Any) -> None:
     settings = settings_from_flags(ServeSettings, config, flags)
+    require_serve_extra()  # before the model layer's imports (a client install has none)
     from consumer.model.loader import check_model
     from consumer.serve.app import serve
     from consumer.tracing.provider import TracingUnavailableError, check_tracing

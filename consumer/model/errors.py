@@ -4,7 +4,8 @@
 
     ModelError                      base of what consumer.model raises
      ├── ModelNotFoundError         --model names no model directory (also a FileNotFoundError);
-     │                              not retriable
+     │    │                         not retriable
+     │    └── ModelLibrariesMissingError  torch/transformers not installed (no [serve] extra)
      ├── LossyBackendError          the backend/precision failed the start-up quality gate
      │                              (consumer.model.quality); not retriable: --allow-lossy
      └── DeviceOutOfMemoryError     the device cannot hold a batch of this shape (also a
@@ -33,8 +34,10 @@ __all__ = [
     "FakeOOMError",
     "LossyBackendError",
     "ModelError",
+    "ModelLibrariesMissingError",
     "ModelNotFoundError",
     "map_device_errors",
+    "require_model_libraries",
 ]
 
 
@@ -46,6 +49,11 @@ class ModelError(Exception):
 
 class ModelNotFoundError(ModelError, FileNotFoundError):
     """``--model`` is neither a known alias nor a ``save_pretrained`` directory."""
+
+
+class ModelLibrariesMissingError(ModelNotFoundError):
+    """No model can be loaded here: torch or transformers is not installed (a client install,
+    ``pip install kbatch``, without the ``[serve]`` extra)."""
 
 
 class LossyBackendError(ModelError):
@@ -85,3 +93,33 @@ def map_device_errors() -> Iterator[None]:
         if is_out_of_memory(exc):
             raise DeviceOutOfMemoryError(str(exc)) from exc
         raise
+
+
+SERVE_EXTRA_HINT = (
+    "pip install 'kbatch[serve]' (on a CPU-only host first: pip install torch "
+    "--index-url https://download.pytorch.org/whl/cpu, which skips the CUDA wheels)"
+)
+"""What to run where the model libraries are missing."""
+
+
+def require_model_libraries() -> None:
+    """Raise unless torch and transformers can be imported (checked without importing them).
+
+    Raises:
+        ModelLibrariesMissingError: one or both are missing; the message says what to install.
+    """
+    import importlib.util
+
+    missing = []
+    for name in ("torch", "transformers"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise ModelLibrariesMissingError(
+            f"serving a model needs {' and '.join(missing)}, not installed here (a client "
+            f"install: kbatch request, load, topics and broker need neither): {SERVE_EXTRA_HINT}"
+        )

@@ -27,7 +27,7 @@ from consumer.batching.protocols import TokenizerLike
 from consumer.batching.stats import StatsSink
 from consumer.cpu.plan import ThreadPlan
 from consumer.model.batch_runner import ModelRunner
-from consumer.model.errors import ModelNotFoundError
+from consumer.model.errors import ModelNotFoundError, require_model_libraries
 from consumer.model.hub import parse_hub_id, resolve_hub_model
 from consumer.model.protocol import AutocastName, BackendName, Quantize, Task
 from consumer.model.settings import DTYPE_AUTOCAST, PACKAGED_MODEL, ModelSettings, check_backend
@@ -152,6 +152,7 @@ def load_model(
         ModelNotFoundError: the model directory does not exist (a ``FileNotFoundError``).
         ValueError: ``default_prompt_name`` is not one of the model's prompts.
     """
+    require_model_libraries()
     from consumer.model.prompts import resolve_default_prompt
     from consumer.model.tokenize import HFTokenizer, WordCountTokenizer
     from consumer.model.torch_backend import default_device
@@ -303,11 +304,13 @@ def check_model(settings: ModelSettings) -> Path:
     model directory.
 
     Raises:
-        ModelNotFoundError: (a ``FileNotFoundError``) the model directory does not exist.
+        ModelNotFoundError: (a ``FileNotFoundError``) the model directory does not exist, or
+            torch/transformers are not installed (``ModelLibrariesMissingError``).
         ValueError: the task or the default prompt does not fit the model.
     """
     from consumer.model.prompts import resolve_default_prompt
 
+    require_model_libraries()
     model_dir, _ = resolve_model(settings)
     check_task(settings, model_dir)
     resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
@@ -418,7 +421,9 @@ def load_runner(
         OSError / ValueError: from transformers when the directory is not a model;
             ``ValueError`` for a combination :func:`~consumer.model.settings.check_backend`
             refuses (``onnx`` on a non-CPU device, ``int8`` without ``onnx``).
+        ModelLibrariesMissingError: torch or transformers is not installed.
     """
+    require_model_libraries()
     from transformers.utils import logging as hf_logging
 
     from consumer.model.tokenize import read_max_length

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,3 +187,30 @@ def test_timeouts_fail_the_run_unless_allowed(kafka_bootstrap: str, corpus_file:
     assert "error rate 100.00% is above --max-error-rate 0.00%" in failed.stderr
     assert json.loads(failed.stdout)["summary"]["timeouts"] == 3
     assert allowed.returncode == 0, allowed.stderr
+
+
+def test_a_client_install_without_torch_requests_and_loads(
+    served: Served, corpus_file: Path
+) -> None:
+    """``kbatch request`` and ``kbatch load`` where torch, transformers and the rest of the
+    [serve] extra cannot be imported (tests/fixtures/no_torch), against a real serve."""
+    no_torch = Path(__file__).resolve().parents[1] / "fixtures" / "no_torch"
+    path = os.pathsep.join(p for p in (str(no_torch), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True
+    )
+    assert blocked.returncode == 1  # the fixture is in force for these processes
+    out = subprocess.run(
+        [KBATCH, "request", "no torch here", "--key", "client-1", *served.topic_flags()],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "embedding" in out.stdout or "dim" in out.stdout, out.stdout
+    out = subprocess.run(
+        [KBATCH, "load", "--count", "20", "--rate", "20", "--warmup-s", "0", "--corpus",
+         str(corpus_file), "--json", "--no-progress", *served.topic_flags()],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["summary"]["ok"] == 20

@@ -54,7 +54,7 @@ def test_dependencies_are_installed_at_the_locked_versions_then_kbatch_without_d
     assert deps_at < sources[0] < own_at  # a code change does not reinstall torch
 
 
-def test_the_listed_dependencies_are_the_runtime_ones_and_otel_each_locked() -> None:
+def test_the_listed_dependencies_are_the_clients_serve_and_otel_each_locked() -> None:
     (_, args), *_ = [(k, a) for k, a in _instructions() if k == "RUN" and "tomllib" in a]
     code = shlex.split(args.split(">", 1)[0])[-1]  # python -c "<code>" > /tmp/requirements.txt
     out = subprocess.run(
@@ -62,7 +62,8 @@ def test_the_listed_dependencies_are_the_runtime_ones_and_otel_each_locked() -> 
     )
     listed = out.stdout.split("\n")[:-1]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert listed == project["dependencies"] + project["optional-dependencies"]["otel"]
+    extras = project["optional-dependencies"]
+    assert listed == project["dependencies"] + extras["serve"] + extras["otel"]
     locked = _locked()
     for spec in listed:
         req = Requirement(spec.split("#")[0])

@@ -53,7 +53,8 @@ def test_every_locked_distribution_is_installed_at_its_locked_version() -> None:
 
 def test_the_lock_covers_pyproject_within_its_bounds() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    direct = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"]
+    direct = [*project["dependencies"], *extras["serve"], *extras["otel"], *extras["dev"]]
     locked = _locked()
     for spec in direct:
         req = Requirement(spec)
@@ -71,3 +72,4 @@ def test_make_setup_installs_the_lock_then_the_project_without_dependencies() ->
     assert re.search(r"pip install .*--no-deps -e \.", recipe)
     assert "LOCK := requirements.lock" in makefile
     assert "uv pip compile" in makefile.split("\nlock:", 1)[1]
+    assert "--extra serve --extra dev" in makefile.split("\nlock:", 1)[1]  # serve's too
