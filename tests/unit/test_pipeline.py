@@ -460,6 +460,10 @@ async def test_lag_counts_every_assigned_partition_from_the_log_end(
     lag = pipeline._metrics.lag
     assert lag.labels("req", "0")._value.get() == 50 - 5
     assert lag.labels("req", "1")._value.get() == 30 - 12
+    value = pipeline._metrics.registry.get_sample_value
+    seconds = {"topic": "req", "partition": "0"}
+    assert value("kbatch_partition_lag_seconds", seconds) == 86_400  # nothing answered yet
+    assert value("kbatch_lag_seconds") == 86_400
     source.ends = {TP: 90, other: 30}  # the log grows while the partition is paused
     await pipeline.refresh_lag()
     assert lag.labels("req", "0")._value.get() == 90 - 5
@@ -468,6 +472,7 @@ async def test_lag_counts_every_assigned_partition_from_the_log_end(
     await pipeline.on_assigned(frozenset({TP}))  # TP given back, ``other`` moved
     samples = {s.labels["partition"] for m in lag.collect() for s in m.samples}
     assert samples == {"0"}  # the revoked partition's series is gone
+    assert value("kbatch_partition_lag_seconds", {"topic": "req", "partition": "1"}) is None
 
 
 class BacklogSource(FakeSource):
