@@ -96,7 +96,11 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
     help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
     "are dropped.",
 )
-@option("--key", help="Idempotency key (default: a random one).")
+@option(
+    "--key",
+    help="Idempotency key (default: a random one): a key in use for another text within the "
+    "server's dedup window is answered idempotency_key_reused.",
+)
 @option(
     "--timeout-s",
     type=POSITIVE,

@@ -77,6 +77,11 @@ class Metrics:
         self.dedup_hits = self._counter(
             "kbatch_dedup_hits_total", "Requests answered from another copy of the same key."
         )
+        self.key_reused = self._counter(
+            "kbatch_idempotency_key_reused_total",
+            "Requests answered idempotency_key_reused: their key was in flight or answered "
+            "within the dedup window for another input (contract 1.4).",
+        )
         self.trace_headers_ignored = self._counter(
             "kbatch_trace_headers_ignored_total",
             "Request trace headers (traceparent, tracestate) ignored under --tracing: "

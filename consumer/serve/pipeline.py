@@ -8,7 +8,8 @@ Rules this module keeps (CONTRACT.md §Delivery):
 
 * An offset is finished only when its reply or dead letter is acknowledged (:class:`OffsetTracker`);
   those answered above the committed one are skipped by a new owner (commit metadata, kb1).
-* A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
+* A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`);
+  a copy with another input is answered ``idempotency_key_reused``, never the first one's result.
 * A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
   while paused so the member stays in its group.
 
@@ -169,6 +170,12 @@ class Pipeline:
             progress=progress,
             clock=clock,
         )
+        self._key_reused = (
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            "this key is in flight or was answered within the dedup window "
+            f"({settings.dedup_ttl_s:g} s) for another input (text; rerank: query and "
+            "documents); a different request needs a key of its own",
+        )
         self._resubmits: set[asyncio.Task[None]] = set()
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
 
@@ -306,7 +313,11 @@ class Pipeline:
             return None
         key = pending.dedup_key = verdict.dedup_key
         item_id = next(self._ids)
-        decision = self.dedup.begin(key, pending.record.tp, now, item_id)
+        decision = self.dedup.begin(key, pending.record.tp, now, item_id, verdict.digest)
+        if decision.kind is DedupKind.REUSED:
+            self._metrics.key_reused.inc()
+            self._outbox.add(pending, self._replies.error(pending.parsed, *self._key_reused))
+            return None
         if pending.trace is not None:
             self._trace_dedup(pending, decision.kind, decision.item_id)
         if decision.kind is DedupKind.DONE:

@@ -246,6 +246,9 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
         try:
             env = await call
             records = await read_topic(kafka_bootstrap, replies, lambda rs: len(rs) >= 2, 60)
+            sent = await read_topic(
+                kafka_bootstrap, requests, lambda rs: len(rs) >= 2, 30, decode=False
+            )
             await _poll(lambda: client.stray_replies == 1, 30, "the late reply to be ignored")
             metrics = server.metrics()
         finally:
@@ -254,6 +257,10 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
     assert sorted(r.reply.dedup for r in records) == [False, True]
     assert {r.key for r in records} == {b"retry-key"}
     assert metrics["kbatch_dedup_hits_total"] == 1
+    # the retry is the same request (contract 1.4: another input would be refused): the same
+    # key and value bytes, under a correlation id of its own
+    assert [r.key for r in sent] == [b"retry-key"] * 2 and sent[0].raw == sent[1].raw
+    assert sent[0].headers["kafka_correlationId"] != sent[1].headers["kafka_correlationId"]
 
 
 async def test_start_waits_for_topics_created_after_it_began(

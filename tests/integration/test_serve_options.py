@@ -101,7 +101,7 @@ async def test_options_dedup_and_errors_through_kafka(served: Served) -> None:
         assert r.key is not None
         by_key.setdefault(r.key, []).append(r.reply)
         raw_by_key[r.key] = r.raw
-    assert all(reply.model.contract == "1.3" for replies in by_key.values() for reply in replies)
+    assert all(reply.model.contract == "1.4" for replies in by_key.values() for reply in replies)
 
     st = s.st
     passage = st.encode([TEXT], prompt_name="passage")[0]

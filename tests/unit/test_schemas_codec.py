@@ -551,7 +551,7 @@ def test_ok_embed_reply_fields(encoding: Encoding) -> None:
     assert out["v"] == 1 and out["status"] == "ok"
     assert out["result"]["dim"] == 2 and len(out["result"]["embedding"]) == 2
     assert out["result"]["format"] == "float"
-    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.3"}
+    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.4"}
     assert out["truncated"] is True and out["dedup"] is True
     assert out["meta"] == {"id": 1}
     assert out["timing"] == {"queue_ms": 1.5, "infer_ms": 3.25, "batch_size": 8, "padded_len": 32}
@@ -597,14 +597,17 @@ def test_error_codes_are_the_contracts() -> None:
         "inference_failed",
         "invalid_option",
         "reply_topic_not_allowed",
+        "idempotency_key_reused",
     ]
-    assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES  # an error reply, not a dead letter
+    # error replies, not dead letters: the records are well-formed
+    assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES
+    assert ErrorCode.IDEMPOTENCY_KEY_REUSED not in DEAD_LETTER_CODES
 
 
 @BOTH
 def test_model_revision_null_when_unknown(encoding: Encoding) -> None:
     reply = error_reply(model=ModelInfo(name="m"))
-    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.3"}
+    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.4"}
 
 
 @pytest.mark.parametrize(

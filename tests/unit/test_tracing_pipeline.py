@@ -34,7 +34,8 @@ TRACEPARENT = f"00-{TRACE:032x}-{CLIENT_SPAN:016x}-01".encode()
 
 
 def record(offset: int, key: bytes, *headers: tuple[str, bytes]) -> InRecord:
-    body = msgpack.packb({"text": f"text {offset}"})
+    """A request of ``key`` (records of one key are copies: the text is the key's)."""
+    body = msgpack.packb({"text": f"text of {key!r}"})
     return InRecord("req", 0, offset, key, body, (*headers, (H.CORRELATION_ID, b"c%d" % offset)), 0)
 
 
