@@ -96,7 +96,7 @@ class BatchPolicyConfig(BaseModel):
         default=None,
         gt=0.0,
         le=600_000.0,
-        description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
+        description="Lanes: a bulk batch holds at most the padded tokens that the "
         "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
         "most a ready live batch waits behind bulk work; never below one item of the model's "
         "maximum length. Unset (the default): automatic. Until the device is measured (its "

@@ -53,7 +53,7 @@ The model thread gives up the GIL around every torch op (≈ 750 C calls in one 
 20) and must take it back to launch the next; while the event loop runs Python (decode, reply
 encoding, aiokafka), that wait lasts until the loop blocks or the switch interval forces a
 hand-over: up to 5 ms per op. A busy loop then stretches each batch, batches grow, and latency
-with them (issue 22: 2.6× larger batches and ~5× the engine's latency through Kafka; ONNX
+with them (BENCHMARKS.md: 2.6× larger batches and ~5× the engine's latency through Kafka; ONNX
 Runtime, one C call per batch, had a quarter of torch's latency at the same drain rate).
 Measured on the 2-core machine (contended, 40 interleaved runs, MiniLM batch of 8, a thread
 running Python 2 ms of every 4): forward p25 47 ms alone, 120 ms at 5 ms, 87 ms at 0.5 ms

@@ -1,5 +1,5 @@
 """``kbatch bench windows``: a long document in windows against as many one-window requests
-(contract 1.3, issue 34; :mod:`consumer.bench.windows`)."""
+(contract 1.3; :mod:`consumer.bench.windows`)."""
 
 from __future__ import annotations
 
