@@ -1,4 +1,4 @@
-"""The generated reference (docs/reference/cli.md, docs/reference/settings.md) is what
+"""The generated reference (docs/reference/cli.md, settings.md, metrics.md) is what
 scripts/reference_docs.py draws from the code now, and every flag and setting says what it is.
 
 A flag or setting added, renamed or re-described without ``python scripts/reference_docs.py
@@ -30,6 +30,7 @@ def test_the_reference_is_up_to_date() -> None:
     for path, text in (
         (gen.CLI_DOC, gen.cli_reference()),
         (gen.SETTINGS_DOC, gen.settings_reference()),
+        (gen.METRICS_DOC, gen.metrics_reference()),
     ):
         assert path.read_text() == text, (
             f"{path.relative_to(ROOT)} is stale: run `python scripts/reference_docs.py --write`"
