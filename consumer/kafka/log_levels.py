@@ -18,7 +18,7 @@ aiokafka logs, and then simply retries (every ``retry_backoff_ms``, 100 ms):
   produce request.
 
 With one broker of three down each member wrote 400–1,350 such ERROR lines per fault,
-while the cluster still served: nothing an operator must fix, and README says an
+while the cluster still served: nothing an operator must fix, and docs/operations.md says an
 ERROR line asks for one. :class:`RetriableErrorLogFilter` turns such a line — an ERROR or
 WARNING whose arguments hold a retried error: a Kafka error (or error class) with
 ``retriable = True``, a ``ConnectionError`` or a ``TimeoutError`` (a broker that refuses or

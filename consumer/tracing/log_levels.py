@@ -7,7 +7,7 @@ encountered while exporting span batch, retrying in …s`` for every retry (abou
 second) and an ERROR ``Failed to export span batch due to timeout, max retries or shutdown``
 for every batch given up (every 8–10 s); the SDK's batch processor logs ``Queue full,
 dropping span`` when spans pile up meanwhile. Left alone that is a log flood, and
-README says an ERROR line asks for an operator, while kbatch keeps serving (spans are
+docs/operations.md says an ERROR line asks for an operator, while kbatch keeps serving (spans are
 best-effort). As kbatch does for aiokafka's retried errors
 (:mod:`consumer.kafka.log_levels`), :class:`ExportLogFilter` turns these lines into one
 WARNING per :data:`REPEAT_AFTER_S` — ``trace export failing …, spans are being dropped: N
