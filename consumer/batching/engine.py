@@ -1,6 +1,6 @@
 """The asyncio driver of the batching policy: submit → tokenize → buckets → runner → outcomes.
 
-docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one loop task:
+docs/internals.md §Engine API. The engine owns three worker threads and one loop task:
 
 ::
 
@@ -26,7 +26,7 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
   outcome (ok, error or expired) is in exactly one call, except for items removed by
   :meth:`Engine.cancel_group` or still queued at :meth:`Engine.stop`.
 
-Lanes (docs/ARCHITECTURE.md §Lanes): each item's ``lane`` (``live`` by default, or
+Lanes (docs/internals.md §Lanes): each item's ``lane`` (``live`` by default, or
 ``bulk``) picks one of two :class:`BucketBatcher` s — items of different lanes never share a
 batch — and :class:`~consumer.batching.lanes.LaneScheduler` picks which lane's due batch takes
 each free model slot: live first; bulk while the device is idle, in batches sized so that one

@@ -1,4 +1,4 @@
-"""The shared types of the batching layer (docs/ARCHITECTURE.md §Shared types).
+"""The shared types of the batching layer (docs/internals.md §Shared types).
 
 Pure dataclasses: no asyncio, no torch. Times are **monotonic seconds** (``time.monotonic``
 or the injected clock); durations in outcomes are milliseconds, as the contract's ``timing``.
