@@ -65,7 +65,7 @@ def test_the_pattern_finds_the_usual_work_notes() -> None:
         "see issue-36",
         "fixed in #36",
         "found by a new-user trial",
-        "the fourth session's quiet figure",
+        "the fourth " + "session's quiet figure",  # split: the text itself is no work note
         "273 ERROR lines became 0",
         "the issue asks for 0.92",
     ):
