@@ -112,8 +112,8 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
 @option(
     "--task",
     type=click.Choice(list(TASKS)),
-    help="The request's task (default: none, whatever the served model does; another than "
-    "the model's is answered unsupported_task).",
+    help="The request's task (default: none, whatever the served model does; a task other "
+    "than the model's is answered unsupported_task).",
 )
 @option(
     "--deadline-after-ms",
