@@ -85,6 +85,11 @@ def _type(param: click.Parameter) -> str:
     kind = param.type
     if isinstance(kind, click.Choice):
         return " | ".join(map(str, kind.choices))
+    if isinstance(kind, click.IntRange | click.FloatRange):
+        name = "integer" if isinstance(kind, click.IntRange) else "float"
+        low = f"{'>' if kind.min_open else '≥'} {kind.min}" if kind.min is not None else ""
+        high = f"{'<' if kind.max_open else '≤'} {kind.max}" if kind.max is not None else ""
+        return " ".join([name, ", ".join(b for b in (low, high) if b)]).strip()
     return str(kind.name).lower()
 
 
