@@ -95,7 +95,7 @@ Status = Literal["ok", "error", "expired"]
 
 Priority = Literal["live", "bulk"]
 """A request's lane (CONTRACT.md §Additions in 1.2, ``priority``): ``live`` requests go first,
-``bulk`` ones use the capacity live work leaves idle (the engine's lanes, issue 26)."""
+``bulk`` ones use the capacity live work leaves idle (the engine's lanes)."""
 
 EncodingFormat = Literal["float", "f32le", "f16le", "binary"]
 """How ``result.embedding`` is sent (CONTRACT.md §Additions in 1.1, ``encoding_format``)."""

@@ -1,6 +1,6 @@
 """The asyncio driver of the batching policy: submit → tokenize → buckets → runner → outcomes.
 
-docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one loop task:
+docs/internals.md §Engine API. The engine owns three worker threads and one loop task:
 
 ::
 
@@ -26,7 +26,7 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
   outcome (ok, error or expired) is in exactly one call, except for items removed by
   :meth:`Engine.cancel_group` or still queued at :meth:`Engine.stop`.
 
-Lanes (issue 26; docs/ARCHITECTURE.md §Lanes): each item's ``lane`` (``live`` by default, or
+Lanes (docs/internals.md §Lanes): each item's ``lane`` (``live`` by default, or
 ``bulk``) picks one of two :class:`BucketBatcher` s — items of different lanes never share a
 batch — and :class:`~consumer.batching.lanes.LaneScheduler` picks which lane's due batch takes
 each free model slot: live first; bulk while the device is idle, in batches sized so that one
@@ -90,8 +90,8 @@ A hand-off to the tokenizer thread and back costs the loop ~70 µs of CPU (execu
 futex wake, the completion's self-pipe write and wake-up) whatever the chunk; the fast tokenizer
 takes ~0.3-0.4 µs a character (MiniLM's, this project's 2-vCPU machine). At low rates a poll
 chunk is one or a few short texts, and the hop cost more than the work: 1,024 characters keep
-the loop blocked for at most ~0.4 ms (issue 32: the host path per request against a plain
-aiokafka loop, which tokenizes inline)."""
+the loop blocked for at most ~0.4 ms (measured as the host path per request against a
+plain aiokafka loop, which tokenizes inline)."""
 
 
 def _chunk_chars(chunk: Sequence[InferenceItem]) -> int:

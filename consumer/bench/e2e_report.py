@@ -57,7 +57,7 @@ REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 TRACED: dict[str, float] = {"passthrough_trace1": 0.01, "passthrough_trace100": 1.0}
 """``passthrough`` under ``--tracing`` at this head-sampling ratio
 (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``), exporting to a discarding OTLP/HTTP
-endpoint in the bench process (issue 35: what tracing costs)."""
+endpoint in the bench process (what tracing costs)."""
 
 SERVED: tuple[str, ...] = (
     "kbatch",
@@ -169,7 +169,7 @@ def frontier_row(
     (:func:`producer_tools.report.window_stats`); with the consumer processes' CPU seconds
     over the whole phase (``cpu_s``) and the requests sent in it (``sent``, warm-up and probe
     included), ``cpu_ms_per_request`` = ``cpu_s × 1000 / sent``: the host path's cost per
-    request at that offered rate (``kbatch bench e2e --latency-rates``, issue 32)."""
+    request at that offered rate (``kbatch bench e2e --latency-rates``)."""
     lat = summary["latency_ms"]
     per_request = None if cpu_s is None or not sent else round(cpu_s * 1000.0 / sent, 3)
     return {

@@ -17,7 +17,7 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
 - ``raw_loop`` — the Kafka ceiling: no decode, no model; each record is answered with one
   constant, valid ``ok`` reply (built once at start), the poll's sends awaited, then a commit.
 - ``raw_tokenize`` — the host path a user writes around an accelerator, the yardstick of
-  kbatch's host CPU per request (issue 32): each poll's records decoded with msgpack, their
+  kbatch's host CPU per request: each poll's records decoded with msgpack, their
   texts tokenized in one ``encode_batch`` of the model's fast tokenizer (truncated to its
   maximum length), and each answered with a 384-float embedding reply packed with msgpack
   (what ``kbatch serve --model sim:…`` answers), the sends awaited, then a commit. No model,

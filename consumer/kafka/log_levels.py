@@ -17,8 +17,8 @@ aiokafka logs, and then simply retries (every ``retry_backoff_ms``, 100 ms):
 - its producer's sender (WARNING): ``Got error produce response: …`` for every retried
   produce request.
 
-With one broker of three down each member wrote 400–1,350 such ERROR lines per fault
-(issue 36), while the cluster still served: nothing an operator must fix, and README says an
+With one broker of three down each member wrote 400–1,350 such ERROR lines per fault,
+while the cluster still served: nothing an operator must fix, and docs/operations.md says an
 ERROR line asks for one. :class:`RetriableErrorLogFilter` turns such a line — an ERROR or
 WARNING whose arguments hold a retried error: a Kafka error (or error class) with
 ``retriable = True``, a ``ConnectionError`` or a ``TimeoutError`` (a broker that refuses or
@@ -34,8 +34,8 @@ one node SIGKILLed for 20 s under a producer and a consumer: 273 ERROR and 82 WA
 from aiokafka before, 0 ERROR and 2–3 WARNING lines after (``tests/chaos/test_cluster_faults.py``).
 
 :func:`quiet_retriable_errors` installs one filter on each logger of :data:`NOISY_LOGGERS` (a
-filter on a parent logger would not see its children's records); idempotent. Found by a
-new-user trial (the coordinator) and by issue 36 (the rest).
+filter on a parent logger would not see its children's records); idempotent. The
+coordinator's lines appear on a single broker too, the rest when a cluster node is down.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One Python process tops out near one core of event loop (decode, buckets, replie
 a GPU wants more. The supervisor starts N ``kbatch serve`` child processes (``--replicas 1``,
 the same settings) in the same consumer group: the group spreads the request topic's partitions
 over them exactly as it does across hosts, and each has its own intake, tokenizer and model copy
-(on one GPU: see README §Replicas about CUDA MPS).
+(on one GPU: see docs/hosts.md about CUDA MPS).
 
 - **Settings**: the effective settings go to each child as a ``--config`` file (mode 0600, in a
   private runtime directory; ``KBATCH_*`` variables are not passed on, so the file is the whole

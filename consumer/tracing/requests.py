@@ -21,7 +21,7 @@ Its reply carries the span's ``traceparent`` (and the request's ``tracestate``):
 reply listener continues the trace from kbatch's span. The batch span that computed it
 (:mod:`consumer.tracing.batches`) links it, and it links the batch back.
 
-Cost (issue 35 item 4): the pipeline holds no :class:`RequestTracing` unless ``--tracing``;
+Cost: the pipeline holds no :class:`RequestTracing` unless ``--tracing``;
 then an unsampled request costs the header scan, a non-recording span (no attributes, no
 export) and its reply's ``traceparent``.
 """

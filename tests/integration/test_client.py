@@ -183,7 +183,7 @@ def test_kbatch_request_prints_the_reply_as_json(served: Served) -> None:
 
 
 async def test_a_dead_letter_on_the_reply_topic_is_not_taken_for_a_reply(served: Served) -> None:
-    # A new-user trial named the dead-letter topic as its reply topic: the server refuses it
+    # Regression: a client named the dead-letter topic as its reply topic: the server refuses it
     # (reply_topic_not_allowed) and writes the request's copy there, with its correlation id,
     # which the client read as its reply. (kbatch request refuses that topic up front.)
     dlq = f"{served.requests}.dlq"
@@ -324,7 +324,7 @@ def test_kbatch_topics_create_reports_created_existing_and_refused(kafka_bootstr
 async def test_a_taken_metrics_port_is_one_error_line_and_exit_1(
     new_topic: TopicFactory, kafka_bootstrap: str
 ) -> None:
-    """Found by a new-user trial: a second serve on a taken --metrics-port printed a traceback
+    """Regression: a second serve on a taken --metrics-port printed a traceback
     and aiokafka's 'Unclosed AIOKafkaProducer/Consumer' errors."""
     requests, replies = await new_topic("port-req"), await new_topic("port-rep")
     with socket.socket() as taken:

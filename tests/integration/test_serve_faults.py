@@ -270,7 +270,7 @@ def long_texts(n: int, words: int = 120) -> list[str]:
 async def test_sigterm_drain_stops_at_its_deadline_and_leaves_the_rest_uncommitted(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #3: ``--drain-timeout-s 5`` with ~1,450 buffered exited 0 after 29.9 s, having
+    # Regression: ``--drain-timeout-s 5`` with ~1,450 buffered exited 0 after 29.9 s, having
     # computed everything. Now: stop by the deadline (plus closing), exit 3, nothing lost.
     req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
     group = unique_group("drain")
@@ -321,7 +321,7 @@ async def test_sigterm_drain_stops_at_its_deadline_and_leaves_the_rest_uncommitt
 async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_nothing(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #4: with ~30 s of work buffered and a second member joining, the revoke ran
+    # Regression: with ~30 s of work buffered and a second member joining, the revoke ran
     # 15–25 s (over --rebalance-timeout-ms 10000), the first member was dropped from the group
     # and the second recomputed from the last commit: 792 of 1,200 keys answered twice.
     req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")
@@ -362,7 +362,7 @@ async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_no
         f"partitions, {dups} keys answered twice"
     )
     assert {r.key for r in replies} == all_keys(n)
-    # Issue 25 #5: the revoke waits for no model work (it was up to 8 s, 80 % of the rebalance
+    # Regression: the revoke waits for no model work (it was up to 8 s, 80 % of the rebalance
     # timeout): at most 1 s for replies already sent, then the commit.
     assert revokes_s and max(revokes_s) <= 2.0
     assert first_assigned >= 1  # still in the group: the revoke ended within the timeout
@@ -386,7 +386,7 @@ async def true_lag(bootstrap: str, group: str, topic: str, partitions: int) -> d
 async def test_lag_gauge_shows_the_whole_backlog_of_paused_and_uncommitted_partitions(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #5: under a backlog of 11,677 records the gauge showed ~2,700: a partition
+    # Regression: under a backlog of 11,677 records the gauge showed ~2,700: a partition
     # without a commit had no series, a paused partition's value froze while its log grew.
     req, rep, dlq = await new_topic("req", 3), await new_topic("rep"), await new_topic("dlq")
     group = unique_group("lag")

@@ -169,7 +169,7 @@ async def test_client_decodes_every_format_and_the_cli_prints_lists(served: Serv
 async def test_priority_bulk_is_answered_and_an_invalid_priority_is_dead_lettered(
     served: Served,
 ) -> None:
-    """Contract 1.2 ``priority`` (issue 26): a bulk request rides the bulk lane to its ok reply;
+    """Contract 1.2 ``priority``: a bulk request rides the bulk lane to its ok reply;
     a value other than live/bulk is invalid_request and a dead letter."""
     s = served
     records = [

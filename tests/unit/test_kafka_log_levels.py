@@ -1,6 +1,6 @@
 """aiokafka's retried errors are a WARNING once a minute, not an ERROR each time
 (consumer/kafka/log_levels.py): the lines aiokafka writes, through its own loggers — the group
-coordinator's, and (issue 36) the client's connection and the fetcher's retries while one
+coordinator's, and the client's connection and the fetcher's retries while one
 broker of a cluster is down."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _closed_port() -> int:
 async def test_a_broker_that_is_down_is_one_warning_a_minute_per_node(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 36: with one broker of three down, aiokafka's client logged ``Unable connect to
+    """Regression: with one broker of three down, aiokafka's client logged ``Unable connect to
     node with id N`` at ERROR for every request routed to it (hundreds per fault). Its own
     code here: a client whose metadata names two brokers that refuse connections."""
     caplog.set_level(logging.INFO)

@@ -126,7 +126,7 @@ def test_find_knee(thr: list[float], knee: int | None, saturated: int | None) ->
     ],
 )
 def test_the_knee_line_says_none_in_words(thr: list[float], words: str) -> None:
-    """A fresh-user trial read "first saturated step None" after a sweep that kept up."""
+    """Regression: the report read "first saturated step None" after a sweep that kept up."""
     line = knee_line(find_knee(_step_rows([10, 20, 40, 80], thr, [10, 12, 50, 900])))
     assert line.startswith(words) and "None" not in line
 

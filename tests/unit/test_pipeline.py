@@ -305,7 +305,7 @@ async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
 async def test_a_revoke_commits_what_is_finished_at_once_and_waits_for_no_model_work(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 25 #5: the revoke finished every running batch first (up to 80 % of the rebalance
+    # Regression: the revoke finished every running batch first (up to 80 % of the rebalance
     # timeout), and the whole group waited for it.
     pipeline, source, sink, engine = parts
     await pipeline.take([record(0, b"a"), record(1, b"b"), record(2, b"c")])
@@ -443,7 +443,7 @@ def with_deadline(offset: int, key: bytes, deadline_ms: int) -> InRecord:
 async def test_a_retry_with_a_later_deadline_is_computed_not_answered_expired(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 12 #6: the retry (same key, 60 s deadline) waited for the first copy (1 s
+    # Regression: the retry (same key, 60 s deadline) waited for the first copy (1 s
     # deadline) and inherited its ``expired`` with dedup: true.
     pipeline, source, sink, engine = parts
     now_ms = 1_000_000  # the fixture's wall clock
@@ -497,7 +497,7 @@ class HungFlushEngine(FakeEngine):
 
 
 async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_answered() -> None:
-    # Issue 12 #3: ``finish`` first waited, without limit, for every queued item to be formed
+    # Regression: ``finish`` first waited, without limit, for every queued item to be formed
     # into a batch; a 5 s drain with ~1,450 buffered ran 29.9 s and exited 0.
     engine = HungFlushEngine()
     pipeline, source, sink = await assigned_pipeline(ServeSettings(), engine)
@@ -521,7 +521,7 @@ async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_a
 async def test_lag_counts_every_assigned_partition_from_the_log_end(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 12 #5: a partition without a commit had no series; a paused one was frozen.
+    # Regression: a partition without a commit had no series; a paused one was frozen.
     pipeline, source, _, _ = parts
     other: TopicPartition = ("req", 1)
     await pipeline.on_assigned(frozenset({other}))

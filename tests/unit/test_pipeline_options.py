@@ -112,7 +112,7 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
 async def test_a_rerank_field_on_an_embed_model_is_invalid_option_not_a_dead_letter(
     parts: Parts, value: dict[str, Any]
 ) -> None:
-    # query (rerank's name for text) was embedded as the text; found by a new-user trial.
+    # query (rerank's name for text) was embedded as the text.
     pipeline, sink, engine = parts
     await pipeline.take([InRecord("req", 0, 0, b"k", msgpack.packb(value), (), 0)])
     await settle()

@@ -1,4 +1,4 @@
-"""The pipeline keeps replies where the operator allows (issue 23): a request naming another
+"""The pipeline keeps replies where the operator allows: a request naming another
 topic is dead-lettered ``reply_topic_not_allowed`` and nothing is written there; a reply the
 broker's ACLs refuse is dead-lettered with the same code; other replies keep flowing."""
 

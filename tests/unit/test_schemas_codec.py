@@ -813,7 +813,7 @@ def test_reply_wire_gives_to_wire_for_ints_where_floats_are_expected() -> None:
 
 @pytest.mark.parametrize("priority", ["live", "bulk"])
 def test_priority_round_trips_and_other_values_are_invalid_request(priority: str) -> None:
-    """Contract 1.2 ``priority`` (issue 26): encoded by clients, decoded; ``LIVE`` is no value."""
+    """Contract 1.2 ``priority``: encoded by clients, decoded; ``LIVE`` is no value."""
     request = Request.model_validate({"text": "t", "priority": priority})
     assert decode_request(encode_request(request)).priority == priority
     with pytest.raises(DecodeError) as err:

@@ -1,5 +1,5 @@
 """Request and batch spans through the pipeline, with fakes for Kafka and the engine and the
-SDK's in-memory exporter (issue 35): a request's span continues its ``traceparent``, ends at
+SDK's in-memory exporter: a request's span continues its ``traceparent``, ends at
 the broker's ack, is linked by its batch's span; its reply carries the span's
 ``traceparent``; a dedup copy has its own span; bad trace headers are counted, never fail."""
 
