@@ -63,8 +63,10 @@ class Traced:
         return value or 0.0
 
 
-async def traced_pipeline(traced: Traced) -> tuple[Pipeline, FakeSink, FakeEngine]:
-    settings = ServeSettings()
+async def traced_pipeline(
+    traced: Traced, settings: ServeSettings | None = None
+) -> tuple[Pipeline, FakeSink, FakeEngine]:
+    settings = settings if settings is not None else ServeSettings()
     sink, engine = FakeSink(), FakeEngine()
     pipeline = Pipeline(
         settings,
@@ -221,7 +223,8 @@ UNDECODABLE = [
 
 async def test_a_record_that_fails_to_decode_is_traced_and_its_error_reply_carries_it() -> None:
     traced = Traced()
-    pipeline, sink, _ = await traced_pipeline(traced)
+    settings = ServeSettings(allowed_reply_topics=r"replies\..*")
+    pipeline, sink, _ = await traced_pipeline(traced, settings)
     records = [
         InRecord(
             "req",
