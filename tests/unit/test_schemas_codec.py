@@ -9,10 +9,12 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import struct
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -37,6 +39,7 @@ from schemas.codec import (
 from schemas.embedding import decode_embedding, encode_embedding
 from schemas.errors import DEAD_LETTER_CODES, DecodeError, EncodeError, ErrorCode
 from schemas.models import (
+    CONTRACT_REVISION,
     ChunkedEmbedResult,
     ClassifyResult,
     EmbedResult,
@@ -718,6 +721,16 @@ def test_binary_meta_cannot_be_encoded_in_json() -> None:
         encode_reply(error_reply(meta={"b": b"\x00"}), JSON)
     with pytest.raises(EncodeError):
         encode_request(Request(text="x", meta={"b": b"\x00"}), JSON)
+
+
+def test_the_contract_docs_reply_table_names_the_revision_replies_carry() -> None:
+    """docs/CONTRACT.md's reply table shows ``model.contract`` as the server sends it."""
+    doc = (Path(__file__).parents[2] / "docs" / "CONTRACT.md").read_text(encoding="utf-8")
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `model` | always |")]
+    shown = re.search(r'"contract": "([0-9.]+)"', row)
+    assert shown is not None, row
+    sent = wire(ok_embed([1.0]), MSGPACK)["model"]["contract"]
+    assert shown.group(1) == sent == CONTRACT_REVISION
 
 
 @BOTH
