@@ -328,6 +328,7 @@ def _open_tracing(settings: ServeSettings, metrics: Metrics) -> ServeTracing | N
         topic=settings.request_topic,
         task=settings.task,
         group=settings.effective_group_id,
+        reply_topic=settings.reply_topic,
         ignored=lambda reason: metrics.trace_headers_ignored.labels(reason).inc(),
     )
 

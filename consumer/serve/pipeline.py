@@ -48,7 +48,6 @@ from consumer.serve.metrics import Metrics
 from consumer.serve.outbox import Outbox, ReplyAcks
 from consumer.serve.pending import Pending
 from consumer.serve.rebalance import Rebalancer, SourceLike
-from schemas.errors import ErrorCode
 from schemas.records import RecordDecodeError, parse_request_record
 
 if TYPE_CHECKING:
@@ -119,13 +118,6 @@ class Pipeline:
         self.source = source(self)
         self._tracing = tracing
         self._replies = replies
-        self._reply_topics = ReplyTopicPolicy(
-            reply_topic=settings.reply_topic,
-            request_topic=settings.request_topic,
-            dlq_topic=settings.dead_letter_topic,
-            allowed_pattern=settings.allowed_reply_topics,
-            clock=clock,
-        )
         self._metrics = metrics
         self._clock = clock
         self._wall_ms = wall_clock_ms
@@ -145,7 +137,14 @@ class Pipeline:
             sourced=transactions,
             on_dead_letters_denied=lambda reason: self._rebalance.dead_letters_denied(reason),
         )
-        self._outbox = Outbox(replies, self._delivery, tracing)
+        reply_topics = ReplyTopicPolicy(
+            reply_topic=settings.reply_topic,
+            request_topic=settings.request_topic,
+            dlq_topic=settings.dead_letter_topic,
+            allowed_pattern=settings.allowed_reply_topics,
+            clock=clock,
+        )
+        self._outbox = Outbox(replies, self._delivery, reply_topics, tracing)
         self.checkpoint = checkpoint_for(
             transactions,
             tracker=self.tracker,
@@ -278,18 +277,10 @@ class Pipeline:
                 record.headers,
                 max_text_bytes=self.settings.max_text_bytes,
             )
-        except RecordDecodeError as err:
-            self._outbox.dead_letter(pending, err.code, err.message, err)
+        except RecordDecodeError as err:  # its reply topic is checked all the same
+            self._outbox.undecodable(pending, err)
             return False
-        refusal = self._reply_topics.check(pending.parsed.address.topic)
-        if refusal is not None:  # nothing is written to the named topic
-            if refusal.log:
-                log.warning("dead-lettering requests: %s", refusal.message)
-            self._outbox.dead_letter(
-                pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, refusal.message, None
-            )
-            return False
-        return True
+        return self._outbox.addressed(pending)  # nothing is written to a refused topic
 
     def _admit(self, pending: Pending, now: float, now_ms: int) -> InferenceItem | None:
         """Execute the admission verdict (:func:`~consumer.serve.admission.admit`) and the

@@ -24,6 +24,7 @@ from tests.integration.harness import (
     committed_offsets,
     poll_until,
     produce,
+    read_all,
     read_topic,
     request,
 )
@@ -493,3 +494,48 @@ async def test_reply_topic_that_does_not_exist_is_dead_lettered(
     assert dead.headers["kbatch.error.code"] == b"invalid_request"
     assert b"does not exist" in dead.headers["kbatch.error.message"]
     assert after.key == b"after" and after.reply.status == "ok"
+
+
+async def test_a_bad_request_naming_a_topic_not_allowed_gets_no_error_reply_there(
+    kafka_bootstrap: str, topics: Topics, new_topic: TopicFactory, embed_server: ServeProcess
+) -> None:
+    """The allow-list covers error replies: records that fail to decode and name another
+    application's topic, or the request topic itself (an error reply there would be read back
+    as a request and answered again), are dead-lettered ``reply_topic_not_allowed``; nothing is
+    written to either topic and their offsets are committed."""
+    other_app = await new_topic("other-app")  # outside the server's --allowed-reply-topics
+    bad_values = {
+        "v99": msgpack.packb({"v": 99, "text": "hi"}),
+        "no-text": msgpack.packb({"v": 1}),
+        "not-msgpack": b"\xc1\xff\x00 not msgpack",
+    }
+    bad = [
+        Req(f"{name}@{where}".encode(), value, (("kafka_replyTopic", topic.encode()),), 0)
+        for where, topic in (("other-app", other_app), ("requests", topics.requests))
+        for name, value in bad_values.items()
+    ]
+    after = request("after", "still flowing")
+    sent = await produce(
+        kafka_bootstrap, topics.requests, [*bad, Req(after.key, after.value, partition=0)]
+    )
+    answered = await read_topic(
+        kafka_bootstrap, topics.replies, lambda rs: any(r.key == b"after" for r in rs), 60
+    )
+    assert [r.reply.status for r in answered if r.key == b"after"] == ["ok"]
+
+    def all_committed() -> bool:
+        offsets = asyncio.run(committed_offsets(kafka_bootstrap, topics.group, topics.requests, 2))
+        return (offsets[0] or 0) >= sent
+
+    await asyncio.to_thread(poll_until, all_committed, 30, f"commit at offset {sent}", 0.5)
+    assert await read_all(kafka_bootstrap, other_app, 1, decode=False) == []
+    # Only what the test wrote: no error reply came back as a request.
+    assert len(await read_all(kafka_bootstrap, topics.requests, 2, decode=False)) == sent
+    assert [r.key for r in await read_all(kafka_bootstrap, topics.replies, 3)] == [b"after"]
+    dead = await read_topic(kafka_bootstrap, topics.dlq, n_records(6), 60, decode=False)
+    assert {d.key: d.headers["kbatch.error.code"] for d in dead} == {
+        r.key: b"reply_topic_not_allowed" for r in bad
+    }
+    messages = {d.key: d.headers["kbatch.error.message"] for d in dead}
+    assert b"unsupported_version" in messages[b"v99@other-app"]
+    assert other_app.encode() in messages[b"no-text@other-app"]
