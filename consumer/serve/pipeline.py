@@ -48,6 +48,7 @@ from consumer.serve.metrics import Metrics
 from consumer.serve.outbox import Outbox, ReplyAcks
 from consumer.serve.pending import Pending
 from consumer.serve.rebalance import Rebalancer, SourceLike
+from schemas.errors import ErrorCode
 from schemas.records import RecordDecodeError, parse_request_record
 
 if TYPE_CHECKING:
