@@ -174,7 +174,7 @@ async def serve(settings: ServeSettings) -> int:
     gc.unfreeze()
     if failed:
         return 1
-    if wedge.wedged:
+    if wedge.check():  # also a drain (SIGTERM) that left a batch running past the bound
         log.warning("stopped (engine wedged): unanswered records go to the partitions' next owner")
         return EXIT_ENGINE_WEDGED
     if drained:

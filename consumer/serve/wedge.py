@@ -14,7 +14,8 @@ default) the engine counts as wedged, for good (:class:`WedgeWatch`), and serve
   its partitions to the other members at once and their next owner computes those records;
 - exits :data:`EXIT_ENGINE_WEDGED` (4) without waiting for the model thread: a bare host's
   process manager (systemd ``Restart=on-failure``) restarts it, and ``serve --replicas N``'s
-  supervisor restarts that replica.
+  supervisor restarts that replica. A SIGTERM's drain that ends with a batch running past the
+  bound exits 4 the same way (instead of 0 or 3 and an exit that waits for the thread).
 
 Both, because neither alone covers every host: no liveness probe runs without Kubernetes, and a
 wedged process's exit may itself hang. The factor leaves a slow but live batch (a long input
