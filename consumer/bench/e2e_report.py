@@ -15,7 +15,7 @@ Figures (the definitions every variant shares; see :mod:`consumer.bench.e2e`):
 - ``cpu_ratio_a_vs_b`` (:func:`cpu_ratios`): per ``--latency-rates`` point (``"1000/s"``), the
   ``cpu_ms_per_request`` of ``a`` / that of ``b`` (:func:`frontier_row`), rounded to 2
   decimals: kbatch against each raw tokenize loop (aiokafka, confluent-kafka), and the two
-  loops against each other.
+  loops against each other; None at a point where either side timed requests out.
 - CPU and device figures (:func:`cpu_device_figures`), over the throughput drain:
   ``cpu_s`` (user + system seconds of the consumer's processes), ``cpu_cores_busy``
   (``cpu_s / drain_s``), ``cpu_us_per_record`` (``cpu_s × 1e6 / N``: what one record costs a
@@ -219,8 +219,9 @@ def cpu_ratios(report: Mapping[str, Any]) -> dict[str, dict[str, float | None] |
     """The host-CPU ratios of :data:`CPU_RATIOS` at the absolute-rate frontier points
     (``--latency-rates``): for each pair, ``{point label: numerator's cpu_ms_per_request /
     denominator's}`` rounded to 2 decimals, over the labels both variants measured (``"100/s"``
-    …); a point either side lacks a figure for is None. A pair is None when either variant was
-    not run or neither has such a point."""
+    …); a point either side lacks a figure for, or timed requests out at, is None (a request
+    never answered did not cost its full CPU: the quotient would flatter that side). A pair is
+    None when either variant was not run or neither has such a point."""
     out: dict[str, dict[str, float | None] | None] = {}
     for key, num, den in CPU_RATIOS:
         a, b = _rate_points(report.get(num)), _rate_points(report.get(den))
@@ -231,21 +232,24 @@ def cpu_ratios(report: Mapping[str, Any]) -> dict[str, dict[str, float | None] |
         points: dict[str, float | None] = {}
         for label in labels:
             x, y = a[label], b[label]
-            points[label] = None if x is None or not y else round(x / y, 2)
+            points[label] = None if x is None or y is None else round(x / y, 2)
         out[key] = points
     return out
 
 
 def _rate_points(row: Any) -> dict[str, float | None]:
     """``{label: cpu_ms_per_request}`` of a variant's absolute-rate frontier points (labels
-    ending in ``/s``); empty for a variant not run."""
+    ending in ``/s``), None where the figure is missing, zero or the point timed requests out;
+    empty for a variant not run."""
     if not isinstance(row, Mapping):
         return {}
-    return {
-        p["point"]: p.get("cpu_ms_per_request")
-        for p in row.get("frontier") or ()
-        if str(p.get("point", "")).endswith("/s")
-    }
+    out: dict[str, float | None] = {}
+    for p in row.get("frontier") or ():
+        if not str(p.get("point", "")).endswith("/s"):
+            continue
+        cpu_ms = p.get("cpu_ms_per_request")
+        out[p["point"]] = cpu_ms if cpu_ms and not p.get("timeouts") else None
+    return out
 
 
 def variant_key(name: str, replicas: int) -> str:

@@ -250,8 +250,8 @@ def test_frontier_plot_writes_a_png_only_with_points(tmp_path: Path) -> None:
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _cpu_point(label: str, cpu_ms: float | None) -> dict[str, object]:
-    return {"point": label, "rate_per_s": 1.0, "cpu_ms_per_request": cpu_ms}
+def _cpu_point(label: str, cpu_ms: float | None, timeouts: int = 0) -> dict[str, object]:
+    return {"point": label, "rate_per_s": 1.0, "cpu_ms_per_request": cpu_ms, "timeouts": timeouts}
 
 
 def test_cpu_ratios_compare_cpu_per_request_at_each_absolute_rate() -> None:
@@ -287,6 +287,14 @@ def test_cpu_ratios_are_none_without_both_sides_or_shared_points() -> None:
     assert got["cpu_ratio_kbatch_vs_raw_tokenize"] is None
     zero = {"frontier": [_cpu_point("100/s", 0.0)]}  # a loop that used no CPU: no ratio
     assert cpu_ratios({"kbatch": kbatch, "raw_tokenize": zero})[
+        "cpu_ratio_kbatch_vs_raw_tokenize"
+    ] == {"100/s": None}
+    # Requests that timed out cost less than an answer: that side's figure is not compared.
+    overloaded = {"frontier": [_cpu_point("100/s", 0.1, timeouts=3)]}
+    assert cpu_ratios({"kbatch": kbatch, "raw_tokenize": overloaded})[
+        "cpu_ratio_kbatch_vs_raw_tokenize"
+    ] == {"100/s": None}
+    assert cpu_ratios({"kbatch": overloaded, "raw_tokenize": kbatch})[
         "cpu_ratio_kbatch_vs_raw_tokenize"
     ] == {"100/s": None}
 
