@@ -138,7 +138,7 @@ class RunSettings(BaseModel):
         False,
         description="Replies, dead letters and consumed offsets in one Kafka transaction "
         "per input partition and commit interval: read_committed readers see each reply "
-        "once, also after a crash (README §Operations).",
+        "once, also after a crash (docs/operations.md §Exactly once).",
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM/SIGINT: time to finish what is in flight and commit."
@@ -201,7 +201,7 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     ModelSettings,
     SettingsBase,
 ):
-    """Everything ``kbatch serve`` can be told. See README §Configuration for the tuning guide.
+    """Everything ``kbatch serve`` can be told. See docs/serving.md for the tuning guide.
 
     Groups: :class:`ModelSettings`, :class:`~consumer.kafka.config.KafkaClientSettings`,
     :class:`~consumer.kafka.config.ConsumerGroupSettings`,

@@ -17,7 +17,11 @@ Each send carries a fresh 16-byte ``kafka_correlationId`` (as Spring's ``Replyin
 and ``kafka_replyTopic``. A call with ``retries`` re-sends an unanswered request after
 ``retry_after_s`` with the **same key** (the contract's idempotency key), so the server answers
 the copy from the first computation (``dedup: true``) instead of computing again; whichever
-attempt's reply arrives first completes the call, later ones are ignored.
+attempt's reply arrives first completes the call, later ones are ignored. Every attempt sends
+the value encoded once, byte for byte: a key stands for one input, and a key that the server
+has in flight or answered within its dedup window for another text (rerank: query and
+documents) is answered ``error`` ``idempotency_key_reused`` (contract 1.4) — give each
+different request its own key (the default key is random).
 
 Errors (all raised by :meth:`RequestReplyClient.request` unless noted)::
 
@@ -520,6 +524,8 @@ class RequestReplyClient:
         Args:
             text: The input (non-empty).
             key: Idempotency key (str as UTF-8, at most 256 bytes); default: a random one.
+                One key, one input: reused for another text within the server's dedup window,
+                the reply is the error ``idempotency_key_reused`` (contract 1.4).
             timeout_s: Most seconds from the first send to the reply, retries included.
             deadline_ms: Unix epoch ms after which the server answers ``expired`` unread.
             task, meta, truncate: The contract's request fields.

@@ -487,7 +487,7 @@ def _or_dash(value: object) -> str:
 
 def knee_line(k: dict[str, Any]) -> str:
     """The report's one line about :func:`find_knee`'s result ``k``, in words where a step is
-    ``None`` (a fresh-user trial read "first saturated step None")."""
+    ``None`` (never "first saturated step None")."""
     knee = (
         f"step {k['knee_step']} at {k['knee_offered_rate_per_s']}/s offered "
         f"({k['knee_throughput_per_s']} replies/s, p99 {k['knee_p99_ms']} ms)"

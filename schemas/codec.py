@@ -21,9 +21,10 @@ other exception escapes (property-tested with arbitrary bytes, msgpack and JSON)
 
 On the msgpack wire the floats of ``result.embedding`` are msgpack float32 (5 bytes each);
 every other float is float64, so ``meta`` and scores are exact. JSON floats are exact (shortest
-round-trip repr). An embedding sent as bytes (``f32le``, ``f16le``, ``binary``; contract 1.1) is
-msgpack ``bin``, and in JSON a standard base64 string with padding. Both encodings write maps
-in the models' field order.
+round-trip repr). Bytes in a result (an embedding as ``f32le``, ``f16le``, ``binary``, contract
+1.1; each chunk's, 1.3; sparse indices and values, 1.2) are msgpack ``bin``, and in JSON a
+standard base64 string with padding, wherever they appear in it. Both encodings write maps in
+the models' field order.
 """
 
 from __future__ import annotations
@@ -642,7 +643,7 @@ def encode_reply(reply: Reply, encoding: Encoding) -> bytes:
     """Encode a reply value in the request's encoding (CONTRACT.md §Reply record).
 
     msgpack writes a float embedding as float32 (values round to the nearest float32); JSON
-    writes exact floats. An embedding in bytes is msgpack ``bin`` / JSON base64.
+    writes exact floats. Bytes in the result (at any depth) are msgpack ``bin`` / JSON base64.
 
     Raises:
         EncodeError: when ``meta`` holds something the encoding cannot carry, or an embedding
@@ -661,16 +662,37 @@ def encode_reply_wire(wire: dict[str, Any], encoding: Encoding) -> bytes:
     """
     if encoding is Encoding.JSON:
         result = wire.get("result")
-        if isinstance(result, dict) and any(type(v) is bytes for v in result.values()):
-            # f32le/f16le/binary embeddings, f32le/f16le sparse indices and values (1.2)
-            wire = {
-                **wire,
-                "result": {
-                    name: base64.b64encode(v).decode("ascii") if type(v) is bytes else v
-                    for name, v in result.items()
-                },
-            }
+        if isinstance(result, dict):
+            based = _bytes_as_base64(result)
+            if based is not result:
+                wire = {**wire, "result": based}
     return _encode(wire, encoding, _pack_reply)
+
+
+_NESTED: Final = (dict, list, bytes)
+
+
+def _bytes_as_base64(node: Any) -> Any:
+    """``node`` (a reply's ``result`` or a part of it) with every ``bytes`` in it, at any depth,
+    a standard base64 string with padding: f32le/f16le/binary embeddings, each chunk's (1.3),
+    f32le/f16le sparse indices and values (1.2). The same object when it holds no bytes.
+
+    A list is walked only when its first item is a map, a list or bytes (the contract's lists
+    hold one kind each), so an embedding's floats are not visited one by one; bytes left in a
+    mixed list make the JSON encoding fail (``EncodeError``), never pass unconverted.
+    """
+    kind = type(node)
+    if kind is bytes:
+        return base64.b64encode(node).decode("ascii")
+    if kind is dict:
+        based = {name: _bytes_as_base64(v) for name, v in node.items()}
+        changed = any(based[name] is not v for name, v in node.items())
+        return based if changed else node
+    if kind is list and node and type(node[0]) in _NESTED:
+        items = [_bytes_as_base64(v) for v in node]
+        changed = any(b is not v for b, v in zip(items, node, strict=True))
+        return items if changed else node
+    return node
 
 
 def decode_reply(

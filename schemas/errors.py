@@ -35,8 +35,8 @@ MAX_MESSAGE_CHARS: Final = 1000
 
 
 class ErrorCode(StrEnum):
-    """The error codes of CONTRACT.md §Reply record (``error.code``) and §Additions in 1.1
-    (``invalid_option``)."""
+    """The error codes of CONTRACT.md §Error codes (``error.code``); ``invalid_option`` since
+    1.1, ``idempotency_key_reused`` since 1.4."""
 
     INVALID_REQUEST = "invalid_request"
     """Undecodable value, wrong or missing field, bad header, no key (a dead letter)."""
@@ -58,6 +58,10 @@ class ErrorCode(StrEnum):
     """``kafka_replyTopic`` names a topic kbatch may not reply to: outside the operator's
     ``--allowed-reply-topics``, the request or dead-letter topic, an internal ``__*`` topic, or
     one the broker's ACLs refuse kbatch's principal (a dead letter; nothing is written there)."""
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    """The key is in flight or answered within the dedup window for another input (``text``;
+    rerank: query and documents): the copy gets this error, not the other input's result; not a
+    dead letter (contract 1.4)."""
 
 
 DEAD_LETTER_CODES: Final[frozenset[ErrorCode]] = frozenset(

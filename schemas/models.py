@@ -69,9 +69,9 @@ __all__ = [
 CONTRACT_VERSION: Final = 1
 """The only version this code speaks (field ``v``)."""
 
-CONTRACT_REVISION: Final = "1.3"
+CONTRACT_REVISION: Final = "1.4"
 """The contract revision this server implements, sent as ``model.contract`` in every reply
-(CONTRACT.md §Additions in 1.1, 1.2 and 1.3; ``v`` stays 1)."""
+(CONTRACT.md §Additions in 1.1 to 1.4; ``v`` stays 1)."""
 
 MAX_DEADLINE_MS: Final = 2**63 - 1
 """``deadline_ms`` must fit a signed 64-bit integer (Java ``long``)."""
@@ -95,7 +95,7 @@ Status = Literal["ok", "error", "expired"]
 
 Priority = Literal["live", "bulk"]
 """A request's lane (CONTRACT.md §Additions in 1.2, ``priority``): ``live`` requests go first,
-``bulk`` ones use the capacity live work leaves idle (the engine's lanes, issue 26)."""
+``bulk`` ones use the capacity live work leaves idle (the engine's lanes)."""
 
 EncodingFormat = Literal["float", "f32le", "f16le", "binary"]
 """How ``result.embedding`` is sent (CONTRACT.md §Additions in 1.1, ``encoding_format``)."""
@@ -333,7 +333,7 @@ class Request(BaseModel):
 
 class ModelInfo(BaseModel):
     """The served model: ``name``, ``revision`` (its version when known, else None) and the
-    ``contract`` revision the server implements (``"1.3"`` today)."""
+    ``contract`` revision the server implements (``"1.4"`` today)."""
 
     model_config = _FROZEN_STRICT
 
@@ -341,7 +341,7 @@ class ModelInfo(BaseModel):
     revision: str | None = None
     contract: str | None = Field(
         default=CONTRACT_REVISION,
-        description='The contract revision the server implements ("1.3" today); absent from '
+        description='The contract revision the server implements ("1.4" today); absent from '
         "1.0 servers.",
     )
 

@@ -1,9 +1,11 @@
 """The rooms of kbatch by layer, each with the rooms it imports, and every module with the first
-sentence of its docstring: docs/ARCHITECTURE.md §Rooms and §Modules, drawn from the code.
+sentence of its docstring: docs/ARCHITECTURE.md §Rooms and docs/reference/modules.md, drawn from
+the code.
 
 python scripts/room_graph.py            print both
 python scripts/room_graph.py --write    put them into docs/ARCHITECTURE.md (between the
-                                        ``room-graph`` and ``module-index`` markers)
+                                        ``room-graph`` markers) and docs/reference/modules.md
+                                        (between the ``module-index`` markers)
 
 The layers and the rule (no import of a peer or of a higher layer) are those of
 tests/unit/test_import_graph.py, whose tests fail when the document's diagram is out of date
@@ -23,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from tests.unit.test_import_graph import LAYERS, room_diagram  # noqa: E402
 
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
+MODULES_DOC = ROOT / "docs" / "reference" / "modules.md"
 
 ROLES = {
     "consumer": "the root: what every command shares",
@@ -80,23 +83,29 @@ def module_index() -> str:
     return "\n".join(lines)
 
 
-def _replace(text: str, marker: str, body: str) -> str:
-    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->\n"
-    head, found_start, rest = text.partition(start)
-    _, found_end, tail = rest.partition(end)
-    if not found_start or not found_end:
-        raise ValueError(f"{DOC} lacks the markers {start.strip()} … {end.strip()}")
-    return f"{head}{start}{body}{end}{tail}"
-
-
-def write(doc: Path = DOC) -> None:
-    """Replace the diagram and the module index of ``doc`` with the current ones.
+def _replace(doc: Path, marker: str, body: str) -> None:
+    """Put ``body`` between ``doc``'s ``marker`` markers.
 
     Raises:
-        ValueError: ``doc`` lacks a pair of markers.
+        ValueError: ``doc`` lacks the pair of markers.
     """
-    text = _replace(doc.read_text(), "room-graph", f"```text\n{room_diagram()}```\n")
-    doc.write_text(_replace(text, "module-index", module_index()))
+    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->\n"
+    head, found_start, rest = doc.read_text().partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not found_start or not found_end:
+        raise ValueError(f"{doc} lacks the markers {start.strip()} … {end.strip()}")
+    doc.write_text(f"{head}{start}{body}{end}{tail}")
+
+
+def write(doc: Path = DOC, modules_doc: Path = MODULES_DOC) -> None:
+    """Replace the diagram in ``doc`` and the module index in ``modules_doc`` with the current
+    ones.
+
+    Raises:
+        ValueError: a document lacks its pair of markers.
+    """
+    _replace(doc, "room-graph", f"```text\n{room_diagram()}```\n")
+    _replace(modules_doc, "module-index", module_index())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Batch-formation settings: one frozen, validated object; units in every name.
 
 Defaults are measured on the VADER mix (``producer_tools.corpus``) with the packaged MiniLM on a
-2-core CPU: the bucket edges below give padding efficiency ≥ 0.96 with full batches (the issue
-asks ≥ 0.92), and 2048 padded tokens is where CPU throughput stops improving. A GPU wants a
+2-core CPU: the bucket edges below give padding efficiency ≥ 0.96 with full batches (the goal
+is ≥ 0.92), and 2048 padded tokens is where CPU throughput stops improving. A GPU wants a
 larger ``max_batch_tokens`` (e.g. 16384); the engine's warm-up lowers a budget the device
 cannot hold.
 """
@@ -96,7 +96,7 @@ class BatchPolicyConfig(BaseModel):
         default=None,
         gt=0.0,
         le=600_000.0,
-        description="Lanes (issue 26): a bulk batch holds at most the padded tokens that the "
+        description="Lanes: a bulk batch holds at most the padded tokens that the "
         "batch cost model (its CPU prior until fitted) says finish within this many ms — the "
         "most a ready live batch waits behind bulk work; never below one item of the model's "
         "maximum length. Unset (the default): automatic. Until the device is measured (its "

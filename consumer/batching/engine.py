@@ -1,6 +1,6 @@
 """The asyncio driver of the batching policy: submit → tokenize → buckets → runner → outcomes.
 
-docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one loop task:
+docs/internals.md §Engine API. The engine owns three worker threads and one loop task:
 
 ::
 
@@ -18,15 +18,16 @@ docs/ARCHITECTURE.md §Engine API. The engine owns three worker threads and one 
   deadline: the dispatcher also wakes at the earliest queued item's deadline (the expiry
   sweep), even while every model slot is busy; checked again just before the model runs.
 - A batch running longer than ``batch_timeout_s`` makes :attr:`Engine.healthy` false (and counts a
-  watchdog trip) until it returns; a thread cannot be killed, so the process's health probe is
-  what acts on it.
+  watchdog trip) until it returns; a thread cannot be killed, so its owner acts on it:
+  :attr:`Engine.running_batch_s` says how long the batch on the model has run
+  (``kbatch serve`` stops once it is wedged: :mod:`consumer.serve.wedge`).
 - Outcomes go to the callback each :meth:`Engine.submit` names (else the engine's default,
   given at construction; :mod:`consumer.batching.routes`), on the event loop thread, a list at
   a time (a batch's, a chunk's rejections, the items expired together); each submitted item's
   outcome (ok, error or expired) is in exactly one call, except for items removed by
   :meth:`Engine.cancel_group` or still queued at :meth:`Engine.stop`.
 
-Lanes (issue 26; docs/ARCHITECTURE.md §Lanes): each item's ``lane`` (``live`` by default, or
+Lanes (docs/internals.md §Lanes): each item's ``lane`` (``live`` by default, or
 ``bulk``) picks one of two :class:`BucketBatcher` s — items of different lanes never share a
 batch — and :class:`~consumer.batching.lanes.LaneScheduler` picks which lane's due batch takes
 each free model slot: live first; bulk while the device is idle, in batches sized so that one
@@ -90,8 +91,8 @@ A hand-off to the tokenizer thread and back costs the loop ~70 µs of CPU (execu
 futex wake, the completion's self-pipe write and wake-up) whatever the chunk; the fast tokenizer
 takes ~0.3-0.4 µs a character (MiniLM's, this project's 2-vCPU machine). At low rates a poll
 chunk is one or a few short texts, and the hop cost more than the work: 1,024 characters keep
-the loop blocked for at most ~0.4 ms (issue 32: the host path per request against a plain
-aiokafka loop, which tokenizes inline)."""
+the loop blocked for at most ~0.4 ms (measured as the host path per request against a
+plain aiokafka loop, which tokenizes inline)."""
 
 
 def _chunk_chars(chunk: Sequence[InferenceItem]) -> int:
@@ -206,6 +207,12 @@ class Engine:
     def healthy(self) -> bool:
         """False while a batch runs past ``batch_timeout_s`` or once the engine has stopped."""
         return self._watchdog.stalled == 0 and self._state in ("new", "running")
+
+    def running_batch_s(self) -> float:
+        """Seconds (engine clock) the batch on the model now has been running; 0.0 when the
+        model runs none. Safe to call from another thread."""
+        since_s = self._watchdog.running_since_s
+        return 0.0 if since_s is None else max(0.0, self._clock() - since_s)
 
     @property
     def warm(self) -> bool:
@@ -473,6 +480,7 @@ class Engine:
                 runs = await self._watchdog.watch(
                     loop.run_in_executor(self._model_pool, self._runner.run, batch, prepared),
                     batch,
+                    start,
                 )
                 self._lanes.note_batch(lane, (self._clock() - start) * 1000.0, self._clock())
                 if self._on_batch_run is not None:
@@ -547,17 +555,21 @@ class Engine:
 
 
 class _Watchdog:
-    """Marks the engine unhealthy while a batch runs past ``batch_timeout_s``."""
+    """Marks the engine unhealthy while a batch runs past ``batch_timeout_s``; remembers
+    when the batch on the model started (one at a time: the engine's model lock)."""
 
     def __init__(self, batch_timeout_s: float, stats: StatsSink) -> None:
         self._timeout_s = batch_timeout_s
         self._stats = stats
         self.stalled = 0  # batches running past the timeout now
+        self.running_since_s: float | None = None  # engine clock; None: the model is idle
 
-    async def watch(self, fut: asyncio.Future[_T], batch: Batch) -> _T:
-        """Await the model thread's ``fut``; one timer handle (no extra task or future per
-        batch) counts it stalled while it runs past the timeout."""
+    async def watch(self, fut: asyncio.Future[_T], batch: Batch, start_s: float) -> _T:
+        """Await the model thread's ``fut`` (started at ``start_s``, engine clock); one timer
+        handle (no extra task or future per batch) counts it stalled while it runs past the
+        timeout."""
         tripped = False
+        self.running_since_s = start_s
 
         def trip() -> None:
             nonlocal tripped
@@ -576,6 +588,7 @@ class _Watchdog:
             return await fut
         finally:
             timer.cancel()
+            self.running_since_s = None
             if tripped:
                 self.stalled -= 1
 

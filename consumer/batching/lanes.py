@@ -6,7 +6,7 @@ share a batch, so each batch's device time is one lane's and the share ledger st
 asks :meth:`LaneScheduler.next_lane` before forming each batch; it reports each finished batch's
 device time with :meth:`LaneScheduler.note_batch`.
 
-Rules (issue 26):
+Rules:
 
 1. A due live batch goes first.
 2. A due bulk batch starts only while the device is idle (nothing formed or running), so a live

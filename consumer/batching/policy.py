@@ -4,7 +4,7 @@ Driven by an injected clock — every method that needs the time takes ``now`` (
 seconds) — so the tests step time by hand. The policy returns decisions (:class:`Ready`);
 the engine acts on them.
 
-Rules (issue 4 and the field report in ``/work/shared/seed``):
+Rules:
 
 1. Each bucket holds token lengths in ``(edges[i-1], edges[i]]`` and has its own FIFO queue.
 2. A bucket's deadline is its **oldest** item's ``arrival_s + max_wait``; later arrivals never
@@ -27,7 +27,7 @@ Rules (issue 4 and the field report in ``/work/shared/seed``):
    least recently goes first, oldest item first among equals, and the batch starts with that
    group's items of the bucket. A backlog of one partition (say, long texts) then takes every
    other batch at most while other partitions have due work, instead of holding them until it
-   has drained (arrival order across partitions did that: ~7 s of held commits in issue 12).
+   has drained (arrival order across partitions did that: ~7 s of held commits).
 
 8. The measured batch cost (:class:`~consumer.batching.cost.BatchCostModel`, fitted from the
    runner's timings the engine passes to :meth:`BucketBatcher.observe_batch`) takes over once

@@ -2,7 +2,7 @@
 
 Every producer of items (serve's pipeline, a backfill job, a serve backfill job, the fan-out's
 parts) says where its outcomes go when it submits them, so no engine holds its owners and
-nothing is bound after construction (issue 33). Pure: no asyncio, no I/O.
+nothing is bound after construction. Pure: no asyncio, no I/O.
 """
 
 from __future__ import annotations

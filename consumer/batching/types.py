@@ -1,4 +1,4 @@
-"""The shared types of the batching layer (docs/ARCHITECTURE.md §Shared types).
+"""The shared types of the batching layer (docs/internals.md §Shared types).
 
 Pure dataclasses: no asyncio, no torch. Times are **monotonic seconds** (``time.monotonic``
 or the injected clock); durations in outcomes are milliseconds, as the contract's ``timing``.
@@ -28,7 +28,7 @@ OutcomeStatus = Literal["ok", "error", "expired"]
 """The contract's reply ``status`` (CONTRACT.md §Reply record)."""
 
 Lane = Literal["live", "bulk"]
-"""Which kind of work an item is (issue 26): ``live`` requests (a client waits for the reply)
+"""Which kind of work an item is: ``live`` requests (a client waits for the reply)
 go first; ``bulk`` work (backfill jobs, requests marked ``priority: bulk``) uses the capacity
 live work leaves idle."""
 

@@ -23,7 +23,13 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
   (docs/TRACING.md) at 1 % and 100 % head sampling, spans exported over OTLP/HTTP to a
   discarding endpoint in this process (:mod:`consumer.bench.otlp_sink`): the cost of tracing;
 - ``raw_loop`` — a bare aiokafka consume→produce loop, no decode, no model
-  (:mod:`consumer.bench.e2e_workers`, its own process).
+  (:mod:`consumer.bench.e2e_workers`, its own process);
+- ``raw_tokenize`` — the host path around an accelerator written by hand on aiokafka: decode,
+  one tokenizer call per poll, an embedding reply per record (its own process);
+- ``raw_tokenize_confluent`` — the same on confluent-kafka (librdkafka), one thread owning the
+  consumer and the producer (:mod:`consumer.bench.e2e_confluent`): with ``raw_tokenize``, what
+  the Kafka client costs of that path (``cpu_ratio_*``,
+  :func:`consumer.bench.e2e_report.cpu_ratios`).
 
 Every process that runs a model uses ``threads`` torch intra-op threads (default 2; split
 over the replicas of a ``--replicas N`` run).
@@ -103,6 +109,7 @@ from consumer.bench.e2e_report import (
     TRACED,
     VARIANTS,
     cpu_device_figures,
+    cpu_ratios,
     frontier_points,
     frontier_row,
     latency_rate,
@@ -697,6 +704,7 @@ async def run_e2e_bench(opts: E2EBenchOptions, say: Say = lambda _msg: None) -> 
         if tmp is not None:
             tmp.cleanup()
     report.update(ratios(report))
+    report.update(cpu_ratios(report))
     report.update(replica_ratios(report, opts.replicas))
     report["setup"] = {
         "model": opts.serve_model or str(opts.model_dir),

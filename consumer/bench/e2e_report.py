@@ -12,6 +12,10 @@ Figures (the definitions every variant shares; see :mod:`consumer.bench.e2e`):
 - ``--replicas 1,2``: ``kbatch`` and ``passthrough`` run once per replica count; the report
   key of N > 1 replicas is ``<variant>_x<N>`` (:func:`variant_key`) and
   ``ratio_<variant>_x<N>_vs_x1`` compares it with one replica of the same run.
+- ``cpu_ratio_a_vs_b`` (:func:`cpu_ratios`): per ``--latency-rates`` point (``"1000/s"``), the
+  ``cpu_ms_per_request`` of ``a`` / that of ``b`` (:func:`frontier_row`), rounded to 2
+  decimals: kbatch against each raw tokenize loop (aiokafka, confluent-kafka), and the two
+  loops against each other; None at a point where either side timed requests out.
 - CPU and device figures (:func:`cpu_device_figures`), over the throughput drain:
   ``cpu_s`` (user + system seconds of the consumer's processes), ``cpu_cores_busy``
   (``cpu_s / drain_s``), ``cpu_us_per_record`` (``cpu_s × 1e6 / N``: what one record costs a
@@ -35,9 +39,11 @@ from schemas.codec import Encoding, encode_request
 from schemas.models import Request
 
 __all__ = [
+    "CPU_RATIOS",
     "RATIOS",
     "VARIANTS",
     "cpu_device_figures",
+    "cpu_ratios",
     "frontier_points",
     "frontier_row",
     "latency_rate",
@@ -57,7 +63,7 @@ REPLICATED: tuple[str, ...] = ("kbatch", "passthrough")
 TRACED: dict[str, float] = {"passthrough_trace1": 0.01, "passthrough_trace100": 1.0}
 """``passthrough`` under ``--tracing`` at this head-sampling ratio
 (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``), exporting to a discarding OTLP/HTTP
-endpoint in the bench process (issue 35: what tracing costs)."""
+endpoint in the bench process (what tracing costs)."""
 
 SERVED: tuple[str, ...] = (
     "kbatch",
@@ -82,6 +88,7 @@ VARIANTS: tuple[str, ...] = (
     "passthrough_trace100",
     "raw_loop",
     "raw_tokenize",
+    "raw_tokenize_confluent",
 )
 """Every variant, in report order."""
 
@@ -97,6 +104,15 @@ RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_passthrough_trace100_vs_passthrough", "passthrough_trace100", "passthrough"),
 )
 """(report key, numerator variant, denominator variant) of each throughput ratio."""
+
+CPU_RATIOS: tuple[tuple[str, str, str], ...] = (
+    ("cpu_ratio_kbatch_vs_raw_tokenize", "kbatch", "raw_tokenize"),
+    ("cpu_ratio_kbatch_vs_raw_tokenize_confluent", "kbatch", "raw_tokenize_confluent"),
+    ("cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent", "raw_tokenize", "raw_tokenize_confluent"),
+)
+"""(report key, numerator variant, denominator variant) of each host-CPU ratio
+(:func:`cpu_ratios`): kbatch's CPU per request against each raw loop, and the aiokafka loop's
+against the confluent-kafka one (the Kafka client's share)."""
 
 PrefillRecord = tuple[bytes, bytes, list[tuple[str, bytes]]]
 """(key, msgpack value, headers) of one pre-filled request record."""
@@ -169,7 +185,7 @@ def frontier_row(
     (:func:`producer_tools.report.window_stats`); with the consumer processes' CPU seconds
     over the whole phase (``cpu_s``) and the requests sent in it (``sent``, warm-up and probe
     included), ``cpu_ms_per_request`` = ``cpu_s × 1000 / sent``: the host path's cost per
-    request at that offered rate (``kbatch bench e2e --latency-rates``, issue 32)."""
+    request at that offered rate (``kbatch bench e2e --latency-rates``)."""
     lat = summary["latency_ms"]
     per_request = None if cpu_s is None or not sent else round(cpu_s * 1000.0 / sent, 3)
     return {
@@ -196,6 +212,43 @@ def ratios(report: Mapping[str, Any]) -> dict[str, float | None]:
             out[key] = round(float(a["seq_per_s"]) / float(b["seq_per_s"]), 2)
         else:
             out[key] = None
+    return out
+
+
+def cpu_ratios(report: Mapping[str, Any]) -> dict[str, dict[str, float | None] | None]:
+    """The host-CPU ratios of :data:`CPU_RATIOS` at the absolute-rate frontier points
+    (``--latency-rates``): for each pair, ``{point label: numerator's cpu_ms_per_request /
+    denominator's}`` rounded to 2 decimals, over the labels both variants measured (``"100/s"``
+    …); a point either side lacks a figure for, or timed requests out at, is None (a request
+    never answered did not cost its full CPU: the quotient would flatter that side). A pair is
+    None when either variant was not run or neither has such a point."""
+    out: dict[str, dict[str, float | None] | None] = {}
+    for key, num, den in CPU_RATIOS:
+        a, b = _rate_points(report.get(num)), _rate_points(report.get(den))
+        labels = [label for label in a if label in b]
+        if not labels:
+            out[key] = None
+            continue
+        points: dict[str, float | None] = {}
+        for label in labels:
+            x, y = a[label], b[label]
+            points[label] = None if x is None or y is None else round(x / y, 2)
+        out[key] = points
+    return out
+
+
+def _rate_points(row: Any) -> dict[str, float | None]:
+    """``{label: cpu_ms_per_request}`` of a variant's absolute-rate frontier points (labels
+    ending in ``/s``), None where the figure is missing, zero or the point timed requests out;
+    empty for a variant not run."""
+    if not isinstance(row, Mapping):
+        return {}
+    out: dict[str, float | None] = {}
+    for p in row.get("frontier") or ():
+        if not str(p.get("point", "")).endswith("/s"):
+            continue
+        cpu_ms = p.get("cpu_ms_per_request")
+        out[p["point"]] = cpu_ms if cpu_ms and not p.get("timeouts") else None
     return out
 
 
@@ -308,10 +361,11 @@ def print_e2e_table(report: Mapping[str, Any], console: Any) -> None:
             console.print(
                 f"{name} frontier {point['point']} @ {point['rate_per_s']}/s: "
                 f"p50 {point['p50_ms']} p99 {point['p99_ms']} ms, "
-                f"batch {_cell(point.get('batch_size_mean'))}"
+                f"batch {_cell(point.get('batch_size_mean'))}, "
+                f"cpu {_cell(point.get('cpu_ms_per_request'))} ms/request"
             )
     for key, value in report.items():
-        if key.startswith("ratio_"):
+        if key.startswith(("ratio_", "cpu_ratio_")):
             console.print(f"{key}: {_cell(value)}")
     if report.get("plots"):
         console.print(f"plots: {', '.join(report['plots'])}")

@@ -1,9 +1,9 @@
-"""The two hand-written consumers of ``kbatch bench e2e``, each run as its own process.
+"""The hand-written consumers of ``kbatch bench e2e``, each run as its own process.
 
-``python -m consumer.bench.e2e_workers {naive,raw_loop} --bootstrap … --request-topic …
---reply-topic … --group-id … --ready-file PATH [--model DIR --threads N]``
+``python -m consumer.bench.e2e_workers WORKER --bootstrap … --request-topic … --reply-topic …
+--group-id … --ready-file PATH [--model DIR --threads N]`` (WORKER one of :data:`WORKERS`)
 
-Both read the request topic with ``isolation_level=read_committed`` (as ``kbatch serve`` does:
+Each reads the request topic with ``isolation_level=read_committed`` (as ``kbatch serve`` does:
 the benchmark releases its pre-filled requests by committing a transaction), in poll chunks of
 at most ``--max-records`` (500, ``kbatch serve``'s ``poll_max_records``), and write one reply
 per request to the reply topic with the request's key and ``kafka_correlationId``:
@@ -17,7 +17,7 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
 - ``raw_loop`` — the Kafka ceiling: no decode, no model; each record is answered with one
   constant, valid ``ok`` reply (built once at start), the poll's sends awaited, then a commit.
 - ``raw_tokenize`` — the host path a user writes around an accelerator, the yardstick of
-  kbatch's host CPU per request (issue 32): each poll's records decoded with msgpack, their
+  kbatch's host CPU per request: each poll's records decoded with msgpack, their
   texts tokenized in one ``encode_batch`` of the model's fast tokenizer (truncated to its
   maximum length), and each answered with a 384-float embedding reply packed with msgpack
   (what ``kbatch serve --model sim:…`` answers), the sends awaited, then a commit. No model,
@@ -25,11 +25,14 @@ per request to the reply topic with the request's key and ``kafka_correlationId`
   (``TOKENIZERS_PARALLELISM=false``), as ``kbatch serve`` does on an accelerator host of this
   size (docs/CPU.md): with Rayon's default pool the loop also pays for its spin-waiting
   threads (~0.08 ms a request at 1,000/s here), which would flatter kbatch.
+- ``raw_tokenize_confluent`` — ``raw_tokenize``'s work on confluent-kafka (librdkafka) in one
+  thread instead of aiokafka on an event loop (:mod:`consumer.bench.e2e_confluent`, where its
+  client settings are): the same host path with the other Kafka client.
 
-Both produce with ``acks=all``, idempotence and ``linger_ms=2`` as kbatch's reply sink does,
-but with aiokafka's defaults otherwise: a 16 KiB ``max_batch_size`` (the sink's is 256 KiB),
-aiokafka's own key partitioner and request timeout. A reply is ~2 KiB, so a partition's
-round trip carries fewer replies here than the sink's would.
+The aiokafka loops produce with ``acks=all``, idempotence and ``linger_ms=2`` as kbatch's
+reply sink does, but with aiokafka's defaults otherwise: a 16 KiB ``max_batch_size`` (the
+sink's is 256 KiB), aiokafka's own key partitioner and request timeout. A reply is ~2 KiB, so
+a partition's round trip carries fewer replies here than the sink's would.
 
 Readiness: once the consumer owns its partitions (and, for ``naive``, the model is loaded and
 warmed up) the worker writes ``--ready-file``. SIGTERM/SIGINT stop it after the current poll.
@@ -49,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
 
+from consumer.bench.e2e_confluent import Polled, PollScorer, serve_confluent
 from schemas import headers as H
 from schemas.codec import Encoding, encode_reply
 from schemas.models import ModelInfo, Reply, Timing, result_from_map
@@ -60,12 +63,11 @@ __all__ = ["main", "raw_reply_value"]
 
 log = logging.getLogger("kbatch.bench.e2e_workers")
 
-WORKERS = ("naive", "raw_loop", "raw_tokenize")
+WORKERS = ("naive", "raw_loop", "raw_tokenize", "raw_tokenize_confluent")
 
-# One record in, at most one reply out; a scorer turns a record into its reply (None: skip).
-Scorer = Callable[[ConsumerRecord[bytes, bytes]], OutRecord | None]
-# A poll's records in, their replies out (raw_tokenize works per poll, as a user's loop would).
-PollScorer = Callable[[list[ConsumerRecord[bytes, bytes]]], list[OutRecord]]
+# One record (key, value, headers) in, at most one reply out (None: skip). A PollScorer takes
+# a poll's records at once (raw_tokenize works per poll, as a user's loop would).
+Scorer = Callable[[Polled], OutRecord | None]
 
 
 def raw_reply_value() -> bytes:
@@ -89,11 +91,12 @@ def _raw_scorer() -> Scorer:
         (H.STATUS, b"ok"),
     ]
 
-    def score(record: ConsumerRecord[bytes, bytes]) -> OutRecord:
+    def score(record: Polled) -> OutRecord:
+        key, _value, in_headers = record
         headers: list[tuple[str, bytes | None]] = [
-            (k, v) for k, v in record.headers if k == H.CORRELATION_ID
+            (k, v) for k, v in in_headers if k == H.CORRELATION_ID
         ]
-        return OutRecord(None, None, record.key, value, headers + fixed)
+        return OutRecord(None, None, key, value, headers + fixed)
 
     return score
 
@@ -109,9 +112,10 @@ def _naive_scorer(model_dir: Path, threads: int | None) -> Scorer:
     model = PlainModel(model_dir, threads=threads)
     model.embed(["warm up"])
 
-    def score(record: ConsumerRecord[bytes, bytes]) -> OutRecord | None:
+    def score(record: Polled) -> OutRecord | None:
+        key, value, in_headers = record
         start = time.perf_counter()
-        request = msgpack.unpackb(record.value)
+        request = msgpack.unpackb(value)
         vector = model.embed([request["text"]])[0].tolist()
         infer_ms = (time.perf_counter() - start) * 1000.0
         # The contract's ok reply (docs/CONTRACT.md), written out by hand.
@@ -123,16 +127,16 @@ def _naive_scorer(model_dir: Path, threads: int | None) -> Scorer:
             "dedup": False,
             "timing": {"queue_ms": 0.0, "infer_ms": infer_ms, "batch_size": 1, "padded_len": 0},
         }
-        headers = [(k, v) for k, v in record.headers if k == H.CORRELATION_ID]
+        headers = [(k, v) for k, v in in_headers if k == H.CORRELATION_ID]
         headers += [(H.STATUS, b"ok"), (H.CONTENT_TYPE, b"application/msgpack")]
-        return OutRecord(None, None, record.key, msgpack.packb(reply), headers)
+        return OutRecord(None, None, key, msgpack.packb(reply), headers)
 
     return score
 
 
 def _tokenize_scorer(model_dir: Path, dim: int = 384) -> PollScorer:
-    """``raw_tokenize`` (module docstring): msgpack in, one ``encode_batch`` per poll, a
-    ``dim``-float embedding reply per record in msgpack."""
+    """``raw_tokenize`` and ``raw_tokenize_confluent`` (module docstring): msgpack in, one
+    ``encode_batch`` per poll, a ``dim``-float embedding reply per record in msgpack."""
     import msgpack
     from tokenizers import Tokenizer
 
@@ -140,11 +144,11 @@ def _tokenize_scorer(model_dir: Path, dim: int = 384) -> PollScorer:
     tokenizer.enable_truncation(256)
     vector = [0.05] * dim
 
-    def score(records: list[ConsumerRecord[bytes, bytes]]) -> list[OutRecord]:
-        requests = [msgpack.unpackb(r.value) for r in records]
+    def score(records: list[Polled]) -> list[OutRecord]:
+        requests = [msgpack.unpackb(value) for _key, value, _headers in records]
         encodings = tokenizer.encode_batch([q["text"] for q in requests])
         out = []
-        for record, enc in zip(records, encodings, strict=True):
+        for (key, _value, in_headers), enc in zip(records, encodings, strict=True):
             reply = {
                 "status": "ok",
                 "result": {"embedding": vector, "dim": dim},
@@ -154,16 +158,16 @@ def _tokenize_scorer(model_dir: Path, dim: int = 384) -> PollScorer:
                 "timing": {"queue_ms": 0.0, "infer_ms": 0.0, "batch_size": len(records),
                            "padded_len": len(enc.ids)},
             }  # fmt: skip
-            headers = [(k, v) for k, v in record.headers if k == H.CORRELATION_ID]
+            headers = [(k, v) for k, v in in_headers if k == H.CORRELATION_ID]
             headers += [(H.STATUS, b"ok"), (H.CONTENT_TYPE, b"application/msgpack")]
-            out.append(OutRecord(None, None, record.key, msgpack.packb(reply), headers))
+            out.append(OutRecord(None, None, key, msgpack.packb(reply), headers))
         return out
 
     return score
 
 
 def _per_record(score: Scorer) -> PollScorer:
-    def score_poll(records: list[ConsumerRecord[bytes, bytes]]) -> list[OutRecord]:
+    def score_poll(records: list[Polled]) -> list[OutRecord]:
         return [out for r in records if (out := score(r)) is not None]
 
     return score_poll
@@ -195,7 +199,9 @@ async def _serve(args: argparse.Namespace, score: PollScorer) -> None:
         Path(args.ready_file).write_text("ready\n")
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=50, max_records=args.max_records)
-            records = [r for rs in batches.values() for r in rs]
+            records: list[Polled] = [
+                (r.key, r.value, r.headers) for rs in batches.values() for r in rs
+            ]
             if not records:
                 continue
             acks: list[asyncio.Future[Any]] = []
@@ -245,11 +251,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         # A user's loop calls the model inline, blocking the event loop for one forward
         # (≈ 10-20 ms; aiokafka's heartbeats tolerate that).
         asyncio.run(_serve(args, _per_record(_naive_scorer(args.model, args.threads))))
-    elif args.worker == "raw_tokenize":
+    elif args.worker in ("raw_tokenize", "raw_tokenize_confluent"):
         if args.model is None:
-            raise SystemExit("raw_tokenize needs --model")
+            raise SystemExit(f"{args.worker} needs --model")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before the first encode_batch
-        asyncio.run(_serve(args, _tokenize_scorer(args.model)))
+        if args.worker == "raw_tokenize":
+            asyncio.run(_serve(args, _tokenize_scorer(args.model)))
+        else:
+            serve_confluent(args, _tokenize_scorer(args.model))
     else:
         asyncio.run(_serve(args, _per_record(_raw_scorer())))
 

@@ -155,7 +155,7 @@ def _paced_rate(
 def _bucketed_bounds(
     b: dict[str, Any], max_wait_ms: float, cuda_info: dict[str, Any]
 ) -> dict[str, Any]:
-    """The bucketed strategy's p99 against the issue's bound, and (on CUDA, ``cuda_info``:
+    """The bucketed strategy's p99 against its bound, and (on CUDA, ``cuda_info``:
     :func:`describe_runner`'s) its model TFLOP/s and MFU.
 
     The bound: max wait + two batch times (the batch running when an item's bucket flushes,

@@ -12,11 +12,11 @@ One ``kbatch serve`` (its model, or a simulated device) with a jobs topic of the
 
 Reported per fraction: live p50/p99 alone and with the job, the job's throughput during the
 phase (its output topic's end offsets at the phase's start and end, over the phase's wall time)
-and the issue-26 goals: ``p99_with_job ≤ 1.25 × p99_alone + one batch's time`` (one batch's
+and the lanes' goals: ``p99_with_job ≤ 1.25 × p99_alone + one batch's time`` (one batch's
 time: the serve's mean ``kbatch_inference_seconds`` during the phase) and
-``job_seq_per_s ≥ 0.8 × (drain_seq_per_s − live rate)``. Until the engine schedules lanes
-(issue 26 part 1), the job competes with live requests like any other items: the goals show
-how far that is.
+``job_seq_per_s ≥ 0.8 × (drain_seq_per_s − live rate)``. Without the engine's lane
+scheduling the job would compete with live requests like any other items: the goals show
+what the lanes give.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def lanes_goals(
     batch_ms: float,
     job_seq_per_s: float,
 ) -> dict[str, Any]:
-    """The issue-26 goals of one fraction and how the run compares (pure).
+    """The lanes' goals at one fraction and how the run compares (pure).
 
     ``p99_goal_ms = 1.25 × p99_alone_ms + batch_ms``; ``job_goal_seq_per_s = 0.8 × (drain −
     rate)``; each ``*_ratio`` is measured / goal (p99: ≤ 1 meets it; job: ≥ 1 meets it).

@@ -1,11 +1,11 @@
-"""``kbatch bench windows``: what a long document costs in windows (contract 1.3, issue 34).
+"""``kbatch bench windows``: what a long document costs in windows (contract 1.3).
 
 One document of ``n`` windows against ``n`` separate requests of one window each (the
 document's own windows as texts), through the real path (fan-out, engine buckets and batches,
 the model): the model time (sum of the batches' ``infer_ms``, milliseconds) and the padding
 efficiency (real ÷ padded tokens) of each, the median over ``repeats`` runs (the two cases
 take turns going first: the first batch after a pause runs slower on a busy CPU). The
-goal (issue 34): the document within 1.1× the separate requests in both.
+goal: the document within 1.1× the separate requests in both.
 
 Tasks: ``embed`` (``chunking`` at the model's maximum, no overlap: the chunks and the separate
 texts are the same sequences) and ``token-classify`` (the tokenizer's overflow windows with

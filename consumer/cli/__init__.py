@@ -41,7 +41,7 @@ instead of spin-waiting. With the event loop, the tokenizer thread, Kafka I/O or
 process wanting the same cores, spinning threads take the CPU from the thread a parallel region
 is waiting for: measured on the 2-core machine under load (MiniLM, a batch of one, 2 torch
 threads), 505-546 ms wall and 180-238 ms CPU per text with the default policy against
-42-45 ms wall and 18 ms CPU with PASSIVE (BENCHMARKS.md §Model path). libgomp reads it once,
+42-45 ms wall and 18 ms CPU with PASSIVE (BENCHMARKS.md §Engine alone). libgomp reads it once,
 when torch loads, so it is set here, before anything imports torch. ONNX Runtime gets the same
 from its session options (``session.intra_op.allow_spinning=0``)."""
 
@@ -53,8 +53,8 @@ The model thread gives up the GIL around every torch op (≈ 750 C calls in one 
 20) and must take it back to launch the next; while the event loop runs Python (decode, reply
 encoding, aiokafka), that wait lasts until the loop blocks or the switch interval forces a
 hand-over: up to 5 ms per op. A busy loop then stretches each batch, batches grow, and latency
-with them (issue 22: 2.6× larger batches and ~5× the engine's latency through Kafka; ONNX
-Runtime, one C call per batch, had a quarter of torch's latency at the same drain rate).
+with them (on the 2-core machine: 2.6× larger batches and ~5× the engine's latency through Kafka;
+ONNX Runtime, one C call per batch, had a quarter of torch's latency at the same drain rate).
 Measured on the 2-core machine (contended, 40 interleaved runs, MiniLM batch of 8, a thread
 running Python 2 ms of every 4): forward p25 47 ms alone, 120 ms at 5 ms, 87 ms at 0.5 ms
 (BENCHMARKS.md §Latency under load)."""

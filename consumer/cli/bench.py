@@ -294,7 +294,7 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
     "model_name",
     help="Model directory (default: the packaged all-MiniLM-L6-v2) or a simulated device "
     "sim:FIXED_MS,US_PER_TOKEN[,DIM] (kbatch serves it; default variants then "
-    "kbatch,passthrough,raw_loop).",
+    "kbatch,passthrough,raw_loop,raw_tokenize,raw_tokenize_confluent).",
 )
 @texts_option
 @option(
@@ -406,12 +406,14 @@ def e2e(
     **opts: Any,
 ) -> None:
     """naive vs kbatch (and its eos, onnx, bf16 forms) vs engine vs passthrough vs the raw
-    loops (raw_loop; raw_tokenize: consume, tokenize, reply), through a real broker.
+    loops (raw_loop; raw_tokenize: consume, tokenize, reply on aiokafka;
+    raw_tokenize_confluent: the same on confluent-kafka), through a real broker.
 
     Throughput drains N pre-filled requests per variant; latency comes from an open-loop run
     at --load-fraction of each variant's throughput; each --latency-fractions/--latency-rates
     point also reports the consumer's cpu_ms_per_request (its processes' CPU over the phase
-    per request sent). See consumer/bench/e2e.py for the exact definitions.
+    per request sent), and cpu_ratio_* compares kbatch's with each raw tokenize loop's at
+    each --latency-rates point. See consumer/bench/e2e.py for the exact definitions.
     """
     require_serve_extra()
     import asyncio
@@ -478,7 +480,7 @@ def _simulated_variants(variants: list[str]) -> list[str]:
     """
     given = click.get_current_context().get_parameter_source("variants")
     if given is click.core.ParameterSource.DEFAULT:
-        return ["kbatch", "passthrough", "raw_loop", "raw_tokenize"]
+        return ["kbatch", "passthrough", "raw_loop", "raw_tokenize", "raw_tokenize_confluent"]
     if {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
         raise click.BadParameter(
             "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "

@@ -1,7 +1,7 @@
 """The inputs every Kafka benchmark command resolves the same way: the model and the texts.
 
 ``--model`` is a model directory, ``sim:FIXED_MS,US_PER_TOKEN[,DIM]`` (a simulated device,
-BENCHMARKS.md §A simulated device) or absent (the packaged MiniLM); the texts are sampled from
+BENCHMARKS.md §Simulated device) or absent (the packaged MiniLM); the texts are sampled from
 ``--texts`` or the VADER corpus.
 """
 

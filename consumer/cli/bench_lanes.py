@@ -1,5 +1,5 @@
-"""``kbatch bench lanes``: live latency alone and beside a backfill job (issue 26,
-:mod:`consumer.bench.lanes`)."""
+"""``kbatch bench lanes``: live latency alone and beside a backfill job
+(:mod:`consumer.bench.lanes`)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def lanes_command(
     **opts: Any,
 ) -> None:
     """Live p50/p99 at --fractions of the drain rate, alone and with a backfill job running in
-    the same serve, and the job's throughput (issue 26's goals). See consumer/bench/lanes.py."""
+    the same serve, and the job's throughput, against the lanes'
+    goals. See consumer/bench/lanes.py."""
     require_serve_extra()
     import asyncio
     import json

@@ -1,5 +1,5 @@
 """``kbatch bench windows``: a long document in windows against as many one-window requests
-(contract 1.3, issue 34; :mod:`consumer.bench.windows`)."""
+(contract 1.3; :mod:`consumer.bench.windows`)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,21 @@ __all__ = ["windows_command"]
     default=None,
     help="Model directory (default: the packaged all-MiniLM-L6-v2, task embed).",
 )
-@option("--task", type=click.Choice(["embed", "token-classify"]), default="embed")
-@option("--windows", type=click.IntRange(min=2), default=10)
+@option(
+    "--task",
+    type=click.Choice(["embed", "token-classify"]),
+    default="embed",
+    help="What the model computes.",
+)
+@option(
+    "--windows",
+    type=click.IntRange(min=2),
+    default=10,
+    help="Windows of the long document (and separate requests beside it).",
+)
 @option("--stride", type=click.IntRange(min=0), help="token-classify.")
-@option("--repeats", type=click.IntRange(min=1), default=5)
-@option("--device", default="cpu")
+@option("--repeats", type=click.IntRange(min=1), default=5, help="Runs of each case (alternated).")
+@option("--device", default="cpu", help="'cpu', 'cuda', 'cuda:1'.")
 @json_option
 def windows_command(
     model_dir: Path | None,

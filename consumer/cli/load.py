@@ -61,7 +61,9 @@ from consumer.cli.request import encoding_option, topic_options
     type=CommaList(float),
     help="step: the rates of the sweep, e.g. 5,10,20,40 (default: --rate x 1..--steps).",
 )
-@option("--steps", type=click.IntRange(min=1), default=5)
+@option(
+    "--steps", type=click.IntRange(min=1), default=5, help="step: number of rates in the sweep."
+)
 @option(
     "--knee-p99-factor",
     type=POSITIVE,
@@ -110,7 +112,11 @@ from consumer.cli.request import encoding_option, topic_options
     type=click.IntRange(min=0),
     help="Give each request deadline_ms = send time + this (late ones come back expired).",
 )
-@option("--task", type=click.Choice(["embed", "classify"]))
+@option(
+    "--task",
+    type=click.Choice(["embed", "classify"]),
+    help="Each request's task (default: none, whatever the served model does).",
+)
 @option(
     "--metrics-url",
     help="The server's /metrics URL, e.g. http://127.0.0.1:9400/metrics: "

@@ -96,7 +96,11 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
     help="Read the text from this file (- for stdin) instead of TEXT; trailing newlines "
     "are dropped.",
 )
-@option("--key", help="Idempotency key (default: a random one).")
+@option(
+    "--key",
+    help="Idempotency key (default: a random one): a key in use for another text within the "
+    "server's dedup window is answered idempotency_key_reused.",
+)
 @option(
     "--timeout-s",
     type=POSITIVE,
@@ -109,7 +113,12 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
     default=0,
     help="Re-send the same key this many times while unanswered (the server dedups).",
 )
-@option("--task", type=click.Choice(list(TASKS)))
+@option(
+    "--task",
+    type=click.Choice(list(TASKS)),
+    help="The request's task (default: none, whatever the served model does; a task other "
+    "than the model's is answered unsupported_task).",
+)
 @option(
     "--deadline-after-ms",
     type=click.IntRange(min=0),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,11 @@ def _serve(config: Path | None, **flags: Any) -> None:
         code = asyncio.run(serve(settings))
     except LossyBackendError as err:  # the start-up quality gate (consumer/model/quality.py)
         raise click.ClickException(str(err)) from err
+    from consumer.serve.wedge import EXIT_ENGINE_WEDGED
+
+    if code == EXIT_ENGINE_WEDGED:  # the model thread may never return: exiting would join it
+        logging.shutdown()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -28,7 +28,13 @@ def topics_group() -> None:
 @click.option(
     "--partitions", type=click.IntRange(min=1), default=1, show_default=True, help="Partitions."
 )
-@click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--replication-factor",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Replicas of each partition (at most the brokers of the cluster).",
+)
 @topic_options
 @security_options
 def create(

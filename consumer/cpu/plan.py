@@ -5,7 +5,7 @@ buckets, replies and the Kafka client, all Python: at most one core), the tokeni
 thread calling the Rust tokenizer, whose ``encode_batch`` fans out to a Rayon pool) and the
 metrics server. Before this plan every pool was sized from every visible core: torch's intra-op
 pool from the affinity set, Rayon's from every logical CPU. Measured on the 2-core machine
-(BENCHMARKS.md "Where the cores go at 0.7×"): ~0.45 core of other work beside torch's two
+(BENCHMARKS.md "What limits them"): ~0.45 core of other work beside torch's two
 lock-stepped threads cut their drain by a third to a half. Peers keep cores free: vLLM's CPU
 backend reserves one core by default, text-embeddings-inference sizes its tokenizer pool to
 ``cpus - 1`` "to leave some CPU for the backend", Ray sets ``OMP_NUM_THREADS=1`` unless an

@@ -24,7 +24,7 @@ delivery mode runs.
 
 Both await the owner's ``before_commit`` hook with the offsets just before committing them,
 then record what was committed in the tracker (:meth:`OffsetTracker.mark_committed`)
-and as the lag base. The rules come from CONTRACT.md §Delivery and README §Operations
+and as the lag base. The rules come from CONTRACT.md §Delivery and docs/operations.md
 (``--exactly-once``).
 """
 

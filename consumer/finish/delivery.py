@@ -356,7 +356,7 @@ class Delivery(Generic[P]):
             return
         except (DeliveryDeniedError, DeliveryTopicMissingError) as err:
             if self._on_denied is not None:  # kept unfinished: nothing is lost
-                # a deleted topic too (a fresh-user trial saw records lost then)
+                # a deleted topic too (records would be lost otherwise)
                 denied = isinstance(err, DeliveryDeniedError)
                 remedy = "grant WRITE on it" if denied else "create it"
                 self._on_denied(f"the dead-letter topic {dlq.topic} refused: {err}; {remedy}")

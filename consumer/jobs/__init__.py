@@ -1,4 +1,4 @@
-"""Backfill jobs run by ``kbatch serve`` (issue 26, docs/JOBS.md).
+"""Backfill jobs run by ``kbatch serve`` (docs/JOBS.md).
 
 A job is a backfill submitted as a record to a compacted jobs topic; every serve member reads
 it and runs it through the job's own consumer group, feeding the bulk lane of its one loaded

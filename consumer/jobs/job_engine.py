@@ -6,7 +6,7 @@ pipeline's ``on_outcomes`` at each submit and have ids counting up from 0. A job
 fresh engine id (:meth:`Engine.new_routed_id`, negative), submits it with its own callback and
 restores the job's id on the way back, to the callback the job's submit named. Its items get
 ``lane="bulk"`` and a job-scoped ``group`` (serve's ``cancel_group`` of a revoked request
-partition never drops a job's item). Issue 26: the lane scheduling is the engine's; this only
+partition never drops a job's item). The lane scheduling is the engine's; this only
 maps ids and counts what is in flight.
 """
 
@@ -37,7 +37,7 @@ class RoutingEngine(Protocol):
 class BulkFlow(Protocol):
     """What a job needs of serve's :class:`consumer.kafka.flow.FlowControl`: its items in
     flight count toward the flow totals, and it stops reading while bulk sources should pause
-    (issue 26: backpressure pauses bulk sources before live ones)."""
+    (backpressure pauses bulk sources before live ones)."""
 
     def add_bulk(self, records: int, tokens: int) -> None: ...
     def remove_bulk(self, records: int, tokens: int) -> None: ...

@@ -213,8 +213,8 @@ def end_state(counts: JobCounts) -> tuple[JobState, str | None]:
     """The state a job whose every partition is committed at its end ends in, with its reason:
     ``failed`` when not one record was scored ok and some failed (``done == 0 < failed``: every
     record it read was an error reply or a dead letter, e.g. a ``--text-field`` no record
-    has), else ``completed`` (failures among ok records show in the counts). Issue 36: such a
-    job ended ``completed``."""
+    has), else ``completed`` (failures among ok records show in the counts): a job whose every
+    record failed is not ``completed``."""
     if counts.done == 0 and counts.failed > 0:
         return "failed", (
             f"every record failed ({counts.failed} error replies or dead letters, none ok)"

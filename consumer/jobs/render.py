@@ -47,7 +47,7 @@ def render_statuses(statuses: Sequence[JobStatus], console: Console) -> None:
     the work done (``running 12/8000`` beside ``done 2660`` read as stuck to a new user).
 
     Blocks, not one wide table: a table of eight columns did not fit 80 columns (rich cut the
-    counts to ``3…``) and lost its headers when piped (a new-user trial). Every line here is
+    counts to ``3…``) and lost its headers when piped. Every line here is
     short, so nothing is cut at any width.
     """
     if not statuses:

@@ -1,5 +1,6 @@
 """How many replicas a topic kbatch creates gets, and whether one topic is less durable than
-another (issue 36: the jobs topic had one replica on a three-node cluster).
+another (a jobs topic of one replica on a three-node cluster would stop the jobs when that
+node fails).
 
 Pure rules (:func:`choose_replication`, :meth:`Durability.weaker_than`) and the admin calls
 that feed them (:func:`cluster_replication`, :func:`topic_durability`).

@@ -2,7 +2,7 @@
 
 Pure: no aiokafka, no I/O. The policy returns decisions, the consumer acts on them (calls
 ``consumer.pause`` / ``consumer.resume``) and keeps polling while paused, so it stays in the
-group (issue 5, item 3).
+group.
 
 Rules:
 
@@ -15,7 +15,7 @@ Rules:
   paused; they resume (unless paused on their own account) once both totals are at or below
   their low watermarks.
 * aiokafka forgets pauses on every rebalance: after one, re-pause :meth:`FlowControl.reapply`.
-* Lanes (issue 26): a partition assigned with ``lane="bulk"`` (its records are bulk work)
+* Lanes: a partition assigned with ``lane="bulk"`` (its records are bulk work)
   pauses first: when the totals reach ``bulk_total_fraction`` of the total limits (the bulk
   watermark, with the same hysteresis), while ``live`` partitions pause only at the hard limits
   above. A source outside this object's partitions — serve's backfill job runner, with its own

@@ -81,7 +81,7 @@ class GroupRangeSource:
         self.pause_reading: Callable[[], bool] = lambda: False
         """Asked before each poll: True pauses the assigned partitions (a Kafka pause: the
         poll still runs, so the member stays in the group) until it turns False (serve's flow
-        control pausing bulk sources first, issue 26)."""
+        control pausing bulk sources first)."""
         self._consumer = AIOKafkaConsumer(
             group_id=group_id,
             client_id=client_id,

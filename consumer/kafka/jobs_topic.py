@@ -55,7 +55,7 @@ async def ensure_jobs_topic(
     read the topic's configuration (ACLs without DescribeConfigs), the check is skipped. With
     ``request_topic`` (serve's), a WARNING says so when the jobs topic is less durable than it
     (:meth:`~consumer.kafka.durability.Durability.weaker_than`): a broker loss the requests
-    survive would stop ``kbatch backfill status`` and ``submit`` (issue 36).
+    survive would stop ``kbatch backfill status`` and ``submit``.
 
     Raises:
         KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).

@@ -2,8 +2,8 @@
 
 A record the producer took is retried by the producer itself (idempotence: same producer id
 and sequence numbers, so a retry is never written twice) until the broker acknowledges it; the
-deadline ``send_timeout_ms`` then only logs a warning, never sends a second copy (issue 36
-item 5: a copy sent beside a late first one repeated a reply). A record the producer did not
+deadline ``send_timeout_ms`` then only logs a warning, never sends a second copy (a
+copy sent beside a late first one would repeat a reply). A record the producer did not
 take, or failed retriably (a batch it dropped without a partition leader), is sent again with
 exponential backoff until the sink closes, so a broker restart delays replies but loses none.
 A non-retriable failure (an invalid topic or partition named by the client) raises
@@ -380,7 +380,7 @@ class KafkaSink:
         Idempotent only: nothing is sent again. Each group's records are in the producer,
         which retries them itself, under the same producer id and sequence numbers, until the
         broker acknowledges them (aiokafka never expires a batch it sent while idempotence is
-        on); a second copy sent now could be written beside the first (issue 36 item 5), so
+        on); a second copy sent now could be written beside the first, so
         the ack keeps waiting and one warning says so. Transactional: the records fail with
         :class:`SinkClosedError` (their partition's transaction is then aborted, never
         committed: :mod:`consumer.kafka.transactions`)."""

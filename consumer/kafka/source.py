@@ -118,6 +118,12 @@ class KafkaSource:
         )
         self._consumer.subscribe(list(self._topics), listener=_Listener(self._handler, self))
 
+    def leave_group_on_stop(self) -> None:
+        """Make :meth:`stop` leave the group even as a static member (a wedged engine:
+        :mod:`consumer.serve.wedge`), so the group moves the partitions at once instead of
+        keeping them for a restart within the session timeout."""
+        self._leave_on_stop = True
+
     async def stop(self) -> None:
         """Leave the group and close (idempotent).
 

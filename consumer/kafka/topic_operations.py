@@ -5,7 +5,7 @@ Why: inside a transaction the first record for a topic makes the producer add th
 partition to the transaction (``AddPartitionsToTxn``); a topic the ACLs let kbatch describe but
 not write is refused there, and aiokafka then fails the whole transaction (an abortable
 error), not the one record — under ``--exactly-once`` one such request aborted its partition's
-transaction at every try (issue 36 item 2). Asked first, such a record fails alone with
+transaction at every try. Asked first, such a record fails alone with
 :class:`~consumer.kafka.errors.DeliveryDeniedError` and is dead-lettered
 ``reply_topic_not_allowed`` like at-least-once does, and the transaction commits.
 

@@ -117,7 +117,7 @@ class TransactionalSink:
 
     def __post_init__(self) -> None:
         self._sinks: dict[TopicPartition, KafkaSink] = {}
-        self._write_verdicts = WriteVerdicts()  # issue 36 item 2: denied topics stay out
+        self._write_verdicts = WriteVerdicts()  # denied topics stay out of transactions
         # Partitions with a send that failed without a verdict (maybe written): their open
         # transaction must not commit.
         self._tainted: set[TopicPartition] = set()

@@ -3,7 +3,7 @@
 
 No torch here: the torch backend lives in :mod:`consumer.model.torch_backend`.
 
-Failure handling (issue 4 §Failures): any exception of a batch — an out-of-memory error or
+Failure handling: any exception of a batch — an out-of-memory error or
 anything else — splits the batch in half and retries each half (re-collated to its own padded
 length); a single item that still fails is answered ``inference_failed``. The runner never
 raises for a model error.
@@ -92,7 +92,7 @@ class ModelRunner:
             results = self.backend.forward(prepared)
             if len(results) != len(items):
                 raise RuntimeError(f"backend returned {len(results)} results for {len(items)}")
-        except Exception as exc:  # any per-batch failure: split and retry (issue 4)
+        except Exception as exc:  # any per-batch failure: split and retry
             prepared = None
             self.backend.recover(exc)
             kind = "out of memory" if self.backend.is_oom(exc) else type(exc).__name__

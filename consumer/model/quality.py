@@ -15,7 +15,7 @@ Figures (:class:`QualityReport`), per text, candidate against reference:
   texts whose top label agrees (``label_agreement``) and the largest ``|Δscore|`` of any label
   (``max_abs_delta_score``).
 
-The rule (:func:`check_gate`, issue 14): refused unless ``min_cosine`` ≥ 0.999 for a
+The rule (:func:`check_gate`): refused unless ``min_cosine`` ≥ 0.999 for a
 full-precision path (fp32 ONNX) or ≥ 0.99 for a reduced one (int8, bf16/fp16), and, for
 classify, every top label agrees; ``--allow-lossy`` turns the refusal into a warning.
 

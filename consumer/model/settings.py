@@ -160,7 +160,10 @@ class ModelSettings(BaseModel):
         description="Longer texts (UTF-8 bytes) are refused, as the contract's limit.",
     )
     batch_timeout_s: float = Field(
-        60.0, gt=0, description="A batch running longer counts as wedged (engine unhealthy)."
+        60.0,
+        gt=0,
+        description="A batch running longer makes the engine unhealthy (/readyz 503); 3 times "
+        "as long wedges it: /healthz 503, serve leaves the group and exits 4.",
     )
     default_prompt_name: str | None = Field(
         None,

@@ -10,7 +10,7 @@ The tokenizer is MiniLM's real one (:func:`consumer.model.loader.load_model` pai
 padded token counts the cost model charges for are then the ones the real model would see, and
 the CPU cost per record includes real tokenization (on a GPU host it is part of what the cores
 must keep up with). Calibrations for MiniLM on an H200 and an L4: BENCHMARKS.md §Simulated
-accelerator.
+device.
 """
 
 from __future__ import annotations

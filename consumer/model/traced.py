@@ -2,7 +2,7 @@
 
 Eager torch runs a MiniLM batch as ~750 Python-dispatched ops; ``torch.jit.trace`` records
 them once, and the traced module runs the graph in TorchScript's C++ interpreter, without the
-per-op Python dispatch. Measured in-process (BENCHMARKS.md §Latency under load, issue 22):
+per-op Python dispatch. Measured in-process (BENCHMARKS.md §Latency under load):
 a MiniLM batch of 8 × 32 is ~15–20 % faster traced on 2 CPU threads (a full 32 × 64 batch a
 few per cent: the per-op Python cost is fixed per batch), with the same outputs (max
 difference 0.0 on every shape tried). The GIL is not what the trace saves: next to a thread

@@ -1,10 +1,12 @@
 """Which reply topics a request may name: the operator's allow-list (``--allowed-reply-topics``).
 
-Pure (no Kafka, no I/O): :meth:`ReplyTopicPolicy.check` decides, the pipeline dead-letters the
-record (``reply_topic_not_allowed``), counts it and logs when the decision says so.
+Pure (no Kafka, no I/O): :meth:`ReplyTopicPolicy.check` decides; serve's
+:class:`~consumer.serve.outbox.Outbox`, where every reply leaves, asks it for every record read
+(one that fails to decode too: its error reply is a reply), dead-letters a refused record
+(``reply_topic_not_allowed``) and logs when the decision says so.
 
 Why: without it, anyone who may write to the request topic can make kbatch write into any topic
-kbatch's principal may write to — a confused deputy (issue 23, measured: one record written into
+kbatch's principal may write to — a confused deputy (one record is enough to write into
 a topic kbatch was never configured for). Rules, in order:
 
 1. no ``kafka_replyTopic``: the configured reply topic, always allowed;

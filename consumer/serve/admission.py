@@ -20,6 +20,7 @@ from consumer.options import (
     prompted_text,
 )
 from consumer.replies.task_options import NEW_TASKS, check_task_options, window_rule
+from consumer.serve.dedup import input_digest
 from schemas.errors import ErrorCode
 from schemas.models import Request
 
@@ -49,6 +50,10 @@ class Compute:
     dedup_key: bytes
     """Copies share a computation when the model sees the same input: the record key and the
     prompt name, plus the window variant (:func:`consumer.options.dedup_key`)."""
+    digest: bytes
+    """The request's input (its text; rerank: query and documents) as
+    :func:`consumer.serve.dedup.input_digest`: a copy under the same ``dedup_key`` with another
+    digest is answered ``idempotency_key_reused`` (contract 1.4)."""
     text: str
     """What the model reads: the prompt before the text (with chunking: the raw text)."""
     deadline_s: float | None
@@ -131,4 +136,5 @@ def admit(
             chunking.max_tokens, chunking.overlap, prompted_text("", prompt_name, profile)
         )
     text = request.text if plan else prompted_text(request.text, prompt_name, profile)
-    return Compute(dedup_key(key or b"", name), text, deadline_s, windows, plan)
+    digest = input_digest(request.text, request.documents)
+    return Compute(dedup_key(key or b"", name), digest, text, deadline_s, windows, plan)

@@ -6,7 +6,8 @@ Stop (SIGTERM/SIGINT): stop fetching → flush the buckets → finish running ba
 commit → leave the stack: close the consumer, the producer, the engine, the metrics server →
 exit 0, all under one shutdown deadline of ``drain_timeout_s`` (the drain keeps
 :data:`consumer.lifecycle.CLOSE_RESERVE_S` of it for the closes); what is unanswered then is
-dropped, left uncommitted, and the exit is 3.
+dropped, left uncommitted, and the exit is 3. A wedged engine stops serve the same way, with a
+short drain, leaving the group, exit 4 (:mod:`consumer.serve.wedge`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from consumer.batching.config import BatchPolicyConfig
 from consumer.batching.engine import Engine
 from consumer.batching.fanout import FanOutEngine
 from consumer.config import ServeSettings, project
+from consumer.deadline import Deadline
 from consumer.finish.checkpoint import DeliveryMode, ProducerSink
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
@@ -44,6 +46,7 @@ from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.serve.pipeline import Pipeline
 from consumer.serve.supervisor_watch import watch_supervisor
 from consumer.serve.topics import prepare_topics
+from consumer.serve.wedge import EXIT_ENGINE_WEDGED, WEDGED_DRAIN_S, WedgeWatch, watch_engine
 from consumer.tracing.provider import TracingUnavailableError
 
 if TYPE_CHECKING:
@@ -134,6 +137,7 @@ async def serve(settings: ServeSettings) -> int:
         log.error("%s", err)
         return 1
     parts = _build(settings, metrics, tracing)
+    wedge = WedgeWatch(settings.batch_timeout_s, parts.engine.running_batch_s)
     stop = stop_on_signals()
     loop = asyncio.get_running_loop()
 
@@ -144,9 +148,10 @@ async def serve(settings: ServeSettings) -> int:
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
-        beat = await _start_metrics_server(settings, metrics, parts, life)
+        beat = await _start_metrics_server(settings, metrics, parts, life, wedge)
         if beat is None or not await _start_parts(parts, life):
             return 1
+        stack.callback(asyncio.create_task(watch_engine(stop, wedge)).cancel)
         if settings.run_jobs:
             jobs_engine = parts.engine if parts.fanout is None else parts.fanout
             tracer = tracing.tracer if tracing is not None else None
@@ -160,12 +165,18 @@ async def serve(settings: ServeSettings) -> int:
             settings.request_topic,
         )
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
-        failed, drained = await _run(parts.pipeline, stop, beat, life)
+        failed, drained = await _run(parts.pipeline, stop, beat, life, wedge)
+        if wedge.wedged:  # the partitions move at once; the engine's batch is not waited for
+            parts.source.leave_group_on_stop()
+            await parts.engine.stop(timeout_s=0.0)
     # Stopped: the start-up heap goes back to the collector so that it is finalised at exit
     # as usual (left frozen, triton's nanobind bindings print ~30 "leaked instance" lines).
     gc.unfreeze()
     if failed:
         return 1
+    if wedge.check():  # also a drain (SIGTERM) that left a batch running past the bound
+        log.warning("stopped (engine wedged): unanswered records go to the partitions' next owner")
+        return EXIT_ENGINE_WEDGED
     if drained:
         log.info("stopped (drained)")
         return 0
@@ -233,7 +244,7 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
 
 
 async def _start_metrics_server(
-    settings: ServeSettings, metrics: Metrics, parts: _Parts, life: Lifecycle
+    settings: ServeSettings, metrics: Metrics, parts: _Parts, life: Lifecycle, wedge: WedgeWatch
 ) -> Callable[[], None] | None:
     """Start the metrics and health server first (liveness is answered during the warm-up);
     returns its heartbeat (a no-op with ``--metrics-port 0``), None when the port cannot be
@@ -246,6 +257,7 @@ async def _start_metrics_server(
             functools.partial(parts.readiness, metrics),
             settings.metrics_host,
             settings.metrics_port,
+            live=wedge.liveness,
         )
     except OSError as err:  # e.g. the port is taken by another serve
         log.error(
@@ -287,9 +299,14 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
 
 
 async def _run(
-    pipeline: Pipeline, stop: asyncio.Event, beat: Callable[[], None], life: Lifecycle
+    pipeline: Pipeline,
+    stop: asyncio.Event,
+    beat: Callable[[], None],
+    life: Lifecycle,
+    wedge: WedgeWatch,
 ) -> tuple[bool, bool]:
-    """Serve until ``stop``, then drain; returns (failed, drained)."""
+    """Serve until ``stop``, then drain (for at most :data:`WEDGED_DRAIN_S` when the engine is
+    wedged: what the model owes is not waited for); returns (failed, drained)."""
     try:
         await pipeline.run(stop, beat=beat)
     except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
@@ -304,6 +321,8 @@ async def _run(
         # The drain spends the shutdown deadline less the closes' reserve; leaving the
         # stack then stops consumer, producer, engine, metrics server within the rest.
         deadline = life.drain_deadline()
+        if wedge.wedged:
+            deadline = Deadline.after(min(WEDGED_DRAIN_S, deadline.remaining_s()), life.clock)
         tracker = pipeline.tracker
         log.info(  # a slow drain must not look like a hang
             "stopping: draining %d records in flight (at most %.1f s)",
@@ -328,6 +347,7 @@ def _open_tracing(settings: ServeSettings, metrics: Metrics) -> ServeTracing | N
         topic=settings.request_topic,
         task=settings.task,
         group=settings.effective_group_id,
+        reply_topic=settings.reply_topic,
         ignored=lambda reason: metrics.trace_headers_ignored.labels(reason).inc(),
     )
 

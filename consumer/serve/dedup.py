@@ -13,6 +13,12 @@ Two maps, both keyed by the request key (bytes):
   Eviction is in insertion order: the oldest answer leaves first, and a hit does not extend
   its life (the window counts from the answer).
 
+Each entry keeps the digest of its first copy's input (:func:`input_digest`: 16 bytes of
+BLAKE2b over the text, and for rerank the documents too; never the text itself). A copy whose
+digest differs is another request under a reused key (contract 1.4): :meth:`DedupCache.begin`
+answers REUSED, and the caller answers it ``idempotency_key_reused`` instead of the first
+input's result; the entry is left as it is, so true copies still share it.
+
 Errors are not cached: :meth:`DedupCache.fail` answers the waiters with the error (the caller
 does it) but stores nothing, so a client retry after e.g. ``inference_failed`` gets a new
 computation instead of the same failure for five minutes.
@@ -25,8 +31,10 @@ revoke, since the partition's new owner re-reads its uncommitted records.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -45,6 +53,39 @@ class DedupKind(enum.Enum):
     """A copy is being computed: :meth:`DedupCache.attach_waiter`; answered at finish/fail."""
     DONE = "done"
     """A copy was answered within the window: answer from ``Decision.result``."""
+    REUSED = "reused"
+    """The key is in flight or answered for another input: answer ``idempotency_key_reused``;
+    nothing is registered."""
+
+
+INPUT_DIGEST_BYTES = 16
+"""Length of :func:`input_digest` (BLAKE2b-128: a chance collision between two inputs of one
+key is ~2⁻¹²⁸)."""
+
+
+def input_digest(text: str, documents: Sequence[str] | None = None) -> bytes:
+    """The digest of a request's input, ``INPUT_DIGEST_BYTES`` bytes (contract 1.4).
+
+    ``text`` is the request's text as sent (rerank: the query; with chunking: the whole
+    document), before any prompt; ``documents`` the rerank documents (None on other tasks).
+    Each part is hashed as its UTF-8 length (8 bytes, big-endian) and bytes, and documents are
+    preceded by their count, so no two different inputs are one byte string (``["ab"]`` is not
+    ``["a", "b"]``, no documents is not an empty text). Options are not part of it: copies with
+    other options are shaped or computed for their own (contract 1.1).
+    """
+    digest = hashlib.blake2b(digest_size=INPUT_DIGEST_BYTES)
+    _add(digest, text)
+    if documents is not None:
+        digest.update(b"\x01" + len(documents).to_bytes(8, "big"))
+        for document in documents:
+            _add(digest, document)
+    return digest.digest()
+
+
+def _add(digest: hashlib.blake2b, part: str) -> None:
+    data = part.encode("utf-8", "surrogatepass")
+    digest.update(len(data).to_bytes(8, "big"))
+    digest.update(data)
 
 
 # One Decision per request and one _InFlight/_Done per computation: slotted, not frozen (a
@@ -56,7 +97,7 @@ class Decision(Generic[R]):
     """The outcome of :meth:`DedupCache.begin`.
 
     ``item_id`` is the computing record's item id (FIRST: the one passed in; IN_FLIGHT: the
-    first copy's); None for DONE. ``result`` is set only for DONE.
+    first copy's); None for DONE and REUSED. ``result`` is set only for DONE.
     """
 
     kind: DedupKind
@@ -68,6 +109,7 @@ class Decision(Generic[R]):
 class _InFlight(Generic[W]):
     item_id: int
     tp: TopicPartition
+    digest: bytes
     waiters: list[W] = field(default_factory=list)
 
 
@@ -76,6 +118,7 @@ class _Done(Generic[R]):
     result: R
     tp: TopicPartition
     stored_s: float
+    digest: bytes
 
 
 class DedupCache(Generic[W, R]):
@@ -106,22 +149,30 @@ class DedupCache(Generic[W, R]):
     def completed_count(self) -> int:
         return len(self._done)
 
-    def begin(self, key: bytes, tp: TopicPartition, now: float, item_id: int) -> Decision[R]:
-        """Decide for a record with ``key`` from ``tp``, item ``item_id``, at ``now`` (s).
+    def begin(
+        self, key: bytes, tp: TopicPartition, now: float, item_id: int, digest: bytes = b""
+    ) -> Decision[R]:
+        """Decide for a record with ``key`` from ``tp``, item ``item_id``, at ``now`` (s),
+        whose input has ``digest`` (:func:`input_digest`; ``b""`` for every copy: the input
+        is not compared).
 
         FIRST registers the key as in flight with this item as its computation. Expired
         completed entries are dropped first, so a key answered more than ``ttl_s`` ago is
-        computed again.
+        computed again, whatever its input. REUSED: the key's entry has another digest.
         """
         if now - self._oldest_s >= self._ttl_s:
             self.expire(now)
         flight = self._in_flight.get(key)
         if flight is not None:
+            if flight.digest != digest:
+                return Decision(DedupKind.REUSED)
             return Decision(DedupKind.IN_FLIGHT, item_id=flight.item_id)
         done = self._done.get(key)
         if done is not None:
+            if done.digest != digest:
+                return Decision(DedupKind.REUSED)
             return Decision(DedupKind.DONE, result=done.result)
-        self._in_flight[key] = _InFlight(item_id, tp)
+        self._in_flight[key] = _InFlight(item_id, tp, digest)
         return Decision(DedupKind.FIRST, item_id=item_id)
 
     def attach_waiter(self, key: bytes, waiter: W) -> None:
@@ -145,7 +196,7 @@ class DedupCache(Generic[W, R]):
         flight = self._take(key, item_id)
         if flight is None:
             return []
-        self._done[key] = _Done(result, flight.tp, now)
+        self._done[key] = _Done(result, flight.tp, now, flight.digest)
         self._done.move_to_end(key)
         self._oldest_s = min(self._oldest_s, now)
         while len(self._done) > self._max_entries:

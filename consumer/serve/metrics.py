@@ -78,6 +78,11 @@ class Metrics:
         self.dedup_hits = self._counter(
             "kbatch_dedup_hits_total", "Requests answered from another copy of the same key."
         )
+        self.key_reused = self._counter(
+            "kbatch_idempotency_key_reused_total",
+            "Requests answered idempotency_key_reused: their key was in flight or answered "
+            "within the dedup window for another input (contract 1.4).",
+        )
         self.trace_headers_ignored = self._counter(
             "kbatch_trace_headers_ignored_total",
             "Request trace headers (traceparent, tracestate) ignored under --tracing: "
@@ -367,6 +372,7 @@ class BusyWindow:
 
 
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]
+LivenessProbe = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class Exposition(Protocol):
@@ -383,10 +389,12 @@ class Exposition(Protocol):
 
 
 class HealthServer:
-    """``/metrics``, ``/healthz`` (the event loop is alive) and ``/readyz`` (ready to serve).
+    """``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (ready to serve).
 
     Runs in a daemon thread so a busy event loop cannot hide the endpoints; the pipeline calls
-    :meth:`beat` from its loop and ``/healthz`` fails when no beat came for ``stale_after_s``.
+    :meth:`beat` from its loop and ``/healthz`` fails (503) when no beat came for
+    ``stale_after_s`` or when ``live`` says so (serve's: the engine is wedged,
+    :mod:`consumer.serve.wedge`); its JSON body merges ``live``'s detail.
     """
 
     def __init__(
@@ -396,9 +404,11 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = 9400,
         stale_after_s: float = 30.0,
+        live: LivenessProbe | None = None,
     ) -> None:
         self._metrics = metrics
         self._ready = ready
+        self._live: LivenessProbe = live or (lambda: (True, {}))
         self._stale_after_s = stale_after_s
         self._last_beat = time.monotonic()
         server = self
@@ -410,8 +420,10 @@ class HealthServer:
                     self._send(200, server._metrics.render(), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     age = time.monotonic() - server._last_beat
-                    ok = age < server._stale_after_s
+                    live, detail = server._live()
+                    ok = age < server._stale_after_s and live
                     body: dict[str, Any] = {"alive": ok, "loop_beat_age_s": round(age, 3)}
+                    body.update(detail)
                     self._send(200 if ok else 503, json.dumps(body).encode(), "application/json")
                 elif path == "/readyz":
                     ok, detail = server._ready()

@@ -1,5 +1,7 @@
-"""Serve's replies on their way out: built together once per loop iteration, sent as one
-batch (:class:`Outbox`), and counted when the broker acknowledges them (:class:`ReplyAcks`)."""
+"""Serve's replies on their way out: where each may go (:class:`Outbox`: the operator's
+allow-list, :class:`~consumer.replies.topic_policy.ReplyTopicPolicy`), built together once per
+loop iteration, sent as one batch, and counted when the broker acknowledges them
+(:class:`ReplyAcks`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from consumer.batching.types import ItemOutcome, Lane
 from consumer.finish.delivery import Delivery
 from consumer.kafka.flow import FlowControl
 from consumer.replies.builder import ReplyBuilder
+from consumer.replies.topic_policy import ReplyTopicPolicy
 from consumer.serve.metrics import Metrics
 from consumer.serve.pending import Pending
 from schemas.errors import ErrorCode
@@ -31,6 +34,13 @@ class Outbox:
     chunk), built together and handed to delivery as one batch once the engine has had its
     turn to launch the next batch (the model does not wait while replies are built).
 
+    It also decides where every reply may go, error replies included (CONTRACT.md
+    §Error codes, ``reply_topic_not_allowed``: never a reply). A record's ``kafka_replyTopic``
+    is checked against ``reply_topics`` once, when it is read — :meth:`addressed` for a request
+    that decoded, :meth:`undecodable` for one that did not — and a refused record is only
+    dead-lettered. Every later reply to a request that passed (admission's, an expiry, a dedup
+    copy's, the model's outcome, an inference failure) goes to the address checked then.
+
     ``tracing`` (``--tracing``): each reply carries its request span's ``traceparent``.
     """
 
@@ -38,23 +48,59 @@ class Outbox:
         self,
         replies: ReplyBuilder,
         delivery: Delivery[Pending],
+        reply_topics: ReplyTopicPolicy,
         tracing: RequestTracing | None = None,
     ) -> None:
         self._replies = replies
         self._delivery = delivery
+        self._reply_topics = reply_topics
         self._tracing = tracing
         self._due: list[tuple[Pending, ItemOutcome | OutRecord, bool]] = []
 
     def add(self, pending: Pending, what: ItemOutcome | OutRecord, dedup: bool = False) -> None:
-        """Make ``what`` (an outcome, or a reply built already) ``pending``'s reply, soon."""
+        """Make ``what`` (an outcome, or a reply built already) ``pending``'s reply, soon
+        (``pending`` passed :meth:`addressed`)."""
         self._due.append((pending, what, dedup))
         if len(self._due) == 1:
             asyncio.get_running_loop().call_soon(self._send_due)
 
-    def dead_letter(
+    def addressed(self, pending: Pending) -> bool:
+        """Whether the decoded request ``pending`` may be answered where it asks; when not,
+        it is dead-lettered ``reply_topic_not_allowed`` and nothing is written there."""
+        assert pending.parsed is not None
+        refusal = self._refusal(pending.parsed.address.topic)
+        if refusal is None:
+            return True
+        self._dead_letter(pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, refusal, None)
+        return False
+
+    def undecodable(self, pending: Pending, err: RecordDecodeError) -> None:
+        """Dead-letter ``pending``, which failed to decode (``err``), and send it the error
+        reply when it can be addressed. A record naming a reply topic it may not gets no
+        reply: its dead letter is ``reply_topic_not_allowed``, its message naming the decode
+        error too (a reply topic is checked first, as the headers are)."""
+        refusal = self._refusal(err.address.topic)
+        if refusal is not None:
+            message = f"{refusal}; the request is also invalid ({err.code.value}: {err.message})"
+            self._dead_letter(pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, message, None)
+        else:
+            self._dead_letter(pending, err.code, err.message, err)
+
+    def _refusal(self, topic: str | None) -> str | None:
+        """Why no reply may go to ``topic`` (None: the configured reply topic), or None; the
+        first refusal of a topic in a minute is logged."""
+        refusal = self._reply_topics.check(topic)
+        if refusal is None:
+            return None
+        if refusal.log:
+            log.warning("dead-lettering requests: %s", refusal.message)
+        return refusal.message
+
+    def _dead_letter(
         self, pending: Pending, code: ErrorCode, message: str, err: RecordDecodeError | None
     ) -> None:
-        """Dead-letter ``pending`` (and answer it when its decode error names a reply topic)."""
+        """Dead-letter ``pending`` (and answer it when its decode error ``err`` is
+        addressable: its reply topic was checked already)."""
         dlq = self._replies.dead_letter(pending.record, code, message)
         reply = (
             self._replies.decode_error_reply(err) if err is not None and err.addressable else None

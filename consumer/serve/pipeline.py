@@ -8,7 +8,8 @@ Rules this module keeps (CONTRACT.md §Delivery):
 
 * An offset is finished only when its reply or dead letter is acknowledged (:class:`OffsetTracker`);
   those answered above the committed one are skipped by a new owner (commit metadata, kb1).
-* A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`).
+* A key in flight or answered within the dedup window is never computed twice (:class:`DedupCache`);
+  a copy with another input is answered ``idempotency_key_reused``, never the first one's result.
 * A burst pauses partitions instead of growing memory (:class:`FlowControl`); polling goes on
   while paused so the member stays in its group.
 
@@ -118,13 +119,6 @@ class Pipeline:
         self.source = source(self)
         self._tracing = tracing
         self._replies = replies
-        self._reply_topics = ReplyTopicPolicy(
-            reply_topic=settings.reply_topic,
-            request_topic=settings.request_topic,
-            dlq_topic=settings.dead_letter_topic,
-            allowed_pattern=settings.allowed_reply_topics,
-            clock=clock,
-        )
         self._metrics = metrics
         self._clock = clock
         self._wall_ms = wall_clock_ms
@@ -144,7 +138,14 @@ class Pipeline:
             sourced=transactions,
             on_dead_letters_denied=lambda reason: self._rebalance.dead_letters_denied(reason),
         )
-        self._outbox = Outbox(replies, self._delivery, tracing)
+        reply_topics = ReplyTopicPolicy(
+            reply_topic=settings.reply_topic,
+            request_topic=settings.request_topic,
+            dlq_topic=settings.dead_letter_topic,
+            allowed_pattern=settings.allowed_reply_topics,
+            clock=clock,
+        )
+        self._outbox = Outbox(replies, self._delivery, reply_topics, tracing)
         self.checkpoint = checkpoint_for(
             transactions,
             tracker=self.tracker,
@@ -168,6 +169,12 @@ class Pipeline:
             metrics=metrics,
             progress=progress,
             clock=clock,
+        )
+        self._key_reused = (
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            "this key is in flight or was answered within the dedup window "
+            f"({settings.dedup_ttl_s:g} s) for another input (text; rerank: query and "
+            "documents); a different request needs a key of its own",
         )
         self._resubmits: set[asyncio.Task[None]] = set()
         self._submitting: asyncio.Future[None] | None = None  # the chunk being tokenized
@@ -271,18 +278,10 @@ class Pipeline:
                 record.headers,
                 max_text_bytes=self.settings.max_text_bytes,
             )
-        except RecordDecodeError as err:
-            self._outbox.dead_letter(pending, err.code, err.message, err)
+        except RecordDecodeError as err:  # its reply topic is checked all the same
+            self._outbox.undecodable(pending, err)
             return False
-        refusal = self._reply_topics.check(pending.parsed.address.topic)
-        if refusal is not None:  # nothing is written to the named topic
-            if refusal.log:
-                log.warning("dead-lettering requests: %s", refusal.message)
-            self._outbox.dead_letter(
-                pending, ErrorCode.REPLY_TOPIC_NOT_ALLOWED, refusal.message, None
-            )
-            return False
-        return True
+        return self._outbox.addressed(pending)  # nothing is written to a refused topic
 
     def _admit(self, pending: Pending, now: float, now_ms: int) -> InferenceItem | None:
         """Execute the admission verdict (:func:`~consumer.serve.admission.admit`) and the
@@ -306,7 +305,11 @@ class Pipeline:
             return None
         key = pending.dedup_key = verdict.dedup_key
         item_id = next(self._ids)
-        decision = self.dedup.begin(key, pending.record.tp, now, item_id)
+        decision = self.dedup.begin(key, pending.record.tp, now, item_id, verdict.digest)
+        if decision.kind is DedupKind.REUSED:
+            self._metrics.key_reused.inc()
+            self._outbox.add(pending, self._replies.error(pending.parsed, *self._key_reused))
+            return None
         if pending.trace is not None:
             self._trace_dedup(pending, decision.kind, decision.item_id)
         if decision.kind is DedupKind.DONE:

@@ -13,7 +13,7 @@ member holds and reads, and what is committed for them.
   records (:mod:`consumer.serve.handover`).
 * ``--exactly-once``: a partition whose transaction failed without a fence is rewound in place
   (new producer, committed offset, computed again: :meth:`Rebalancer.commit`); the member
-  stops only when a producer was fenced (issue 36 item 1).
+  stops only when a producer was fenced.
 * The drain (:meth:`Rebalancer.finish`) spends one deadline on every step.
 
 Policy objects decide (:func:`~consumer.serve.handover.handover`, :class:`FlowControl`, the
@@ -140,7 +140,7 @@ class Rebalancer:
         calls it: its producer is closed, and with ``rewind`` (the commit interval's commit)
         it is set up again at once (:meth:`_rewind`); else (a revoke, the drain) the next
         assignment sets it up anew, never keeping its work. ``kbatch_transaction_recoveries_
-        total{reason}`` counts each such partition (issue 36 item 1).
+        total{reason}`` counts each such partition.
 
         Raises:
             TransactionError: ``--exactly-once``, a partition's producer was fenced (another

@@ -4,7 +4,7 @@ One Python process tops out near one core of event loop (decode, buckets, replie
 a GPU wants more. The supervisor starts N ``kbatch serve`` child processes (``--replicas 1``,
 the same settings) in the same consumer group: the group spreads the request topic's partitions
 over them exactly as it does across hosts, and each has its own intake, tokenizer and model copy
-(on one GPU: see README §Replicas about CUDA MPS).
+(on one GPU: see docs/hosts.md about CUDA MPS).
 
 - **Settings**: the effective settings go to each child as a ``--config`` file (mode 0600, in a
   private runtime directory; ``KBATCH_*`` variables are not passed on, so the file is the whole
@@ -22,7 +22,8 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
   does; the supervisor waits for all of them (at most ``drain_timeout_s`` +
   :data:`KILL_GRACE_S`, then SIGKILL). A supervisor killed with SIGKILL forwards nothing: each
   replica watches for its death and drains by itself (:mod:`consumer.serve.supervisor_watch`).
-- **Restarts**: a replica that exits while no stop was asked for is restarted after a capped
+- **Restarts**: a replica that exits while no stop was asked for (a crash, a kill, exit 4 of a
+  wedged engine: :mod:`consumer.serve.wedge`) is restarted after a capped
   exponential backoff (:class:`RestartPolicy`), logged with its pid; one that fails to start
   (exit 1) before it was ever ready ends the whole host with exit 1.
 - **Exit code** (:func:`combined_exit_code`): 0 when every replica drained, 3 when any did not

@@ -8,8 +8,8 @@ With ``--no-create-topics`` kbatch creates nothing and the operator makes the to
   now a WARNING a minute (:mod:`consumer.kafka.log_levels`).
 - **a missing reply or dead-letter topic** stops serve at start (exit 1, one ERROR line): a
   request consumed then would have nowhere to go. Its reply and its dead letter would both be
-  refused, and the record counted as answered and committed: lost (a fresh-user trial of this
-  check's first version, which only named them, lost its request so).
+  refused, and the record counted as answered and committed: lost (merely naming the missing topics
+  would lose the request so).
 
 A topic this principal may not describe is not called missing: its denial is reported where it
 is used (the first poll, the first reply). A replica of ``serve --replicas N`` leaves the check

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing of kbatch (issue 35; docs/TRACING.md): a request's trace continued
+"""OpenTelemetry tracing of kbatch (docs/TRACING.md): a request's trace continued
 from the client's ``traceparent`` through its batch to the reply.
 
 ==================  ==============================================================

@@ -6,8 +6,8 @@ With the collector down (or unreachable) the OTLP/HTTP exporter (opentelemetry-e
 encountered while exporting span batch, retrying in …s`` for every retry (about one a
 second) and an ERROR ``Failed to export span batch due to timeout, max retries or shutdown``
 for every batch given up (every 8–10 s); the SDK's batch processor logs ``Queue full,
-dropping span`` when spans pile up meanwhile. Found by a new-user trial: a log flood, and
-README says an ERROR line asks for an operator, while kbatch keeps serving (spans are
+dropping span`` when spans pile up meanwhile. Left alone that is a log flood, and
+docs/operations.md says an ERROR line asks for an operator, while kbatch keeps serving (spans are
 best-effort). As kbatch does for aiokafka's retried errors
 (:mod:`consumer.kafka.log_levels`), :class:`ExportLogFilter` turns these lines into one
 WARNING per :data:`REPEAT_AFTER_S` — ``trace export failing …, spans are being dropped: N

@@ -63,7 +63,7 @@ class OpenTracer:
 
         The SDK's own shutdown is not bounded (its ``force_flush`` ignores its timeout and a
         collector that accepts and never answers holds each export for the exporter's 10 s
-        ``OTEL_EXPORTER_OTLP_TIMEOUT``; a new-user trial saw ~20 s), so it runs in a daemon
+        ``OTEL_EXPORTER_OTLP_TIMEOUT``; a shutdown could wait ~20 s), so it runs in a daemon
         thread given ``timeout_ms``: past it the spans still buffered are given up (one
         WARNING) and the thread dies with the process.
         """

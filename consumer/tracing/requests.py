@@ -21,7 +21,7 @@ Its reply carries the span's ``traceparent`` (and the request's ``tracestate``):
 reply listener continues the trace from kbatch's span. The batch span that computed it
 (:mod:`consumer.tracing.batches`) links it, and it links the batch back.
 
-Cost (issue 35 item 4): the pipeline holds no :class:`RequestTracing` unless ``--tracing``;
+Cost: the pipeline holds no :class:`RequestTracing` unless ``--tracing``;
 then an unsampled request costs the header scan, a non-recording span (no attributes, no
 export) and its reply's ``traceparent``.
 """
@@ -80,6 +80,8 @@ class RequestTracing:
         tracer: an OpenTelemetry tracer (:func:`consumer.tracing.provider.open_tracer`).
         task: the served task (``kbatch.task``).
         group: the consumer group (``messaging.consumer.group.name``), None for none.
+        reply_topic: the configured reply topic (``--reply-topic``): ``kbatch.reply.topic`` of
+            a reply whose request named none.
         ignored: called with the reason of each trace header ignored (the metric).
     """
 
@@ -89,11 +91,13 @@ class RequestTracing:
         *,
         task: str,
         group: str | None,
+        reply_topic: str,
         ignored: Callable[[IgnoredReason], None],
     ) -> None:
         self._tracer = tracer
         self._task = task
         self._group = group
+        self._reply_topic = reply_topic
         self._ignored = ignored
 
     def received(self, record: InRecord, correlation_id: bytes | None = None) -> Span:
@@ -154,9 +158,10 @@ class RequestTracing:
             _put_trace_headers(span, record)
             if not span.is_recording():
                 continue
-            attributes: dict[str, str | int | float | bool] = {"kbatch.status": request.status}
-            if record.topic is not None:
-                attributes["kbatch.reply.topic"] = record.topic
+            attributes: dict[str, str | int | float | bool] = {
+                "kbatch.status": request.status,
+                "kbatch.reply.topic": record.topic or self._reply_topic,
+            }
             if outcome is not None and not dedup:  # a copy's batch is its original's
                 attributes["kbatch.queue_wait_ms"] = round(outcome.queue_ms, 3)
                 attributes["kbatch.infer_ms"] = round(outcome.infer_ms, 3)
@@ -182,12 +187,15 @@ class RequestTracing:
                 span.end(end_ns)
                 request.trace = None  # ended once, and nothing keeps it alive
 
-    @staticmethod
-    def dead_letter_reply(request: TracedRequest, reply: OutRecord) -> None:
+    def dead_letter_reply(self, request: TracedRequest, reply: OutRecord) -> None:
         """``reply`` is the error reply of ``request``'s dead letter (a record that failed to
-        decode): it carries the request span's ``traceparent`` too."""
-        if isinstance(request.trace, Span):
-            _put_trace_headers(request.trace, reply)
+        decode): it carries the request span's ``traceparent`` too, and the span its
+        ``kbatch.reply.topic``."""
+        span = request.trace
+        if isinstance(span, Span):
+            _put_trace_headers(span, reply)
+            if span.is_recording():
+                span.set_attribute("kbatch.reply.topic", reply.topic or self._reply_topic)
 
     @staticmethod
     def dead_lettered(request: TracedRequest, code: str) -> None:

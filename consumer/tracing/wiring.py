@@ -55,9 +55,11 @@ def open_serve_tracing(
     topic: str,
     task: str,
     group: str | None,
+    reply_topic: str,
     ignored: Callable[[IgnoredReason], None],
 ) -> ServeTracing:
-    """Start tracing for ``kbatch serve`` (``ignored``: counts each trace header ignored).
+    """Start tracing for ``kbatch serve`` (``reply_topic``: the configured one; ``ignored``:
+    counts each trace header ignored).
 
     Raises:
         TracingUnavailableError: the ``kbatch[otel]`` extra is missing.
@@ -68,7 +70,9 @@ def open_serve_tracing(
 
     return ServeTracing(
         opened,
-        RequestTracing(opened.tracer, task=task, group=group, ignored=ignored),
+        RequestTracing(
+            opened.tracer, task=task, group=group, reply_topic=reply_topic, ignored=ignored
+        ),
         BatchTracing(opened.tracer, topic=topic, task=task),
     )
 

@@ -105,7 +105,7 @@ async def test_a_short_network_cut_then_heal_loses_nothing(
 async def test_the_jobs_topic_is_replicated_and_outlives_the_sigkill_of_its_leader(
     chaos_cluster: ChaosCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 36: serve created the jobs topic with one replica on any cluster; killing the
+    """Regression: serve created the jobs topic with one replica on any cluster; killing the
     broker that held it stopped ``backfill status`` (KafkaTimeoutError) and ``submit``
     (LeaderNotAvailableError, seen here too before the fix). Now it takes the cluster's default
     (3, min.insync.replicas 2), and an older one-replica jobs topic is warned about at start."""
@@ -141,7 +141,7 @@ async def test_the_jobs_topic_is_replicated_and_outlives_the_sigkill_of_its_lead
 async def test_one_node_of_three_down_is_warnings_not_errors(
     chaos_cluster: ChaosCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 36: with one broker of three down each member wrote hundreds of ERROR lines from
+    """Regression: with one broker of three down each member wrote hundreds of ERROR lines from
     aiokafka's connection and fetch retries while the cluster still served. A consumer and a
     producer started as kbatch starts its clients (``start_client``), through the SIGKILL of
     a partition leader and its restart: aiokafka's retries are a few WARNINGs, not ERRORs
@@ -193,7 +193,7 @@ EOS_CUT_S = 8.0
 async def test_a_cut_past_the_send_deadline_under_exactly_once_recovers_in_place(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
-    # Issue 36 item 1: a transaction without a verdict stopped the member (exit 1). Now its
+    # Regression: a transaction without a verdict stopped the member (exit 1). Now its
     # producer is replaced and its partition rewound to the committed offset, in place.
     result = await run_scenario(
         "eos-cut-past-send-deadline",

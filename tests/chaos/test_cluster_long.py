@@ -1,7 +1,7 @@
 """The longer cluster scenarios (``make chaos``; excluded from ``make test`` by the
 ``chaos_long`` marker): a partition leader's SIGKILL and SIGSTOP, a 120 s network cut, +200 ms
 on every packet, a bandwidth limit, the transaction coordinator's SIGKILL under
-``--exactly-once``, issue 36's freeze of a reply leader past the send deadline followed by the
+``--exactly-once``, a freeze of a reply leader past the send deadline followed by the
 transaction coordinator's SIGKILL against two ``--exactly-once`` members, and acks slower than
 the send deadline (at-least-once: nothing repeated)."""
 
@@ -169,14 +169,14 @@ SLOW_ACK_DELAY_S = 6.0
 """Per packet and direction: a produce round trip takes 12 s, past a 5 s send deadline."""
 
 EOS_FREEZE_S = 40.0
-"""Issue 36 item 1: longer than the default ``--send-timeout-ms`` (30 s), so replies and
+"""Longer than the default ``--send-timeout-ms`` (30 s), so replies and
 commits of the frozen leader's partitions get no verdict in time."""
 
 
 async def test_freeze_then_kill_of_reply_leader_and_txn_coordinator_under_exactly_once(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
-    # Issue 36 item 1: two --exactly-once members with static ids; the leader of a reply
+    # Regression: two --exactly-once members with static ids; the leader of a reply
     # partition frozen 40 s, then the transaction coordinator of request partition 0 killed
     # and restarted. Every acknowledged request answered exactly once to a read_committed
     # reader, no aborted reply seen, no member exit, both ready again.
@@ -201,7 +201,7 @@ async def test_freeze_then_kill_of_reply_leader_and_txn_coordinator_under_exactl
 async def test_acks_slower_than_the_send_deadline_repeat_nothing(
     chaos_cluster: ChaosCluster, tmp_path: Path, tiny_embed_dir: Path
 ) -> None:
-    # Issue 36 item 5 (at-least-once): once the send deadline passed, kbatch sent the replies
+    # Regression (at-least-once): once the send deadline passed, kbatch sent the replies
     # again beside the producer's own retry of the first copy, and both landed: keys answered
     # twice without a crash or a rebalance. Here every packet takes 6 s each way for 15 s, so
     # every reply's ack comes after the 5 s deadline while its first copy is being written.

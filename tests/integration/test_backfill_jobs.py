@@ -1,4 +1,4 @@
-"""Backfill jobs run by ``kbatch serve`` (issue 26, docs/JOBS.md), against the real broker.
+"""Backfill jobs run by ``kbatch serve`` (docs/JOBS.md), against the real broker.
 
 Two serve members (the tiny embedder) share one module: a job is submitted with the real
 ``kbatch backfill submit`` command, its status read from the jobs topic, its output read back
@@ -199,8 +199,8 @@ async def test_a_job_writing_into_serves_request_topic_fails_at_once(members: Me
 
 
 async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Members) -> None:
-    """Found by a new-user trial: the worker dead-lettered into serve's --dlq-topic. Every
-    record fails here, so the job ends ``failed`` (issue 36: it ended ``completed``): the
+    """Regression: the worker dead-lettered into serve's --dlq-topic. Every
+    record fails here, so the job ends ``failed`` (it used to end ``completed``): the
     record the member declares, ``status`` and ``status --json``."""
     n = 12
     source, output = await _source(members, 1, n)
@@ -219,7 +219,7 @@ async def test_a_jobs_dead_letters_go_to_its_own_topic_not_serves(members: Membe
 
 
 async def test_submit_refuses_a_data_topic_as_the_jobs_topic(members: Members) -> None:
-    """Found by a new-user trial: the job record was written into the job's own source."""
+    """Regression: the job record was written into the job's own source."""
     source, output = await _source(members, 1, 3)
 
     def submit(jobs_topic: str) -> subprocess.CompletedProcess[str]:
@@ -298,7 +298,7 @@ async def test_a_slow_device_shared_job_stops_within_5_s_of_a_cancel(
     """Two members on a slow device share a job with the default in-flight bound (4096 read
     ahead: ~13 s of work at 8 per 25 ms batch). The second member's join revokes the first's
     partitions, and the cancel stops both: each drops its queued items and finishes one batch.
-    Found by a new-user trial: finishing everything read took longer than the rebalance allowed
+    Regression: finishing everything read took longer than the rebalance allowed
     (two MiniLM members livelocked, a cancel took 30 s)."""
     suffix = unique_group("slow").rsplit(".", 1)[-1]
     req, rep, dlq, jobs = (f"test.jobs-slow-{n}.{suffix}" for n in ("req", "rep", "dlq", "jobs"))

@@ -48,7 +48,15 @@ def test_bench_e2e_json_has_every_variant_and_ratio(
             assert isinstance(row[key], int | float) and row[key] > 0, (name, key, row)
     for key, _, _ in RATIOS:
         assert isinstance(report[key], float) and report[key] > 0, (key, report[key])
-    for name in ("naive", "kbatch", "kbatch_eos", "passthrough", "raw_loop", "raw_tokenize"):
+    for name in (
+        "naive",
+        "kbatch",
+        "kbatch_eos",
+        "passthrough",
+        "raw_loop",
+        "raw_tokenize",
+        "raw_tokenize_confluent",
+    ):
         assert report[name]["drain_statuses"] == {"ok": 60}, (name, report[name])
         assert report[name]["latency_timeouts"] == 0, (name, report[name])
     assert report["setup"]["torch_threads"] == "auto"  # each process its own plan
@@ -113,3 +121,39 @@ def test_bench_e2e_simulated_device_with_replicas_reports_device_and_cpu_figures
     assert stages["forward"]["p50"] >= 1.0  # the simulated device's fixed 1 ms
     plots = [Path(p).name for p in report["plots"]]
     assert plots == ["bench_e2e.png", "bench_e2e_frontier.png"]
+
+
+def test_bench_e2e_raw_tokenize_confluent_answers_and_reports_cpu_ratios(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The confluent-kafka loop answers every request (drain and open-loop points), and the
+    report compares kbatch's CPU per request with both raw loops at each absolute rate."""
+    args = [
+        KBATCH, "bench", "e2e",
+        "--model", "sim:1,0.445",
+        "--variants", "kbatch,raw_tokenize,raw_tokenize_confluent",
+        "--n", "300",
+        "--latency-s", "1",
+        "--latency-warmup-s", "0.2",
+        "--latency-rates", "50",
+        "--bootstrap", kafka_bootstrap,
+        "--log-dir", str(tmp_path / "logs"),
+        "--json",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    row = report["raw_tokenize_confluent"]
+    assert row["drain_statuses"] == {"ok": 300}, row
+    assert row["latency_ok"] > 0 and row["latency_timeouts"] == 0, row
+    assert row["seq_per_s"] > 0 and row["cpu_us_per_record"] > 0, row
+    (point,) = row["frontier"]
+    assert point["point"] == "50/s" and point["timeouts"] == 0, point
+    assert point["cpu_ms_per_request"] > 0, point
+    for key in (
+        "cpu_ratio_kbatch_vs_raw_tokenize",
+        "cpu_ratio_kbatch_vs_raw_tokenize_confluent",
+        "cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent",
+    ):
+        (ratio,) = report[key].values()
+        assert list(report[key]) == ["50/s"] and ratio > 0, (key, report[key])

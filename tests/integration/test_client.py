@@ -183,7 +183,7 @@ def test_kbatch_request_prints_the_reply_as_json(served: Served) -> None:
 
 
 async def test_a_dead_letter_on_the_reply_topic_is_not_taken_for_a_reply(served: Served) -> None:
-    # A new-user trial named the dead-letter topic as its reply topic: the server refuses it
+    # Regression: a client named the dead-letter topic as its reply topic: the server refuses it
     # (reply_topic_not_allowed) and writes the request's copy there, with its correlation id,
     # which the client read as its reply. (kbatch request refuses that topic up front.)
     dlq = f"{served.requests}.dlq"
@@ -246,6 +246,9 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
         try:
             env = await call
             records = await read_topic(kafka_bootstrap, replies, lambda rs: len(rs) >= 2, 60)
+            sent = await read_topic(
+                kafka_bootstrap, requests, lambda rs: len(rs) >= 2, 30, decode=False
+            )
             await _poll(lambda: client.stray_replies == 1, 30, "the late reply to be ignored")
             metrics = server.metrics()
         finally:
@@ -254,6 +257,10 @@ async def test_a_retry_reuses_the_key_and_the_server_answers_it_as_a_dedup(
     assert sorted(r.reply.dedup for r in records) == [False, True]
     assert {r.key for r in records} == {b"retry-key"}
     assert metrics["kbatch_dedup_hits_total"] == 1
+    # the retry is the same request (contract 1.4: another input would be refused): the same
+    # key and value bytes, under a correlation id of its own
+    assert [r.key for r in sent] == [b"retry-key"] * 2 and sent[0].raw == sent[1].raw
+    assert sent[0].headers["kafka_correlationId"] != sent[1].headers["kafka_correlationId"]
 
 
 async def test_start_waits_for_topics_created_after_it_began(
@@ -317,7 +324,7 @@ def test_kbatch_topics_create_reports_created_existing_and_refused(kafka_bootstr
 async def test_a_taken_metrics_port_is_one_error_line_and_exit_1(
     new_topic: TopicFactory, kafka_bootstrap: str
 ) -> None:
-    """Found by a new-user trial: a second serve on a taken --metrics-port printed a traceback
+    """Regression: a second serve on a taken --metrics-port printed a traceback
     and aiokafka's 'Unclosed AIOKafkaProducer/Consumer' errors."""
     requests, replies = await new_topic("port-req"), await new_topic("port-rep")
     with socket.socket() as taken:

@@ -1,4 +1,4 @@
-"""The command blocks of README.md and docs/CONTRACT.md work as written.
+"""The command blocks of README.md, docs/CONTRACT.md and the guides work as written.
 
 Every fenced block in those files is one of:
 
@@ -45,7 +45,13 @@ from tests.integration.harness import ServeProcess, free_port, poll_until
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/CONTRACT.md")
+DOCS = (
+    "README.md",
+    "docs/CONTRACT.md",
+    "docs/clients.md",
+    "docs/backfill.md",
+    "docs/hosts.md",
+)
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|parse)\s*\((.+)\)\s*-->")
 
@@ -99,6 +105,7 @@ QUICK_START = (
     "README.md",
     "make setup                          # .venv with kbatch and its dev tools",
 )
+README_PYTHON = ("README.md", "import asyncio")
 PYTHON_CLIENT = ("docs/CONTRACT.md", "import asyncio")
 KCAT = (
     "docs/CONTRACT.md",
@@ -117,7 +124,7 @@ OPTIONS_KCAT = (
 def test_every_block_is_run_parsed_or_marked() -> None:
     blocks = doc_blocks()
     run = {(b.doc, b.first_line) for b in blocks if b.mode == "run"}
-    assert run == {QUICK_START, PYTHON_CLIENT, KCAT, OPTIONS_PYTHON, OPTIONS_KCAT}, (
+    assert run == {QUICK_START, README_PYTHON, PYTHON_CLIENT, KCAT, OPTIONS_PYTHON, OPTIONS_KCAT}, (
         "a command block is neither run by this module nor marked: add a test or a "
         "<!-- docs-test: parse|skip (why) --> line"
     )
@@ -297,6 +304,14 @@ def _run_python_block(
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return out
+
+
+def test_readme_python_client(
+    tmp_path: Path, kafka_bootstrap: str, names: Names, served: ServeProcess
+) -> None:
+    """The README's client example: one request on the default reply topic, answered ok."""
+    out = _run_python_block(README_PYTHON, tmp_path, kafka_bootstrap, names)
+    assert out.stdout.startswith("ok ("), out.stdout
 
 
 def test_contract_python_client(

@@ -131,7 +131,7 @@ async def test_a_fenced_serve_stops_and_its_open_transaction_never_shows(
 async def test_a_member_joining_mid_stream_hands_over_and_each_key_is_committed_once(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
 ) -> None:
-    """Issue 25 #5: the revoke commits what is finished and keeps the rest until the new
+    """The revoke commits what is finished and keeps the rest until the new
     assignment; a partition given back goes on in the same transaction, one that moved has
     its transaction aborted before the new owner's producer reads its committed offset."""
     req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")

@@ -1,5 +1,5 @@
 """The jobs topic's replicas and the durability warning, against the real single broker
-(consumer/kafka/jobs_topic.py, issue 36 item 4). The three-node case is in
+(consumer/kafka/jobs_topic.py). The three-node case is in
 ``tests/chaos/test_cluster_faults.py`` (the topic survives the SIGKILL of its leader)."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ async def test_serve_with_no_create_topics_runs_without_jobs_and_creates_nothing
 async def test_serve_names_a_missing_request_topic_and_waits_for_it(
     kafka_bootstrap: str, names: list[str], tmp_path: Path
 ) -> None:
-    """A fresh-user trial: with ``--no-create-topics`` and no request topic, serve said nothing
+    """Regression: with ``--no-create-topics`` and no request topic, serve said nothing
     of its own (only aiokafka's "Topic … not found in cluster metadata", now a WARNING a
     minute). Now one ERROR line names the missing topic (not the ones that exist), nothing is
     created, and serve consumes once the operator has made it."""
@@ -166,7 +166,7 @@ async def test_serve_names_a_missing_request_topic_and_waits_for_it(
 async def test_serve_refuses_to_start_without_its_reply_topic(
     kafka_bootstrap: str, names: list[str], tmp_path: Path
 ) -> None:
-    """A fresh-user trial: with ``--no-create-topics`` and no reply (and dead-letter) topic,
+    """Regression: with ``--no-create-topics`` and no reply (and dead-letter) topic,
     serve consumed a request, both its reply and its dead letter were refused, and its offset
     was committed: lost. Now serve stops at start, exit 1 and one ERROR line naming the
     topic, before it joins the group: nothing consumed, nothing created."""

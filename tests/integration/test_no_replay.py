@@ -1,4 +1,4 @@
-"""Issue 17 #1 on the real broker: what a crashed ``kbatch serve`` answered above its committed
+"""No replay, on the real broker: what a crashed ``kbatch serve`` answered above its committed
 offset travels in the commit's metadata, so its successor neither recomputes nor re-answers it;
 foreign or corrupt metadata is ignored.
 

@@ -1,4 +1,4 @@
-"""kbatch against a secured broker (issue 23): TLS, SCRAM, mutual TLS and ACLs.
+"""kbatch against a secured broker: TLS, SCRAM, mutual TLS and ACLs.
 
 One secured broker per test session (``kbatch broker start --secure``'s code, on free ports,
 its certificates and passwords in the session's temporary folder). kbatch's principal gets
@@ -85,7 +85,7 @@ def kbatch_acls() -> list[Acl]:
         Acl(u, "READ", "topic", EOS_REQUESTS),
         Acl(u, "READ", "group", EOS_GROUP),
         Acl(u, "WRITE", "transactional_id", f"kbatch-{EOS_GROUP}-", "prefixed"),
-        Acl(u, "DESCRIBE", "topic", DESCRIBE_ONLY),  # not WRITE: issue 36 item 2
+        Acl(u, "DESCRIBE", "topic", DESCRIBE_ONLY),  # not WRITE: the denied topic
     ]
 
 
@@ -426,7 +426,7 @@ async def committed_offset(secured: Secured, group: str, topic: str) -> int | No
 def test_exactly_once_dead_letters_a_reply_topic_kbatch_may_describe_but_not_write(
     secured: Secured, tiny: Path, tmp_path: Path
 ) -> None:
-    # Issue 36 item 2: the denied topic entered the transaction (AddPartitionsToTxn refused),
+    # Regression: the denied topic entered the transaction (AddPartitionsToTxn refused),
     # which failed whole, at every try: the partition never moved. Now the request is
     # dead-lettered as under at-least-once, its neighbours are answered, the transaction
     # commits, and nothing is aborted.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgpack
@@ -14,13 +15,16 @@ import pytest
 
 from consumer.kafka.admin import delete_topics
 from schemas.codec import Encoding
+from schemas.errors import ErrorCode
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
+    ReplyRecord,
     Req,
     ServeProcess,
     committed_offsets,
     poll_until,
     produce,
+    read_all,
     read_topic,
     request,
 )
@@ -143,6 +147,68 @@ async def test_duplicates_are_computed_once(
     assert all(r.reply.timing == first.reply.timing for r in replies)  # the source's timing
     metrics = embed_server.metrics()
     assert metrics["kbatch_dedup_hits_total"] == 4
+
+
+async def test_a_key_reused_for_another_text_is_refused_and_the_partition_moves_on(
+    kafka_bootstrap: str, topics: Topics, embed_server: ServeProcess
+) -> None:
+    """Contract 1.4: ``same-1`` with "cats are great", then with "the stock market crashed",
+    in msgpack and in JSON, while the first is in flight (one poll) and after its answer: the
+    other text is answered idempotency_key_reused without a result, never the first text's
+    vector; a true copy is still a dedup; nothing is dead-lettered; offsets are committed."""
+    cats, market = "cats are great", "the stock market crashed"
+
+    def req(n: int, key: str, text: str, encoding: Encoding) -> Req:
+        return replace(request(key, text, encoding, meta={"n": n}), partition=0)
+
+    def numbered(n: int) -> Callable[[list[ReplyRecord]], bool]:
+        return lambda rs: len({r.reply.meta["n"] for r in rs if r.reply.meta}) >= n
+
+    in_flight = [
+        req(0, "same-1", cats, Encoding.MSGPACK),
+        req(1, "same-1", market, Encoding.MSGPACK),
+        req(2, "same-j", cats, Encoding.JSON),
+        req(3, "same-j", market, Encoding.JSON),
+    ]
+    await produce(kafka_bootstrap, topics.requests, in_flight)
+    await read_topic(kafka_bootstrap, topics.replies, numbered(4), 60)
+    after = [
+        req(4, "same-1", market, Encoding.MSGPACK),
+        req(5, "same-j", market, Encoding.JSON),
+        req(6, "same-1", cats, Encoding.MSGPACK),  # a true copy: answered from the first
+        req(7, "after", market, Encoding.MSGPACK),  # its own key: computed
+    ]
+    await produce(kafka_bootstrap, topics.requests, after)
+    got = {
+        r.reply.meta["n"]: r
+        for r in await read_topic(kafka_bootstrap, topics.replies, numbered(8), 60)
+        if r.reply.meta
+    }
+    for n in (1, 3, 4, 5):
+        rec = got[n]
+        assert rec.headers["kbatch-status"] == b"error"
+        assert rec.reply.result is None and rec.reply.timing is None and not rec.reply.dedup
+        assert rec.reply.error is not None
+        assert rec.reply.error.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    for n in (3, 5):  # JSON in, JSON out, and no result field at all
+        assert got[n].headers["content-type"] == b"application/json"
+        assert "result" not in json.loads(got[n].raw)
+    assert "result" not in msgpack.unpackb(got[4].raw)
+    assert [(got[n].reply.status, got[n].reply.dedup) for n in (0, 2, 6, 7)] == [
+        ("ok", False), ("ok", False), ("ok", True), ("ok", False)
+    ]  # fmt: skip
+    assert got[6].reply.result == got[0].reply.result
+    assert got[7].reply.result != got[0].reply.result  # the market's own vector
+    metrics = embed_server.metrics()
+    assert metrics["kbatch_idempotency_key_reused_total"] == 4
+    assert metrics["kbatch_dedup_hits_total"] == 1
+    assert not [name for name in metrics if name.startswith("kbatch_dead_letters_total{")]
+
+    def committed_past_all() -> bool:
+        offsets = asyncio.run(committed_offsets(kafka_bootstrap, topics.group, topics.requests, 2))
+        return offsets[0] == len(in_flight) + len(after)
+
+    await asyncio.to_thread(poll_until, committed_past_all, 30, "commit past offset 7", 0.5)
 
 
 async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
@@ -428,3 +494,48 @@ async def test_reply_topic_that_does_not_exist_is_dead_lettered(
     assert dead.headers["kbatch.error.code"] == b"invalid_request"
     assert b"does not exist" in dead.headers["kbatch.error.message"]
     assert after.key == b"after" and after.reply.status == "ok"
+
+
+async def test_a_bad_request_naming_a_topic_not_allowed_gets_no_error_reply_there(
+    kafka_bootstrap: str, topics: Topics, new_topic: TopicFactory, embed_server: ServeProcess
+) -> None:
+    """The allow-list covers error replies: records that fail to decode and name another
+    application's topic, or the request topic itself (an error reply there would be read back
+    as a request and answered again), are dead-lettered ``reply_topic_not_allowed``; nothing is
+    written to either topic and their offsets are committed."""
+    other_app = await new_topic("other-app")  # outside the server's --allowed-reply-topics
+    bad_values = {
+        "v99": msgpack.packb({"v": 99, "text": "hi"}),
+        "no-text": msgpack.packb({"v": 1}),
+        "not-msgpack": b"\xc1\xff\x00 not msgpack",
+    }
+    bad = [
+        Req(f"{name}@{where}".encode(), value, (("kafka_replyTopic", topic.encode()),), 0)
+        for where, topic in (("other-app", other_app), ("requests", topics.requests))
+        for name, value in bad_values.items()
+    ]
+    after = request("after", "still flowing")
+    sent = await produce(
+        kafka_bootstrap, topics.requests, [*bad, Req(after.key, after.value, partition=0)]
+    )
+    answered = await read_topic(
+        kafka_bootstrap, topics.replies, lambda rs: any(r.key == b"after" for r in rs), 60
+    )
+    assert [r.reply.status for r in answered if r.key == b"after"] == ["ok"]
+
+    def all_committed() -> bool:
+        offsets = asyncio.run(committed_offsets(kafka_bootstrap, topics.group, topics.requests, 2))
+        return (offsets[0] or 0) >= sent
+
+    await asyncio.to_thread(poll_until, all_committed, 30, f"commit at offset {sent}", 0.5)
+    assert await read_all(kafka_bootstrap, other_app, 1, decode=False) == []
+    # Only what the test wrote: no error reply came back as a request.
+    assert len(await read_all(kafka_bootstrap, topics.requests, 2, decode=False)) == sent
+    assert [r.key for r in await read_all(kafka_bootstrap, topics.replies, 3)] == [b"after"]
+    dead = await read_topic(kafka_bootstrap, topics.dlq, n_records(6), 60, decode=False)
+    assert {d.key: d.headers["kbatch.error.code"] for d in dead} == {
+        r.key: b"reply_topic_not_allowed" for r in bad
+    }
+    messages = {d.key: d.headers["kbatch.error.message"] for d in dead}
+    assert b"unsupported_version" in messages[b"v99@other-app"]
+    assert other_app.encode() in messages[b"no-text@other-app"]

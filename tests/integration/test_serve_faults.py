@@ -228,6 +228,48 @@ async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> N
     )
 
 
+async def test_the_only_broker_down_for_17_s_is_warnings_not_a_flood_of_errors(
+    tmp_path: Path,
+) -> None:
+    """A broker of its own (the shared one stays up), SIGKILLed for 17 s: aiokafka's retried
+    ``Unable to update metadata from [1]`` was 192 ERROR lines (11 a second); now a WARNING a
+    minute (consumer/kafka/log_levels.py), no ERROR of it under a minute's outage, nothing
+    lost."""
+    broker = LocalBroker(port=free_port_pair())
+    try:
+        bootstrap = await asyncio.to_thread(broker.start, fresh=True)
+        await create_topics(bootstrap, ["o.req"], partitions=2)
+        await create_topics(bootstrap, ["o.rep", "o.dlq"])
+        n = 40
+        server = start(tmp_path, bootstrap, ("o.req", "o.rep", "o.dlq"), "outage", "sim:0,0")
+        try:
+            server.wait_ready()
+            await produce(bootstrap, "o.req", [request(f"r-{i}", f"t {i}") for i in range(n // 2)])
+            await read_topic(bootstrap, "o.rep", covers(all_keys(n // 2)), 60)
+            await asyncio.to_thread(broker.kill)
+            await asyncio.sleep(17.0)  # the outage's length, not a synchronisation
+            await asyncio.to_thread(broker.start)
+            later = [request(f"r-{i}", f"t {i}") for i in range(n // 2, n)]
+            await produce(bootstrap, "o.req", later)
+            replies = await read_topic(bootstrap, "o.rep", covers(all_keys(n)), 120)
+            assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+        finally:
+            server.stop()
+    finally:
+        await asyncio.to_thread(broker.stop)
+        shutil.rmtree(broker.home, ignore_errors=True)
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    errors = [line for line in lines if " ERROR " in line]
+    warnings = [line for line in lines if " WARNING aiokafka" in line]
+    print(f"\nonly broker down 17 s: {len(errors)} ERROR, {len(warnings)} aiokafka WARNING lines")
+    assert {r.key for r in replies} == all_keys(n)
+    # One ERROR is allowed: the outage (with the restart, past --session-timeout-ms) ended this
+    # member's session, which aiokafka reports once; it rejoins by itself.
+    assert [e for e in errors if "Heartbeat session expired" not in e] == []
+    assert any("Unable to update metadata" in line for line in warnings)
+    assert len(warnings) <= 20
+
+
 async def test_sigterm_drains_commits_and_repeats_nothing(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
 ) -> None:
@@ -270,7 +312,7 @@ def long_texts(n: int, words: int = 120) -> list[str]:
 async def test_sigterm_drain_stops_at_its_deadline_and_leaves_the_rest_uncommitted(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #3: ``--drain-timeout-s 5`` with ~1,450 buffered exited 0 after 29.9 s, having
+    # Regression: ``--drain-timeout-s 5`` with ~1,450 buffered exited 0 after 29.9 s, having
     # computed everything. Now: stop by the deadline (plus closing), exit 3, nothing lost.
     req, rep, dlq = await new_topic("req", 2), await new_topic("rep"), await new_topic("dlq")
     group = unique_group("drain")
@@ -321,7 +363,7 @@ async def test_sigterm_drain_stops_at_its_deadline_and_leaves_the_rest_uncommitt
 async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_nothing(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #4: with ~30 s of work buffered and a second member joining, the revoke ran
+    # Regression: with ~30 s of work buffered and a second member joining, the revoke ran
     # 15–25 s (over --rebalance-timeout-ms 10000), the first member was dropped from the group
     # and the second recomputed from the last commit: 792 of 1,200 keys answered twice.
     req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")
@@ -362,7 +404,7 @@ async def test_a_rebalance_under_load_finishes_its_revoke_in_time_and_repeats_no
         f"partitions, {dups} keys answered twice"
     )
     assert {r.key for r in replies} == all_keys(n)
-    # Issue 25 #5: the revoke waits for no model work (it was up to 8 s, 80 % of the rebalance
+    # Regression: the revoke waits for no model work (it was up to 8 s, 80 % of the rebalance
     # timeout): at most 1 s for replies already sent, then the commit.
     assert revokes_s and max(revokes_s) <= 2.0
     assert first_assigned >= 1  # still in the group: the revoke ended within the timeout
@@ -386,7 +428,7 @@ async def true_lag(bootstrap: str, group: str, topic: str, partitions: int) -> d
 async def test_lag_gauge_shows_the_whole_backlog_of_paused_and_uncommitted_partitions(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:
-    # Issue 12 #5: under a backlog of 11,677 records the gauge showed ~2,700: a partition
+    # Regression: under a backlog of 11,677 records the gauge showed ~2,700: a partition
     # without a commit had no series, a paused partition's value froze while its log grew.
     req, rep, dlq = await new_topic("req", 3), await new_topic("rep"), await new_topic("dlq")
     group = unique_group("lag")
@@ -423,3 +465,62 @@ async def test_lag_gauge_shows_the_whole_backlog_of_paused_and_uncommitted_parti
         server.stop()
     print(f"\nlag: gauge {gauge} vs true lag {truth} ({paused:.0f} partitions paused)")
     assert sum(gauge.values()) >= 600  # the whole backlog shows, not the fetched part
+
+
+async def test_a_wedged_engine_fails_healthz_leaves_the_group_and_exits_4(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """A batch that outruns 3 × --batch-timeout-s (consumer/serve/wedge.py): /healthz turns 503,
+    the static member leaves the group and the process exits 4 without waiting for the model
+    thread; what it answered is committed, nothing past it, and the next owner answers the rest.
+
+    The simulated device costs 100 ms a token, one request a batch: the short requests take
+    ~0.6 s each, the long one ~20 s (the bound: 3 × 2 s)."""
+    req, rep, dlq = await new_topic("req"), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("wedge")
+    n = 5
+    await produce(kafka_bootstrap, req, [request(f"r-{i}", f"short {i}") for i in range(n)])
+    extra = ["--batch-timeout-s", "2", "--max-batch-size", "1", "--group-instance-id", "wedged"]
+    wedged = start(
+        tmp_path, kafka_bootstrap, (req, rep, dlq), group, "sim:0,100000", name="w", extra=extra
+    )
+    try:
+        wedged.wait_ready()
+        await read_topic(kafka_bootstrap, rep, covers(all_keys(n)), 60)
+        commits = wedged.metrics().get("kbatch_commit_seconds_count", 0)
+        poll_until(
+            lambda: wedged.metrics().get("kbatch_commit_seconds_count", 0) > commits,
+            30,
+            "a commit after the short requests' replies",
+            every_s=0.05,
+        )
+        await produce(kafka_bootstrap, req, [request("long", " ".join(["word"] * 200))])
+        healthz: list[tuple[int, bytes]] = []
+
+        def unhealthy() -> bool:
+            assert wedged.proc is not None and wedged.proc.poll() is None, wedged.log_tail()
+            healthz.append(wedged._get("/healthz"))
+            return healthz[-1][0] == 503
+
+        poll_until(unhealthy, 60, "/healthz 503")
+        failed_at = time.monotonic()
+        code = await asyncio.to_thread(wedged.wait, 60)
+        exit_s = time.monotonic() - failed_at
+    finally:
+        wedged.stop()
+    assert code == 4, wedged.log_tail()
+    assert exit_s < 10.0  # the drain of sent replies and the closes; not the model's ~14 s more
+    assert b'"engine_wedged": true' in healthz[-1][1]
+    log = wedged.log_path.read_text(errors="replace")
+    assert "ERROR kbatch: engine wedged" in log
+    assert "static member 'wedged' leaves the group on shutdown" in log
+    answered = {r.key for r in await read_all(kafka_bootstrap, rep, 1)}
+    committed = (await committed_offsets(kafka_bootstrap, group, req, 1))[0]
+    assert answered == all_keys(n) and committed == n  # the long request's offset is not
+    nxt = start(tmp_path, kafka_bootstrap, (req, rep, dlq), group, "sim:0,0", name="next")
+    try:
+        replies = await read_topic(kafka_bootstrap, rep, covers({b"long", *all_keys(n)}), 120)
+    finally:
+        nxt.stop()
+    print(f"\nwedged engine: exit 4 {exit_s:.1f} s after /healthz failed, committed {committed}")
+    assert duplicates(replies) == 0

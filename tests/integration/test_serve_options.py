@@ -101,7 +101,7 @@ async def test_options_dedup_and_errors_through_kafka(served: Served) -> None:
         assert r.key is not None
         by_key.setdefault(r.key, []).append(r.reply)
         raw_by_key[r.key] = r.raw
-    assert all(reply.model.contract == "1.3" for replies in by_key.values() for reply in replies)
+    assert all(reply.model.contract == "1.4" for replies in by_key.values() for reply in replies)
 
     st = s.st
     passage = st.encode([TEXT], prompt_name="passage")[0]
@@ -169,7 +169,7 @@ async def test_client_decodes_every_format_and_the_cli_prints_lists(served: Serv
 async def test_priority_bulk_is_answered_and_an_invalid_priority_is_dead_lettered(
     served: Served,
 ) -> None:
-    """Contract 1.2 ``priority`` (issue 26): a bulk request rides the bulk lane to its ok reply;
+    """Contract 1.2 ``priority``: a bulk request rides the bulk lane to its ok reply;
     a value other than live/bulk is invalid_request and a dead letter."""
     s = served
     records = [
@@ -237,3 +237,44 @@ async def test_chunked_embeddings_through_kafka(served: Served) -> None:
     np.testing.assert_allclose(_vector(pooled), mean / np.linalg.norm(mean), atol=2e-6)
     (too_big,) = by_key[b"too-big"]
     assert too_big.error is not None and too_big.error.code is ErrorCode.INVALID_OPTION
+
+
+async def test_chunks_in_bytes_are_answered_in_json_as_in_msgpack(served: Served) -> None:
+    """``output: "chunks"`` with a bytes ``encoding_format`` in a JSON request: each chunk's
+    bytes are base64 in the JSON reply and decode to the vectors the msgpack reply carries."""
+    s = served
+    text = " ".join(f"part {i}: offsets, consumers and brokers." for i in range(8))
+    formats = ("f32le", "f16le", "binary")
+    chunking = {"max_tokens": 16, "output": "chunks"}
+    await produce(
+        s.bootstrap,
+        s.requests,
+        [
+            request(
+                f"{encoding.name}-{fmt}", text, encoding, encoding_format=fmt, chunking=chunking
+            )
+            for fmt in formats
+            for encoding in (Encoding.JSON, Encoding.MSGPACK)
+        ],
+    )
+    wanted = {f"{e}-{f}".encode() for f in formats for e in ("JSON", "MSGPACK")}
+    got = await read_topic(s.bootstrap, s.replies, lambda rs: wanted <= {r.key for r in rs}, 90)
+    by_key = {r.key: r for r in got if r.key in wanted}
+    for fmt in formats:
+        in_json, in_msgpack = by_key[f"JSON-{fmt}".encode()], by_key[f"MSGPACK-{fmt}".encode()]
+        assert in_json.headers["content-type"] == b"application/json"
+        assert isinstance(in_json.reply.result, ChunkedEmbedResult), in_json.reply.error
+        assert isinstance(in_msgpack.reply.result, ChunkedEmbedResult), in_msgpack.reply.error
+        raw_chunks = json.loads(in_json.raw)["result"]["chunks"]
+        assert all(isinstance(c["embedding"], str) for c in raw_chunks)  # base64
+        json_chunks, msgpack_chunks = in_json.reply.result.chunks, in_msgpack.reply.result.chunks
+        assert len(json_chunks) == len(msgpack_chunks) > 1
+        dim = in_json.reply.result.dim
+        for a, b in zip(json_chunks, msgpack_chunks, strict=True):
+            assert (a.start, a.end) == (b.start, b.end)
+            assert isinstance(a.embedding, bytes) and len(a.embedding) == len(b.embedding)
+            np.testing.assert_allclose(
+                decode_embedding(a.embedding, fmt, dim).astype(np.float32),
+                decode_embedding(b.embedding, fmt, dim).astype(np.float32),
+                atol=1e-3,
+            )

@@ -119,7 +119,7 @@ async def test_rerank_through_kafka(
     assert plain.result.top is None and top.dedup
     assert top.result.top is not None
     assert [d.index for d in top.result.top] == np.argsort(-expected, kind="stable")[:2].tolist()
-    assert plain.model.contract == "1.3" and plain.usage is not None
+    assert plain.model.contract == "1.4" and plain.usage is not None
     assert plain.timing is not None and plain.usage.tokens > len(DOCUMENTS) * 3
     for key in (b"no-docs", b"wrong"):
         (reply,) = by_key[key]

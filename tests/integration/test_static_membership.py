@@ -84,7 +84,7 @@ async def test_a_static_member_restarted_within_the_session_timeout_rebalances_n
 async def test_a_static_member_stopped_for_good_leaves_and_its_partitions_move_at_once(
     tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
 ) -> None:
-    # Issue 25: a static member's scale-down left its partitions without an owner for the
+    # Regression: a static member's scale-down left its partitions without an owner for the
     # whole session timeout (aiokafka sends no LeaveGroup for a static member).
     topics = (await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq"))
     group = unique_group("static-leave")

@@ -1,4 +1,4 @@
-"""Issue 35's goal end to end: a real ``kbatch serve --tracing``, the real broker, and an
+"""Tracing end to end: a real ``kbatch serve --tracing``, the real broker, and an
 OTLP/HTTP receiver decoding the real protobuf. A client span → kbatch's request span (its
 child) → the batch span (linking it) → the reply's ``traceparent`` continued by the client, for
 embed and for a contract 1.2 task (rerank), with and without dedup; a bad ``traceparent`` is

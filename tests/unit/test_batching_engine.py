@@ -285,7 +285,7 @@ async def test_the_next_batch_starts_before_a_batchs_outcomes_go_out() -> None:
 
 
 async def test_a_queued_item_expires_at_its_deadline_while_a_batch_holds_the_model() -> None:
-    # Issue 12 #2: with the only model slot busy and no other arrival, an item whose deadline
+    # Regression: with the only model slot busy and no other arrival, an item whose deadline
     # passed was answered expired only when the running batch ended.
     gate = threading.Event()
     h = Harness(FakeBackend(max_length=64, gate=gate), max_wait_ms=0.0)
@@ -329,7 +329,7 @@ async def test_every_unsplit_batch_feeds_the_policy_cost_model() -> None:
 async def test_a_small_chunk_tokenizes_on_the_loop_and_a_large_one_in_the_tokenizer_thread() -> (
     None
 ):
-    """Issue 32: a thread hop costs more than tokenizing a few short texts
+    """A thread hop costs more than tokenizing a few short texts
     (:data:`consumer.batching.engine.INLINE_TOKENIZE_CHARS`)."""
     from consumer.batching.engine import INLINE_TOKENIZE_CHARS
 

@@ -1,4 +1,4 @@
-"""Lanes (issue 26): the pure LaneScheduler, a fake-clock device simulation of both lanes, the bulk
+"""Lanes: the pure LaneScheduler, a fake-clock device simulation of both lanes, the bulk
 batch-time cap, and the engine's lane handling on a gated fake backend."""
 
 from __future__ import annotations

@@ -414,7 +414,7 @@ def test_incremental_bucket_aggregates_match_a_rebuild() -> None:
 def test_a_backlog_on_one_partition_does_not_starve_another(
     backlog_tokens: int, short_tokens: int
 ) -> None:
-    # Issue 12 #7: batches formed in arrival order across partitions, so a burst on one
+    # Regression: batches formed in arrival order across partitions, so a burst on one
     # partition held every other partition until it had drained. One model slot, each batch
     # takes 10 ms (fake clock): b is served at the first free slot after it is due.
     b = BucketBatcher(cfg(max_batch_size=4, max_batch_tokens=256), max_length=64)

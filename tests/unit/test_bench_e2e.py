@@ -11,6 +11,7 @@ import pytest
 from consumer.batching.types import InferenceItem, Rejected, TokenizedItem
 from consumer.bench.e2e_report import (
     cpu_device_figures,
+    cpu_ratios,
     frontier_points,
     frontier_row,
     latency_rate,
@@ -198,13 +199,10 @@ def test_bench_e2e_refuses_bad_model_variant_and_replica_options(
 def test_naive_worker_answers_a_valid_reply_with_plain_transformers(
     tiny_embed_dir: Path,
 ) -> None:
-    from aiokafka.structs import ConsumerRecord
-
     from consumer.bench.e2e_workers import _naive_scorer
 
     ((key, value, headers),) = prefill_records(["a plain text"], "bench.replies", "n")
-    record = ConsumerRecord("t", 0, 0, 0, 0, key, value, None, len(key), len(value), tuple(headers))
-    out = _naive_scorer(tiny_embed_dir, threads=1)(record)
+    out = _naive_scorer(tiny_embed_dir, threads=1)((key, value, tuple(headers)))
     assert out is not None and out.key == key
     reply = decode_reply(out.value, Encoding.MSGPACK)
     assert reply.status == "ok"
@@ -250,3 +248,88 @@ def test_frontier_plot_writes_a_png_only_with_points(tmp_path: Path) -> None:
     report = {"kbatch": {**row, "frontier": [point]}, "engine": {**row, "frontier": [point]}}
     path = plot_frontier(report, tmp_path / "img")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _cpu_point(label: str, cpu_ms: float | None, timeouts: int = 0) -> dict[str, object]:
+    return {"point": label, "rate_per_s": 1.0, "cpu_ms_per_request": cpu_ms, "timeouts": timeouts}
+
+
+def test_cpu_ratios_compare_cpu_per_request_at_each_absolute_rate() -> None:
+    report = {
+        "kbatch": {
+            "frontier": [
+                _cpu_point("0.5x", 9.0),  # a fraction of the variant's own drain: not compared
+                _cpu_point("100/s", 0.8),
+                _cpu_point("1000/s", 0.45),
+            ]
+        },
+        "raw_tokenize": {"frontier": [_cpu_point("100/s", 0.5), _cpu_point("1000/s", 0.3)]},
+        "raw_tokenize_confluent": {
+            "frontier": [_cpu_point("100/s", 0.2), _cpu_point("1000/s", None)]
+        },
+    }
+    assert cpu_ratios(report) == {
+        "cpu_ratio_kbatch_vs_raw_tokenize": {"100/s": 1.6, "1000/s": 1.5},
+        "cpu_ratio_kbatch_vs_raw_tokenize_confluent": {"100/s": 4.0, "1000/s": None},
+        "cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent": {"100/s": 2.5, "1000/s": None},
+    }
+
+
+def test_cpu_ratios_are_none_without_both_sides_or_shared_points() -> None:
+    kbatch = {"frontier": [_cpu_point("100/s", 0.8)]}
+    assert cpu_ratios({"kbatch": kbatch}) == {
+        "cpu_ratio_kbatch_vs_raw_tokenize": None,
+        "cpu_ratio_kbatch_vs_raw_tokenize_confluent": None,
+        "cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent": None,
+    }
+    other_rate = {"frontier": [_cpu_point("200/s", 0.4)]}
+    got = cpu_ratios({"kbatch": kbatch, "raw_tokenize": other_rate})
+    assert got["cpu_ratio_kbatch_vs_raw_tokenize"] is None
+    zero = {"frontier": [_cpu_point("100/s", 0.0)]}  # a loop that used no CPU: no ratio
+    assert cpu_ratios({"kbatch": kbatch, "raw_tokenize": zero})[
+        "cpu_ratio_kbatch_vs_raw_tokenize"
+    ] == {"100/s": None}
+    # Requests that timed out cost less than an answer: that side's figure is not compared.
+    overloaded = {"frontier": [_cpu_point("100/s", 0.1, timeouts=3)]}
+    assert cpu_ratios({"kbatch": kbatch, "raw_tokenize": overloaded})[
+        "cpu_ratio_kbatch_vs_raw_tokenize"
+    ] == {"100/s": None}
+    assert cpu_ratios({"kbatch": overloaded, "raw_tokenize": kbatch})[
+        "cpu_ratio_kbatch_vs_raw_tokenize"
+    ] == {"100/s": None}
+
+
+def test_confluent_loop_skips_error_records_and_reads_missing_headers_as_none() -> None:
+    from confluent_kafka import KafkaError, Message
+
+    from consumer.bench.e2e_confluent import _polled
+
+    messages = [
+        Message(topic="t", partition=0, offset=0, key=b"k1", value=b"v1", headers=[("h", b"x")]),
+        Message(topic="t", partition=0, error=KafkaError(KafkaError._PARTITION_EOF)),
+        Message(topic="t", partition=0, offset=1, key=None, value=b"v2", headers=None),
+    ]
+    assert _polled(messages) == [(b"k1", b"v1", [("h", b"x")]), (None, b"v2", [])]
+
+
+def test_confluent_loop_produces_with_java_compatible_partitioning_and_acks_all() -> None:
+    from consumer.bench.e2e_confluent import PRODUCER_CONFIG
+
+    # Java's murmur2 for a key (as aiokafka and kbatch's sink), not librdkafka's CRC32 default
+    assert PRODUCER_CONFIG["partitioner"] == "murmur2_random"
+    assert PRODUCER_CONFIG["acks"] == "all" and PRODUCER_CONFIG["enable.idempotence"] is True
+
+
+def test_tokenize_scorer_answers_each_record_of_a_poll_with_its_key_and_correlation_id() -> None:
+    from consumer.bench.e2e_workers import _tokenize_scorer
+    from consumer.model.loader import resolve_model
+
+    model_dir, _ = resolve_model(ServeSettings(model=NOOP_MODEL))  # the packaged MiniLM
+    records = prefill_records(["one text", "another, longer text"], "bench.replies", "t")
+    out = _tokenize_scorer(model_dir)([(k, v, tuple(h)) for k, v, h in records])
+    assert [o.key for o in out] == [b"t-0", b"t-1"]
+    for o, (_, _, headers) in zip(out, records, strict=True):
+        assert dict(o.headers)[H.CORRELATION_ID] == dict(headers)[H.CORRELATION_ID]
+        reply = decode_reply(o.value, Encoding.MSGPACK)
+        assert reply.status == "ok" and reply.timing is not None
+        assert reply.timing.batch_size == 2 and reply.timing.padded_len > 2

@@ -1,7 +1,7 @@
 """``kbatch bench engine --json`` on a tiny model: the report's shape and its invariants.
 
 Speed is not asserted here (benchmarks are commands, not timed tests); what is checked is that
-the command runs end to end through the real engine and reports every key the issue names.
+the command runs end to end through the real engine and reports every key BENCHMARKS.md reads.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``kbatch bench lanes``' goals of issue 26 (pure)."""
+"""``kbatch bench lanes``' goals (pure)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``kbatch bench windows`` (issue 34) on the tiny embedder: a report of both cases, the
+"""``kbatch bench windows`` on the tiny embedder: a report of both cases, the
 document really split into the asked windows, and the same tokens computed either way."""
 
 from __future__ import annotations

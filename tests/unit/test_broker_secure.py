@@ -103,7 +103,7 @@ def _eval_in_shell(lines: str, earlier: dict[str, str]) -> dict[str, str]:
 def test_broker_env_unsets_what_the_other_mode_set(
     broker: SecureBroker, monkeypatch: pytest.MonkeyPatch, mtls: bool
 ) -> None:
-    """Issue 36: `eval "$(kbatch broker env --mtls)"` after the SASL lines left
+    """Regression: `eval "$(kbatch broker env --mtls)"` after the SASL lines left
     KBATCH_SASL_* exported; the lines now leave exactly the chosen mode's variables."""
     assert broker.cache_dir is not None
     monkeypatch.setenv("KBATCH_CACHE_DIR", str(broker.cache_dir))

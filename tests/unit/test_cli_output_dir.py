@@ -1,6 +1,6 @@
 """``--plots-dir`` / ``--log-dir`` (:class:`consumer.cli.options.OutputDir`): a folder that
 cannot be written is refused when the flag is read, in one line, not with a traceback after
-the run (found by a fresh-user trial: ``kbatch load --plots-dir /proc/nope``)."""
+the run (``kbatch load --plots-dir /proc/nope``)."""
 
 from __future__ import annotations
 

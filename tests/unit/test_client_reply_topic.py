@@ -31,7 +31,7 @@ def test_the_request_and_dead_letter_topics_are_refused_as_reply_topics(
 
 
 def test_kbatch_request_refuses_the_dead_letter_topic_in_one_line() -> None:
-    # Found by a new-user trial: --reply-topic kbatch.requests.dlq read the request's own dead
+    # Regression: --reply-topic kbatch.requests.dlq read the request's own dead
     # letter as its reply. No broker listens on port 1: the refusal comes first.
     runner = CliRunner()
     common = ["--bootstrap", "127.0.0.1:1", "--reply-topic"]

@@ -1,4 +1,4 @@
-"""The client's trace headers (issue 35 item 2): the current span's traceparent goes out with a
+"""The client's trace headers: the current span's traceparent goes out with a
 request; a reply's traceparent becomes the parent of the client's next span; ``kbatch load
 --traceparent`` names its slowest requests' traces."""
 

@@ -329,7 +329,7 @@ def test_kbatchs_own_variables_are_not_read_back_as_the_operators() -> None:
     [(1.0, "1 core"), (0.5, "0.5 cores"), (2.0, "2 cores"), (1.5, "1.5 cores")],
 )
 def test_a_count_of_cores_reads_as_english(cores: float, words: str) -> None:
-    """A fresh-user trial read "a share of 1 of 1 cores" and "1 core(s) each" at start-up."""
+    """Regression: the start-up line read "a share of 1 of 1 cores" and "1 core(s) each"."""
     assert cores_text(cores) == words
 
 
@@ -358,7 +358,7 @@ def test_the_start_up_line_names_where_the_setting_came_from() -> None:
 def test_the_start_up_line_names_the_budgets_setting(
     environ: dict[str, str], replica: bool, name: str
 ) -> None:
-    """A fresh-user trial: the start-up line said "set by --cpu-budget" for a budget from
+    """Regression: the start-up line said "set by --cpu-budget" for a budget from
     ``KBATCH_CPU_BUDGET`` or from the supervisor's share under ``--replicas``."""
     assert setting_name(1.0, environ, replica=replica) == name
 
@@ -378,7 +378,7 @@ def test_torch_is_warned_of_only_above_its_one_thread_minimum(
     torch_threads: int | None,
     warned: bool,
 ) -> None:
-    """A fresh-user trial: ``--cpu-budget 0.5`` warned that "torch's 1 threads exceed the 0.5
+    """Regression: ``--cpu-budget 0.5`` warned that "torch's 1 threads exceed the 0.5
     cores" and "will take turns", of the one thread serve cannot go below."""
     from consumer.model import loader, torch_backend
     from consumer.model.settings import ModelSettings

@@ -1,5 +1,5 @@
 """The rerank activation is the one ``CrossEncoder(dir).predict`` applies, for every layout the
-installed sentence-transformers reads (consumer/model/cross_encoder.py, issue 36 item 3).
+installed sentence-transformers reads (consumer/model/cross_encoder.py).
 
 Each layout is the tiny cross-encoder of ``tests/fixtures/task_models.py`` with files written
 as a sentence-transformers version saves them (6.x: ``modules.json`` +
@@ -154,7 +154,7 @@ def test_the_activation_is_the_one_cross_encoder_loads(
 async def test_scores_of_a_cross_encoder_saved_by_sentence_transformers_equal_predict(
     base_dir: Path, tmp_path: Path, activation: str
 ) -> None:
-    """Issue 36's reproduction: ``CrossEncoder(…, activation_fn=Identity()).save(dir)`` (the
+    """Regression: ``CrossEncoder(…, activation_fn=Identity()).save(dir)`` (the
     installed version writes it to config_sentence_transformers.json) was scored with Sigmoid."""
     from sentence_transformers import CrossEncoder
 

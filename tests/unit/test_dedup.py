@@ -1,10 +1,11 @@
-"""DedupCache: one computation per key, with fake monotonic clock values."""
+"""DedupCache: one computation per key, with fake monotonic clock values; a reused key with
+another input (contract 1.4)."""
 
 from __future__ import annotations
 
 import pytest
 
-from consumer.serve.dedup import DedupCache, DedupKind
+from consumer.serve.dedup import INPUT_DIGEST_BYTES, DedupCache, DedupKind, input_digest
 
 P0 = ("requests", 0)
 P1 = ("requests", 1)
@@ -168,3 +169,66 @@ def test_drop_partition_drops_its_entries_and_returns_waiters() -> None:
 def test_rejects_bad_bounds(ttl_s: float, max_entries: int) -> None:
     with pytest.raises(ValueError):
         DedupCache[str, str](ttl_s=ttl_s, max_entries=max_entries)
+
+
+# ---- a key reused for another input (contract 1.4) -------------------------------------------
+
+CATS, MARKET = input_digest("cats are great"), input_digest("the stock market crashed")
+
+
+def test_another_input_while_in_flight_is_reused_and_leaves_the_computation_alone() -> None:
+    cache: Cache = DedupCache()
+    assert cache.begin(b"k", P0, now=0.0, item_id=1, digest=CATS).kind is DedupKind.FIRST
+    other = cache.begin(b"k", P0, now=0.1, item_id=2, digest=MARKET)
+    assert (other.kind, other.item_id, other.result) == (DedupKind.REUSED, None, None)
+    copy = cache.begin(b"k", P0, now=0.2, item_id=3, digest=CATS)  # a true copy still waits
+    assert (copy.kind, copy.item_id) == (DedupKind.IN_FLIGHT, 1)
+    cache.attach_waiter(b"k", "copy-3")
+    assert cache.in_flight_count == 1
+    assert cache.finish(b"k", "cats", now=0.3, item_id=1) == ["copy-3"]  # not the reused one
+
+
+def test_another_input_after_the_answer_is_reused_within_the_window_only() -> None:
+    cache: Cache = DedupCache(ttl_s=10.0)
+    cache.begin(b"k", P0, now=0.0, item_id=1, digest=CATS)
+    cache.finish(b"k", "cats", now=0.0)
+    assert cache.begin(b"k", P0, now=9.9, item_id=2, digest=MARKET).kind is DedupKind.REUSED
+    done = cache.begin(b"k", P0, now=9.9, item_id=3, digest=CATS)
+    assert (done.kind, done.result) == (DedupKind.DONE, "cats")
+    # the window has passed: the other input is computed afresh and now owns the key
+    fresh = cache.begin(b"k", P0, now=10.0, item_id=4, digest=MARKET)
+    assert (fresh.kind, fresh.item_id) == (DedupKind.FIRST, 4)
+    assert cache.begin(b"k", P0, now=10.1, item_id=5, digest=CATS).kind is DedupKind.REUSED
+
+
+def test_after_a_failure_another_input_is_computed() -> None:
+    # errors are not stored, so nothing holds the key for the first input any more
+    cache: Cache = DedupCache()
+    cache.begin(b"k", P0, now=0.0, item_id=1, digest=CATS)
+    cache.fail(b"k", item_id=1)
+    assert cache.begin(b"k", P0, now=0.1, item_id=2, digest=MARKET).kind is DedupKind.FIRST
+
+
+def test_a_reused_key_is_per_dedup_key() -> None:
+    cache: Cache = DedupCache()
+    cache.begin(b"a", P0, now=0.0, item_id=1, digest=CATS)
+    assert cache.begin(b"b", P0, now=0.0, item_id=2, digest=MARKET).kind is DedupKind.FIRST
+
+
+def test_the_input_digest_tells_every_part_of_the_input_apart() -> None:
+    query, docs = "where are offsets?", ["In __consumer_offsets.", "Bananas."]
+    digests = [
+        input_digest(query, docs),
+        input_digest("where are offsets!", docs),  # the query differs
+        input_digest(query, ["In __consumer_offsets.", "Apples."]),  # a document differs
+        input_digest(query, list(reversed(docs))),  # their order
+        input_digest(query, docs[:1]),  # one fewer
+        input_digest(query, ["In __consumer_offsets.Bananas."]),  # joined
+        input_digest(query, []),
+        input_digest(query),  # no documents (another task)
+        input_digest(query + "In __consumer_offsets.", docs[1:]),  # a boundary moved
+    ]
+    assert len(set(digests)) == len(digests)
+    assert all(len(d) == INPUT_DIGEST_BYTES for d in digests)
+    assert input_digest(query, docs) == input_digest(query, tuple(docs))  # a pure function
+    assert input_digest("\ud800") != input_digest("\ud801")  # never raises on a lone surrogate

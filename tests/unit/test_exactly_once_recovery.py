@@ -1,5 +1,5 @@
 """``--exactly-once``: a transaction that fails without a fence (an unknown outcome, a send
-without a verdict, an abort) no longer stops serve (issue 36 item 1): the partition is rewound
+without a verdict, an abort) no longer stops serve: the partition is rewound
 to its committed offset with a new producer and computed again, as Kafka Streams treats a
 corrupted task. A fenced producer still stops it. Fakes only, no broker."""
 

@@ -209,7 +209,7 @@ def test_config_rejects_bad_values(override: dict[str, Any]) -> None:
         FlowConfig(**override)
 
 
-# -- lanes (issue 26): bulk sources pause at bulk_total_fraction of the totals (12 / 125 here) --
+# -- lanes: bulk sources pause at bulk_total_fraction of the totals (12 / 125 here) --
 
 J: TopicPartition = ("backfill-source", 0)
 

@@ -1,4 +1,5 @@
-"""The layers stay separate: aiokafka only in the Kafka layer, torch only in the model layer."""
+"""The layers stay separate: the Kafka clients (aiokafka, confluent_kafka) only in the Kafka layer
+(and the tools and benches that drive a broker directly), torch only in the model layer."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+KAFKA_CLIENTS = ("aiokafka", "confluent_kafka")
+
 # (package directory, modules it must never import)
 RULES: list[tuple[str, set[str]]] = [
-    ("schemas", {"aiokafka", "torch", "transformers", "consumer", "producer_tools"}),
-    ("consumer/batching", {"aiokafka", "torch", "transformers"}),
-    ("consumer/model", {"aiokafka"}),
+    ("schemas", {*KAFKA_CLIENTS, "torch", "transformers", "consumer", "producer_tools"}),
+    ("consumer/batching", {*KAFKA_CLIENTS, "torch", "transformers"}),
+    ("consumer/model", set(KAFKA_CLIENTS)),
     ("consumer/kafka", {"torch", "transformers"}),
-    ("consumer/cpu", {"aiokafka", "torch", "transformers", "tokenizers", "onnxruntime"}),
+    ("consumer/cpu", {*KAFKA_CLIENTS, "torch", "transformers", "tokenizers", "onnxruntime"}),
     ("producer_tools", {"torch", "transformers"}),
-    ("consumer/tracing", {"aiokafka", "torch", "transformers"}),
+    ("consumer/tracing", {*KAFKA_CLIENTS, "torch", "transformers"}),
 ]
-# aiokafka may appear only under these; torch/transformers only under these.
+# A Kafka client may appear only under these (the adapters, the client tools, the benches'
+# hand-written baselines); torch/transformers only under these.
 ONLY_UNDER = {
     "aiokafka": ("consumer/kafka", "producer_tools", "consumer/bench"),
+    "confluent_kafka": ("consumer/kafka", "producer_tools", "consumer/bench"),
     "torch": ("consumer/model",),
     "transformers": ("consumer/model",),
     "onnxruntime": ("consumer/model",),

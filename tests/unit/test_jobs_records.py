@@ -147,7 +147,7 @@ def test_a_job_ends_failed_when_every_record_failed(
 
 
 def test_a_completed_record_whose_every_record_failed_is_shown_failed() -> None:
-    """Issue 36: a job in which every record failed ended ``completed``, in ``status`` and in
+    """Regression: a job in which every record failed ended ``completed``, in ``status`` and in
     ``--json``; a record a member wrote so (before the rule) is shown ``failed`` with why."""
     from consumer.jobs.render import status_json
 
@@ -210,7 +210,7 @@ def test_status_table_shows_a_bar_while_running_and_counts_when_ended() -> None:
     text = console.export_text()
     assert "━" in text and "75/150 records (50.0 %)" in text  # the bar while running
     assert "0/150 records (0.0 %)" in text and "by hand" in text and "failed" in text
-    # 40 columns: nothing cut (new-user trials saw the counts as `3…` in the old
+    # 40 columns: nothing cut (the counts were shown as `3…` in the old
     # eight-column table, then the id cut at 60 columns)
     narrow = Console(record=True, width=40, color_system=None, force_terminal=True)
     render_statuses([running, ended], narrow)

@@ -175,7 +175,7 @@ def test_submit_refuses_the_jobs_source_as_jobs_topic_before_any_broker_call() -
 def test_an_inverted_range_is_refused_not_run_as_an_empty_job(
     range_from: str, range_to: str, why: str | None
 ) -> None:
-    """Found by a new-user trial: `--from 0:500 --to 0:100` ran (and completed) empty."""
+    """Regression: `--from 0:500 --to 0:100` ran (and completed) empty."""
     args = {"source_topic": "s", "output_topic": "o", "range_from": range_from}
     if why is None:
         BackfillSettings(**args, range_to=range_to)

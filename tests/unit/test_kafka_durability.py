@@ -1,5 +1,5 @@
 """How many replicas a created jobs topic gets, and when a topic is less durable than another
-(consumer/kafka/durability.py, issue 36 item 4): the pure rules as decision tables."""
+(consumer/kafka/durability.py): the pure rules as decision tables."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from consumer.kafka.durability import Durability, choose_replication
 @pytest.mark.parametrize(
     ("requested", "cluster_default", "brokers", "replicas", "why"),
     [
-        (None, 3, 3, 3, "the cluster's default.replication.factor"),  # issue 36: it was 1
+        (None, 3, 3, 3, "the cluster's default.replication.factor"),
         (None, 1, 1, 1, "the cluster's default.replication.factor"),  # the local broker
         (None, 1, 3, 1, "the cluster's default.replication.factor"),  # the operator's choice
         (None, None, 5, 3, "min(3, 5 brokers)"),  # the default not readable (ACLs)
@@ -36,7 +36,7 @@ def test_no_broker_and_no_default_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("jobs", "requests", "weaker"),
     [
-        (Durability(1, 1), Durability(3, 2), True),  # issue 36's cluster
+        (Durability(1, 1), Durability(3, 2), True),
         (Durability(1, 2), Durability(3, 2), True),  # fewer replicas alone
         (Durability(3, 1), Durability(3, 2), True),  # a lower min.insync.replicas alone
         (Durability(3, 2), Durability(3, 2), False),

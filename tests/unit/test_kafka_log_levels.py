@@ -1,11 +1,12 @@
 """aiokafka's retried errors are a WARNING once a minute, not an ERROR each time
 (consumer/kafka/log_levels.py): the lines aiokafka writes, through its own loggers — the group
-coordinator's, and (issue 36) the client's connection and the fetcher's retries while one
+coordinator's, and the client's connection and the fetcher's retries while one
 broker of a cluster is down."""
 
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.log_levels import (
     COORDINATOR_LOGGER,
     NOISY_LOGGERS,
+    OUTAGE_ERROR_AFTER_S,
     REPEAT_AFTER_S,
     RetriableErrorLogFilter,
     quiet_retriable_errors,
@@ -104,7 +106,7 @@ def _closed_port() -> int:
 async def test_a_broker_that_is_down_is_one_warning_a_minute_per_node(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 36: with one broker of three down, aiokafka's client logged ``Unable connect to
+    """Regression: with one broker of three down, aiokafka's client logged ``Unable connect to
     node with id N`` at ERROR for every request routed to it (hundreds per fault). Its own
     code here: a client whose metadata names two brokers that refuse connections."""
     caplog.set_level(logging.INFO)
@@ -174,13 +176,12 @@ def test_a_tls_or_acl_failure_on_a_noisy_logger_stays_an_error(
     tls = ssl.SSLCertVerificationError("certificate verify failed")
     client_log.error("Unable connect to node with id %s: %s", 2, tls)
     client_log.error("Unable connect to node with id %s: %s", 2, tls)
-    client_log.error("Unable to update metadata from %s", [1, 2, 3])  # no broker answered
     cluster_log = logging.getLogger("aiokafka.cluster")
     cluster_log.error(
         "Error fetching metadata for topic %s: %s", "t", TopicAuthorizationFailedError
     )
     cluster_log.error("Topic %s is not authorized for this client", "t")
-    assert [r.levelname for r in caplog.records] == ["ERROR"] * 5
+    assert [r.levelname for r in caplog.records] == ["ERROR"] * 4
 
 
 async def test_a_start_names_the_connect_failure_every_time(clock: FakeClock) -> None:
@@ -199,3 +200,39 @@ async def test_a_start_names_the_connect_failure_every_time(clock: FakeClock) ->
     for _ in range(2):
         with pytest.raises(KafkaUnavailableError, match=r"a client: \[Errno 111\] no"):
             await start_client(refused, nothing, "a client")
+
+
+async def test_no_broker_answering_is_a_warning_a_minute_and_one_error_past_a_minute(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the only broker SIGKILLed for 17 s, aiokafka's ``Unable to update metadata from
+    [1]`` was 192 ERROR lines, 11 a second. Its own code here: a client whose metadata names
+    brokers that refuse connections, asked for metadata every retry_backoff_ms (100 ms)."""
+    caplog.set_level(logging.INFO)
+    client = AIOKafkaClient(bootstrap_servers="127.0.0.1:1", request_timeout_ms=1000)
+    down = [(1, "127.0.0.1", _closed_port()), (2, "127.0.0.1", _closed_port())]
+    client.cluster.update_metadata(MetadataResponse_v0(down, []))
+
+    async def outage(seconds: float, step_s: float) -> list[tuple[str, str]]:
+        caplog.clear()
+        for _ in range(round(seconds / step_s)):
+            clock.now_s += step_s
+            assert not await client._metadata_update(client.cluster, [])
+        return [
+            (r.levelname, r.getMessage())
+            for r in caplog.records
+            if r.name == "aiokafka" and r.getMessage().startswith("Unable to update metadata")
+        ]
+
+    try:
+        assert [level for level, _ in await outage(17.0, 0.1)] == ["WARNING"]  # 170 tries
+        later = await outage(OUTAGE_ERROR_AFTER_S + REPEAT_AFTER_S + 10, 1.0)
+        assert [level for level, _ in later] == ["ERROR", "WARNING"]  # at 60 s, at 120 s
+        assert re.fullmatch(
+            r"Unable to update metadata from \[[12], [12]\] \(for 6[01] s\)", later[0][1]
+        )
+        clock.now_s += REPEAT_AFTER_S  # the outage ended; the next one is told again
+        again = await outage(OUTAGE_ERROR_AFTER_S + 1, 1.0)
+        assert [level for level, _ in again] == ["WARNING", "ERROR"]
+    finally:
+        await client.close()

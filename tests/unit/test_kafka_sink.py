@@ -172,7 +172,7 @@ async def until(condition: Any, timeout_s: float = 2.0) -> None:
 async def test_no_acknowledgement_in_time_sends_no_second_copy(
     sink: tuple[KafkaSink, FakeProducer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Issue 36 item 5: the deadline re-sent the record while the producer still retried the
+    # Regression: the deadline re-sent the record while the producer still retried the
     # first copy, which landed too: one reply written twice without a crash or a rebalance.
     s, producer = sink
     (ack,) = await s.send([record(b"a")])
@@ -203,7 +203,7 @@ class TimingOutBatchProducer(FakeProducer):
 async def test_a_batch_refused_after_its_deadline_keeps_the_partitions_flush_going(
     transactional: bool,
 ) -> None:
-    # Issue 36: the deadline failed the records' ack, then send_batch raised for the same
+    # Regression: the deadline failed the records' ack, then send_batch raised for the same
     # batch and the ack was failed again (InvalidStateError): the partition's flush task
     # died and the batches queued behind it were never handed to the producer.
     s = KafkaSink(
@@ -249,7 +249,7 @@ async def test_a_permanent_failure_is_a_delivery_error(
 async def test_a_topic_the_broker_does_not_have_is_refused_within_the_grace(
     sink: tuple[KafkaSink, FakeProducer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The trial's fault: a reply topic nobody created waited out the producer's metadata wait
+    # Regression: a reply topic nobody created waited out the producer's metadata wait
     # (send_timeout_ms, 30 s by default) and held its partition's commits that long.
     import consumer.kafka.sink as sink_module
 

@@ -1,4 +1,4 @@
-"""``kbatch load --metrics-url``: checked once before the run (a fresh-user trial found a
+"""``kbatch load --metrics-url``: checked once before the run (a
 /healthz URL failing mid-run with "Invalid labels" and a refused connection ignored)."""
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ async def test_engine_end_to_end_on_the_tiny_embedder(
 
 
 async def test_a_model_with_a_40_token_vocabulary_warms_up_and_serves(tmp_path: Path) -> None:
-    # Issue 12 #1: warm-up filled its batches with token id 1000, an IndexError in the
+    # Regression: warm-up filled its batches with token id 1000, an IndexError in the
     # embedding layer of any model with a vocabulary of 1000 tokens or fewer.
     model_dir = build_small_vocab_embedder(tmp_path / "small-vocab")
     runner = load_runner(model_dir, device="cpu")
@@ -276,7 +276,7 @@ def test_rerank_is_refused_for_a_classifier_with_more_than_one_label(
 ) -> None:
     """A 3-label classifier has the sequence-classification head but no single relevance
     logit: ``--task rerank`` refuses it in one line before anything starts (it was a traceback
-    from the backend, found by a new-user trial)."""
+    from the backend)."""
     from click.testing import CliRunner
 
     from consumer.cli import cli

@@ -59,7 +59,7 @@ def test_a_huge_text_is_cut_by_characters_first(tok: HFTokenizer) -> None:
 
 
 def test_a_long_text_cut_by_characters_reports_a_lower_bound(tok: HFTokenizer) -> None:
-    # Found by a new-user trial: 2,000 words reported "input has 780 tokens", the count of
+    # Regression: 2,000 words reported "input has 780 tokens", the count of
     # the first max_chars characters only.
     rejected = one(tok, "word " * 2000, truncate=False)
     assert isinstance(rejected, Rejected)

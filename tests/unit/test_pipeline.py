@@ -25,15 +25,21 @@ from consumer.serve.pipeline import FIRST_POLL_RECORDS, Pipeline
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply
 from schemas.errors import ErrorCode
-from schemas.models import ModelInfo
+from schemas.models import ModelInfo, Reply
 from tests.fakes import FakeEngine, FakeSink, FakeSource
 
 TP: TopicPartition = ("req", 0)
 
 
 def record(offset: int, key: bytes | None = b"k", value: bytes | None = None) -> InRecord:
+    """A request at ``offset``; its text names the offset (copies of a key: :func:`copy`)."""
     body = value if value is not None else msgpack.packb({"text": f"text {offset}"})
     return InRecord("req", 0, offset, key, body, (), 0)
+
+
+def copy(offset: int, key: bytes, text: str = "the same text") -> InRecord:
+    """A request of ``key`` with ``text``: copies of one request share key and text."""
+    return record(offset, key, msgpack.packb({"text": text}))
 
 
 def ok(item: InferenceItem) -> ItemOutcome:
@@ -152,13 +158,78 @@ async def test_a_copy_in_flight_waits_and_is_answered_as_dedup(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
     pipeline, _, sink, engine = parts
-    await pipeline.take([record(0, b"same"), record(1, b"same")])
+    await pipeline.take([copy(0, b"same"), copy(1, b"same")])
     assert len(engine.items) == 1  # computed once
     pipeline.on_outcomes([ok(engine.items[0])])
     await settle()
     replies = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
     assert sorted(r.dedup for r in replies) == [False, True]
     assert all(r.result == replies[0].result for r in replies)
+
+
+def answers(sink: FakeSink) -> dict[int, Reply]:
+    """The replies sent so far by their request's offset (the fakes' correlation: meta)."""
+    got = [decode_reply(r.value or b"", Encoding.MSGPACK) for r in sink.sent]
+    return {int(r.meta["offset"]): r for r in got if r.meta is not None}
+
+
+def numbered(offset: int, key: bytes, text: str) -> InRecord:
+    return record(offset, key, msgpack.packb({"text": text, "meta": {"offset": offset}}))
+
+
+def assert_key_reused(reply: Reply) -> None:
+    assert reply.status == "error" and reply.result is None and not reply.dedup
+    assert reply.error is not None and reply.error.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    assert "another input" in reply.error.message and "cats" not in reply.error.message
+
+
+async def test_a_reused_key_with_another_text_is_refused_in_flight_and_after_the_answer(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # Contract 1.4: the other text gets idempotency_key_reused, not the first text's vector;
+    # true copies still share the computation; the partition moves on (no dead letter).
+    pipeline, source, sink, engine = parts
+    cats, market = "cats are great", "the stock market crashed"
+    await pipeline.take([numbered(0, b"same-1", cats), numbered(1, b"same-1", market)])
+    await pipeline.take([numbered(2, b"same-1", cats)])  # a true copy, in flight
+    await settle()
+    assert [i.text for i in engine.items] == [cats]
+    assert_key_reused(answers(sink)[1])  # answered at once, while the first computes
+    pipeline.on_outcomes([ok(engine.items[0])])
+    await settle()
+    await pipeline.take([numbered(3, b"same-1", market), numbered(4, b"same-1", cats)])
+    await settle()
+    assert len(engine.items) == 1
+    got = answers(sink)
+    assert_key_reused(got[3])  # after the answer, within the window
+    assert [(got[i].status, got[i].dedup) for i in (0, 2, 4)] == [
+        ("ok", False), ("ok", True), ("ok", True)
+    ]  # fmt: skip
+    assert all(r.topic != "kbatch.requests.dlq" for r in sink.sent)  # no dead letter
+    assert pipeline._metrics.key_reused._value.get() == 2
+    assert pipeline._metrics.dedup_hits._value.get() == 2
+    for ack in sink.acks:
+        ack.set_result(None)
+    await settle()
+    await pipeline.commit()
+    assert source.commits[-1] == {TP: 5}
+
+
+async def test_a_reused_key_after_the_dedup_window_is_computed_afresh() -> None:
+    settings = ServeSettings(dedup_ttl_s=10.0)
+    engine = FakeEngine()
+    pipeline, _, sink = await assigned_pipeline(settings, engine)
+    now = [100.0]
+    pipeline._clock = lambda: now[0]
+    await pipeline.take([numbered(0, b"k", "first text")])
+    pipeline.on_outcomes([ok(engine.items[0])])
+    now[0] = 110.0  # the answer is 10 s old: out of the window
+    await pipeline.take([numbered(1, b"k", "second text")])
+    await settle()
+    assert [i.text for i in engine.items] == ["first text", "second text"]
+    pipeline.on_outcomes([ok(engine.items[1])])
+    await settle()
+    assert [(r.status, r.dedup) for r in answers(sink).values()] == [("ok", False)] * 2
 
 
 async def test_a_bad_record_is_dead_lettered_and_answered_without_blocking(
@@ -234,7 +305,7 @@ async def test_backpressure_pauses_at_the_limit_and_resumes_below_it(
 async def test_a_revoke_commits_what_is_finished_at_once_and_waits_for_no_model_work(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 25 #5: the revoke finished every running batch first (up to 80 % of the rebalance
+    # Regression: the revoke finished every running batch first (up to 80 % of the rebalance
     # timeout), and the whole group waited for it.
     pipeline, source, sink, engine = parts
     await pipeline.take([record(0, b"a"), record(1, b"b"), record(2, b"c")])
@@ -364,14 +435,15 @@ def expired(item: InferenceItem) -> ItemOutcome:
 
 
 def with_deadline(offset: int, key: bytes, deadline_ms: int) -> InRecord:
-    body = msgpack.packb({"text": f"text {offset}", "deadline_ms": deadline_ms})
+    """A copy of ``key`` (its text is the key's) with a deadline of its own."""
+    body = msgpack.packb({"text": f"text of {key!r}", "deadline_ms": deadline_ms})
     return record(offset, key, body)
 
 
 async def test_a_retry_with_a_later_deadline_is_computed_not_answered_expired(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 12 #6: the retry (same key, 60 s deadline) waited for the first copy (1 s
+    # Regression: the retry (same key, 60 s deadline) waited for the first copy (1 s
     # deadline) and inherited its ``expired`` with dedup: true.
     pipeline, source, sink, engine = parts
     now_ms = 1_000_000  # the fixture's wall clock
@@ -425,7 +497,7 @@ class HungFlushEngine(FakeEngine):
 
 
 async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_answered() -> None:
-    # Issue 12 #3: ``finish`` first waited, without limit, for every queued item to be formed
+    # Regression: ``finish`` first waited, without limit, for every queued item to be formed
     # into a batch; a 5 s drain with ~1,450 buffered ran 29.9 s and exited 0.
     engine = HungFlushEngine()
     pipeline, source, sink = await assigned_pipeline(ServeSettings(), engine)
@@ -449,7 +521,7 @@ async def test_drain_stops_at_its_deadline_drops_the_rest_and_commits_what_was_a
 async def test_lag_counts_every_assigned_partition_from_the_log_end(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
-    # Issue 12 #5: a partition without a commit had no series; a paused one was frozen.
+    # Regression: a partition without a commit had no series; a paused one was frozen.
     pipeline, source, _, _ = parts
     other: TopicPartition = ("req", 1)
     await pipeline.on_assigned(frozenset({other}))

@@ -96,7 +96,7 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
     (reply,) = replies(sink)
     assert reply.status == "error" and reply.error is not None
     assert reply.error.code is ErrorCode.INVALID_OPTION
-    assert reply.model.contract == "1.3"
+    assert reply.model.contract == "1.4"
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ async def test_an_option_the_model_cannot_honour_is_invalid_option_not_a_dead_le
 async def test_a_rerank_field_on_an_embed_model_is_invalid_option_not_a_dead_letter(
     parts: Parts, value: dict[str, Any]
 ) -> None:
-    # query (rerank's name for text) was embedded as the text; found by a new-user trial.
+    # query (rerank's name for text) was embedded as the text.
     pipeline, sink, engine = parts
     await pipeline.take([InRecord("req", 0, 0, b"k", msgpack.packb(value), (), 0)])
     await settle()
@@ -331,3 +331,68 @@ def test_a_malformed_chunking_is_invalid_request(chunking: object) -> None:
     with pytest.raises(DecodeError) as err:
         decode_request(value, Encoding.MSGPACK)
     assert err.value.code is ErrorCode.INVALID_REQUEST
+
+
+def codes(sink: FakeSink) -> dict[int, str]:
+    """Offset (from the request's meta) → the reply's status, or its error code."""
+    got = {}
+    for reply in replies(sink):
+        assert reply.meta is not None
+        got[reply.meta["at"]] = reply.error.code.value if reply.error else reply.status
+    return got
+
+
+async def test_a_reused_rerank_key_is_refused_when_the_query_or_a_document_differs() -> None:
+    """Contract 1.4: a rerank request's input is its query and documents; ``top_n`` is an
+    option (1.1's rule: the copy is shaped from the one computation)."""
+    profile = ModelProfile(task="rerank", dim=0, normalizes=False, prompts={})
+    pipeline, sink, engine = await make(profile, task="rerank")
+    docs = ["In __consumer_offsets.", "Bananas are yellow."]
+
+    def rerank(at: int, **fields: Any) -> InRecord:  # the query as "query" or as "text"
+        value = msgpack.packb({**fields, "meta": {"at": at}})
+        return InRecord("req", 0, at, b"r", value, (), 0)
+
+    await pipeline.take(
+        [
+            rerank(0, query="where?", documents=docs),
+            rerank(1, query="when?", documents=docs),
+            rerank(2, query="where?", documents=docs[:1]),
+            rerank(3, query="where?", documents=[docs[0], "Apples."]),
+            rerank(4, text="where?", documents=docs, top_n=1),
+        ]
+    )
+    await settle()
+    assert len(engine.items) == 1 and engine.items[0].documents == tuple(docs)
+    scores = {"scores": [0.9, 0.1]}
+    pipeline.on_outcomes([dataclasses.replace(ok(engine.items[0]), result=scores)])
+    await settle()
+    reused = ErrorCode.IDEMPOTENCY_KEY_REUSED.value
+    assert codes(sink) == {0: "ok", 1: reused, 2: reused, 3: reused, 4: "ok"}
+    assert all(r.topic != DLQ for r in sink.sent)
+
+
+async def test_a_reused_key_keeps_the_options_rule_and_compares_whole_documents(
+    parts: Parts,
+) -> None:
+    """Copies with other options are shaped from one computation (1.1) — unless their text
+    differs (1.4); one with another prompt or chunking is another input anyway, computed on its
+    own; a chunked document is compared whole."""
+    pipeline, sink, engine = parts
+    chunks = {"max_tokens": 32}
+    await pipeline.take(
+        [
+            request(0, b"k", meta={"at": 0}),
+            request(1, b"k", dimensions=1, meta={"at": 1}),  # shaped: dedup
+            request(2, b"k", text="goodbye", dimensions=1, meta={"at": 2}),  # reused
+            request(3, b"k", text="goodbye", prompt_name="query", meta={"at": 3}),  # computed
+            request(4, b"c", text="a long document", chunking=chunks, meta={"at": 4}),
+            request(5, b"c", text="a long document.", chunking=chunks, meta={"at": 5}),
+        ]
+    )
+    assert [i.text for i in engine.items] == ["hello there", "query: goodbye", "a long document"]
+    pipeline.on_outcomes([ok(engine.items[0]), ok(engine.items[1])])
+    await settle()
+    reused = ErrorCode.IDEMPOTENCY_KEY_REUSED.value
+    assert codes(sink) == {0: "ok", 1: "ok", 2: reused, 3: "ok", 5: reused}
+    assert sorted(r.dedup for r in replies(sink)) == [False, False, False, False, True]

@@ -1,4 +1,4 @@
-"""The pipeline keeps replies where the operator allows (issue 23): a request naming another
+"""The pipeline keeps replies where the operator allows: a request naming another
 topic is dead-lettered ``reply_topic_not_allowed`` and nothing is written there; a reply the
 broker's ACLs refuse is dead-lettered with the same code; other replies keep flowing."""
 
@@ -129,3 +129,53 @@ async def test_a_denied_dead_letter_topic_pauses_intake_and_loses_nothing() -> N
     assert [r.key for r in sink.sent if r.topic is None] == [b"ok-0", b"ok-2"]
     # Offset 1 is unfinished: the commit stops below it and it is read again after a restart.
     assert source.commits[-1] == {("kbatch.requests", 0): 1}
+
+
+def bad_request(offset: int, key: bytes, value: bytes, reply_topic: str) -> InRecord:
+    return InRecord(
+        "kbatch.requests", 0, offset, key, value, ((H.REPLY_TOPIC, reply_topic.encode()),), 0
+    )
+
+
+BAD_VALUES = {
+    b"v99": msgpack.packb({"v": 99, "text": "hi"}),  # unsupported_version
+    b"no-text": msgpack.packb({"v": 1}),  # invalid_request
+    b"not-msgpack": b"\xc1\xff\x00 not msgpack",  # invalid_request
+}
+
+
+async def test_a_record_that_fails_to_decode_gets_no_error_reply_in_a_topic_not_allowed() -> None:
+    """The allow-list covers error replies too: a bad record naming another application's
+    topic, or the request topic itself (its error reply would be read back as a request), is
+    dead-lettered ``reply_topic_not_allowed`` naming its decode error, and its offset is
+    finished; nothing is written to the topic it named."""
+    sink = FakeSink(auto_ack=True)
+    records = [
+        bad_request(offset, key + b"@" + topic.encode(), value, topic)
+        for offset, (topic, (key, value)) in enumerate(
+            (topic, item)
+            for topic in ("billing.events", "kbatch.requests")
+            for item in BAD_VALUES.items()
+        )
+    ]
+    _, metrics, source = await run_pipeline(ServeSettings(), sink, records)
+    assert sink.to("billing.events") == [] and sink.to("kbatch.requests") == []
+    assert [r.topic for r in sink.sent] == [DLQ] * 6  # only the dead letters
+    assert set(dead_letter_codes(sink).values()) == {"reply_topic_not_allowed"}
+    messages = {r.key: dict(r.headers)[H.ERROR_MESSAGE].decode() for r in sink.to(DLQ)}
+    assert "unsupported_version" in messages[b"v99@billing.events"]
+    assert "billing.events" in messages[b"no-text@billing.events"]
+    assert "invalid_request" in messages[b"not-msgpack@kbatch.requests"]
+    counted = metrics.dead_letters.labels(ErrorCode.REPLY_TOPIC_NOT_ALLOWED.value)
+    assert counted._value.get() == 6
+    assert source.commits[-1] == {("kbatch.requests", 0): 6}  # every offset finished
+
+
+async def test_a_record_that_fails_to_decode_is_answered_on_an_allowed_topic() -> None:
+    sink = FakeSink(auto_ack=True)
+    settings = ServeSettings(allowed_reply_topics=r"replies\..*")
+    records = [bad_request(0, b"v99", BAD_VALUES[b"v99"], "replies.app")]
+    await run(settings, sink, records)
+    assert dead_letter_codes(sink) == {b"v99": "unsupported_version"}
+    (reply,) = sink.to("replies.app")
+    assert dict(reply.headers)[H.STATUS] == b"error"

@@ -77,6 +77,8 @@ def test_restart_state_counts_consecutive_failures_and_forgets_after_a_stable_ru
         (-9, False, True, "restart"),  # SIGKILL, OOM killer
         (0, False, True, "restart"),  # exited without being asked to
         (-11, False, False, "restart"),
+        (4, False, True, "restart"),  # a wedged engine (consumer/serve/wedge.py): a fresh one
+        (4, False, False, "restart"),
     ],
 )
 def test_exit_action(code: int, stopping: bool, ever_ready: bool, action: str) -> None:

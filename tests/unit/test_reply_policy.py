@@ -67,7 +67,7 @@ def test_an_invalid_pattern_is_refused_at_construction() -> None:
 
 
 def test_a_refusal_shows_the_pattern_as_the_operator_wrote_it() -> None:
-    # repr() of the pattern doubled its backslashes (kbatch\\.replies.*); found by a user trial.
+    # repr() of the pattern doubled its backslashes (kbatch\\.replies.*).
     refusal = policy(r"kbatch\.replies\..*").check("billing.events")
     assert refusal is not None
     assert "--allowed-reply-topics 'kbatch\\.replies\\..*'" in refusal.message

@@ -6,15 +6,19 @@ tests in test_schemas_properties.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import re
 import struct
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -32,10 +36,14 @@ from schemas.codec import (
     encode_request,
     max_request_bytes,
 )
+from schemas.embedding import decode_embedding, encode_embedding
 from schemas.errors import DEAD_LETTER_CODES, DecodeError, EncodeError, ErrorCode
 from schemas.models import (
+    CONTRACT_REVISION,
+    ChunkedEmbedResult,
     ClassifyResult,
     EmbedResult,
+    EncodingFormat,
     ErrorInfo,
     ModelInfo,
     Reply,
@@ -551,7 +559,7 @@ def test_ok_embed_reply_fields(encoding: Encoding) -> None:
     assert out["v"] == 1 and out["status"] == "ok"
     assert out["result"]["dim"] == 2 and len(out["result"]["embedding"]) == 2
     assert out["result"]["format"] == "float"
-    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.3"}
+    assert out["model"] == {"name": MODEL.name, "revision": "abc123", "contract": "1.4"}
     assert out["truncated"] is True and out["dedup"] is True
     assert out["meta"] == {"id": 1}
     assert out["timing"] == {"queue_ms": 1.5, "infer_ms": 3.25, "batch_size": 8, "padded_len": 32}
@@ -597,14 +605,17 @@ def test_error_codes_are_the_contracts() -> None:
         "inference_failed",
         "invalid_option",
         "reply_topic_not_allowed",
+        "idempotency_key_reused",
     ]
-    assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES  # an error reply, not a dead letter
+    # error replies, not dead letters: the records are well-formed
+    assert ErrorCode.INVALID_OPTION not in DEAD_LETTER_CODES
+    assert ErrorCode.IDEMPOTENCY_KEY_REUSED not in DEAD_LETTER_CODES
 
 
 @BOTH
 def test_model_revision_null_when_unknown(encoding: Encoding) -> None:
     reply = error_reply(model=ModelInfo(name="m"))
-    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.3"}
+    assert wire(reply, encoding)["model"] == {"name": "m", "revision": None, "contract": "1.4"}
 
 
 @pytest.mark.parametrize(
@@ -682,11 +693,47 @@ def test_embedding_beyond_float32_is_refused_at_any_length(n: int, bad: float) -
     assert msgpack.unpackb(encode_reply_wire(wire(edge), MSGPACK))["result"]["embedding"] == edge
 
 
+@pytest.mark.parametrize("fmt", ["f32le", "f16le", "binary"])
+def test_chunks_in_bytes_are_base64_in_json_and_decode_as_in_msgpack(fmt: EncodingFormat) -> None:
+    """Bytes travel in JSON as base64 wherever they are in a result: each chunk's embedding
+    too (contract 1.3), not only a top-level one."""
+    vectors = [[0.5, -0.25, 1.0, 0.0, -2.0, 3.5, 0.125, -1.0, 4.0], [1.0] * 9]
+    chunks = [
+        {"embedding": encode_embedding(v, fmt), "start": 5 * i, "end": 5 * i + 5}
+        for i, v in enumerate(vectors)
+    ]
+    result = result_from_map({"chunks": chunks, "dim": 9, "format": fmt})
+    wire = Reply(status="ok", result=result, model=MODEL, timing=TIMING).to_wire()
+    value = encode_reply_wire(wire, JSON)
+    first = json.loads(value)["result"]["chunks"][0]["embedding"]
+    assert base64.b64decode(first, validate=True) == chunks[0]["embedding"]
+    from_json, from_msgpack = (
+        decode_reply(encode_reply_wire(wire, encoding), encoding) for encoding in (JSON, MSGPACK)
+    )
+    assert from_json == from_msgpack
+    assert isinstance(from_json.result, ChunkedEmbedResult)
+    for chunk, vector in zip(from_json.result.chunks, vectors, strict=True):
+        back = decode_embedding(chunk.embedding, fmt, 9)
+        expected = np.sign(vector).clip(0) if fmt == "binary" else vector
+        assert back.tolist() == pytest.approx(expected, abs=1e-3)
+    assert wire["result"]["chunks"][0]["embedding"] == chunks[0]["embedding"]  # left unchanged
+
+
 def test_binary_meta_cannot_be_encoded_in_json() -> None:
     with pytest.raises(EncodeError):
         encode_reply(error_reply(meta={"b": b"\x00"}), JSON)
     with pytest.raises(EncodeError):
         encode_request(Request(text="x", meta={"b": b"\x00"}), JSON)
+
+
+def test_the_contract_docs_reply_table_names_the_revision_replies_carry() -> None:
+    """docs/CONTRACT.md's reply table shows ``model.contract`` as the server sends it."""
+    doc = (Path(__file__).parents[2] / "docs" / "CONTRACT.md").read_text(encoding="utf-8")
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `model` | always |")]
+    shown = re.search(r'"contract": "([0-9.]+)"', row)
+    assert shown is not None, row
+    sent = wire(ok_embed([1.0]), MSGPACK)["model"]["contract"]
+    assert shown.group(1) == sent == CONTRACT_REVISION
 
 
 @BOTH
@@ -810,7 +857,7 @@ def test_reply_wire_gives_to_wire_for_ints_where_floats_are_expected() -> None:
 
 @pytest.mark.parametrize("priority", ["live", "bulk"])
 def test_priority_round_trips_and_other_values_are_invalid_request(priority: str) -> None:
-    """Contract 1.2 ``priority`` (issue 26): encoded by clients, decoded; ``LIVE`` is no value."""
+    """Contract 1.2 ``priority``: encoded by clients, decoded; ``LIVE`` is no value."""
     request = Request.model_validate({"text": "t", "priority": priority})
     assert decode_request(encode_request(request)).priority == priority
     with pytest.raises(DecodeError) as err:

@@ -207,7 +207,7 @@ def test_kbatch_main_sets_passive_omp_waits_unless_the_environment_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Spin-waiting OpenMP threads took the cores from the threads a parallel region waited
-    # for: 10x slower batches of one under load (BENCHMARKS.md §Model path).
+    # for: 10x slower batches of one under load (BENCHMARKS.md §Engine alone).
     import sys
 
     from consumer import cli

@@ -1,5 +1,5 @@
 """May kbatch write a topic: the broker's authorized operations (Metadata v8, KIP-430), and a
-transactional sink keeping a denied topic out of its transaction (issue 36 item 2)."""
+transactional sink keeping a denied topic out of its transaction."""
 
 from __future__ import annotations
 

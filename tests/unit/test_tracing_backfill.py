@@ -1,4 +1,4 @@
-"""A backfill job under ``--tracing`` (issue 35 item 3): one trace per job, its model batches
+"""A backfill job under ``--tracing``: one trace per job, its model batches
 as child spans of the job's span; the records themselves are not traced one by one."""
 
 from __future__ import annotations

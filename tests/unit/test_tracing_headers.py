@@ -1,5 +1,5 @@
-"""W3C trace headers on request records: what is used, what is ignored and counted (issue 35:
-bad or oversized trace headers never fail a request)."""
+"""W3C trace headers on request records: what is used, what is ignored and counted
+(bad or oversized trace headers never fail a request)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Request and batch spans through the pipeline, with fakes for Kafka and the engine and the
-SDK's in-memory exporter (issue 35): a request's span continues its ``traceparent``, ends at
+SDK's in-memory exporter: a request's span continues its ``traceparent``, ends at
 the broker's ack, is linked by its batch's span; its reply carries the span's
 ``traceparent``; a dedup copy has its own span; bad trace headers are counted, never fail."""
 
@@ -34,7 +34,8 @@ TRACEPARENT = f"00-{TRACE:032x}-{CLIENT_SPAN:016x}-01".encode()
 
 
 def record(offset: int, key: bytes, *headers: tuple[str, bytes]) -> InRecord:
-    body = msgpack.packb({"text": f"text {offset}"})
+    """A request of ``key`` (records of one key are copies: the text is the key's)."""
+    body = msgpack.packb({"text": f"text of {key!r}"})
     return InRecord("req", 0, offset, key, body, (*headers, (H.CORRELATION_ID, b"c%d" % offset)), 0)
 
 
@@ -49,6 +50,7 @@ class Traced:
             self.tracer,
             task="embed",
             group="kbatch",
+            reply_topic=ServeSettings().reply_topic,
             ignored=lambda reason: self.metrics.trace_headers_ignored.labels(reason).inc(),
         )
         self.batches = BatchTracing(self.tracer, topic="req", task="embed")
@@ -63,8 +65,10 @@ class Traced:
         return value or 0.0
 
 
-async def traced_pipeline(traced: Traced) -> tuple[Pipeline, FakeSink, FakeEngine]:
-    settings = ServeSettings()
+async def traced_pipeline(
+    traced: Traced, settings: ServeSettings | None = None
+) -> tuple[Pipeline, FakeSink, FakeEngine]:
+    settings = settings if settings is not None else ServeSettings()
     sink, engine = FakeSink(), FakeEngine()
     pipeline = Pipeline(
         settings,
@@ -151,6 +155,28 @@ async def test_a_request_span_continues_the_clients_trace_and_its_reply_carries_
     assert batch.context.span_id in {link.context.span_id for link in first.links}
 
 
+async def test_every_request_span_names_its_reply_topic_the_configured_one_too() -> None:
+    """``kbatch.reply.topic`` (docs/TRACING.md): the topic a request named, else the configured
+    ``--reply-topic``; an error reply to a record that failed to decode included."""
+    traced = Traced()
+    settings = ServeSettings(allowed_reply_topics=r"replies\..*")
+    pipeline, sink, engine = await traced_pipeline(traced, settings)
+    undecodable = InRecord("req", 0, 2, b"c", msgpack.packb({"v": 9, "text": "x"}), (), 0)
+    await pipeline.take(
+        [record(0, b"a"), record(1, b"b", (H.REPLY_TOPIC, b"replies.mine")), undecodable]
+    )
+    pipeline.on_outcomes([ok(item) for item in engine.items])
+    await ack_all(sink)
+    spans = {s.attributes["messaging.kafka.offset"]: s for s in traced.spans("process req")}
+    assert {
+        offset: span.attributes.get("kbatch.reply.topic") for offset, span in spans.items()
+    } == {
+        0: settings.reply_topic,
+        1: "replies.mine",
+        2: settings.reply_topic,
+    }
+
+
 async def test_a_dead_lettered_request_ends_its_span_as_an_error() -> None:
     traced = Traced()
     pipeline, sink, _ = await traced_pipeline(traced)
@@ -221,7 +247,8 @@ UNDECODABLE = [
 
 async def test_a_record_that_fails_to_decode_is_traced_and_its_error_reply_carries_it() -> None:
     traced = Traced()
-    pipeline, sink, _ = await traced_pipeline(traced)
+    settings = ServeSettings(allowed_reply_topics=r"replies\..*")
+    pipeline, sink, _ = await traced_pipeline(traced, settings)
     records = [
         InRecord(
             "req",

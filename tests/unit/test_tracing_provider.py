@@ -1,4 +1,4 @@
-"""The tracer provider's process-level behaviour (found by a new-user trial, issue 35): a
+"""The tracer provider's process-level behaviour: a
 bounded shutdown against a collector that never answers, no credentials in its log lines, one
 WARNING a minute (never an ERROR) while the collector is down, and a missing extra named."""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 22's final figures in one go, on a quiet machine (BENCHMARKS.md §Latency under load):
+# The latency-under-load figures in one go, on a quiet machine (BENCHMARKS.md §Latency under load):
 #
-#   scripts/bench_issue22.sh OUT_DIR        (estimated 10-12 minutes on 2 cores; at most 15)
+#   scripts/bench_latency_under_load.sh OUT_DIR        (estimated 10-12 minutes on 2 cores; at most 15)
 #
 # 1. The MiniLM frontier: naive, kbatch, kbatch_bf16 and engine drain N requests each, then
 #    answer open-loop phases at 0.7 (the main phase), 0.3, 0.5 and 0.9 x each variant's own
@@ -11,14 +11,14 @@
 #    50/100/200/400 req/s: the Kafka path's own cost (intake + reply p99):
 #    OUT_DIR/sim/bench_e2e_frontier_sim.json and its PNG.
 # Prints `uptime` before and after each (a load above ~1.5 means the figures are contended),
-# then the figures the issue asks for. Environment overrides: KBATCH (the CLI), N (MiniLM
+# then the figures against their goals. Environment overrides: KBATCH (the CLI), N (MiniLM
 # drain, default 2000), LATENCY_S (measured seconds per phase, default 8), SIM_N (default
 # 5000), VARIANTS (default naive,kbatch,kbatch_bf16,engine). Needs the broker at
 # 127.0.0.1:9092 (`make broker`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=${1:?usage: scripts/bench_issue22.sh OUT_DIR}
+OUT=${1:?usage: scripts/bench_latency_under_load.sh OUT_DIR}
 KBATCH=${KBATCH:-.venv/bin/kbatch}
 PY=${PY:-$(dirname "$KBATCH")/python}
 N=${N:-2000}
@@ -46,5 +46,5 @@ start=$(date +%s)
 uptime
 echo "   took $(($(date +%s) - start)) s"
 
-"$PY" scripts/summarize_issue22.py "$OUT/minilm/bench_e2e_frontier_minilm.json" \
+"$PY" scripts/summarize_latency_under_load.py "$OUT/minilm/bench_e2e_frontier_minilm.json" \
   "$OUT/sim/bench_e2e_frontier_sim.json"

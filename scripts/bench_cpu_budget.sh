@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 32's benchmarks, A/B alternated in one window: today's thread defaults ("old": torch on
+# The CPU budget benchmarks (BENCHMARKS.md §CPU budget), A/B alternated in one window: today's thread defaults ("old": torch on
 # every core the process sees, the tokenizer's Rayon pool on every logical CPU) against the CPU
 # budget plan ("new", --threads auto). JSON per run under OUT_DIR, `uptime` before each run;
-# summarize with scripts/summarize_issue32.py OUT_DIR. About 25 minutes on the 2-core machine.
+# summarize with scripts/summarize_cpu_budget.py OUT_DIR. About 25 minutes on the 2-core machine.
 #
-#   scripts/bench_issue32.sh OUT_DIR [ROUNDS]
+#   scripts/bench_cpu_budget.sh OUT_DIR [ROUNDS]
 #
 # 1. quota:   kbatch serve in a 1-CPU cgroup (scripts/cgroup_run.sh; needs root), MiniLM fp32
 #             through Kafka; the latency phase of all at 0.7 x the first old run's drain rate;
@@ -17,7 +17,7 @@
 # 4. sim:     the simulated H200 frontier (50/100/200/400 req/s), old against new.
 # SKIP=quota,colo,host,sim leaves sections out.
 set -euo pipefail
-out=${1:?usage: bench_issue32.sh OUT_DIR [ROUNDS]}
+out=${1:?usage: bench_cpu_budget.sh OUT_DIR [ROUNDS]}
 rounds=${2:-2}
 here=$(cd "$(dirname "$0")/.." && pwd)
 kbatch=${KBATCH:-$here/.venv/bin/kbatch}

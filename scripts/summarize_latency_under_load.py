@@ -1,6 +1,7 @@
-"""Print issue 22's figures from `kbatch bench e2e --json` reports (scripts/bench_issue22.sh).
+"""Print the latency-under-load figures from `kbatch bench e2e --json` reports
+(scripts/bench_latency_under_load.sh).
 
-    python scripts/summarize_issue22.py MINILM_JSON [SIM_JSON]
+    python scripts/summarize_latency_under_load.py MINILM_JSON [SIM_JSON]
 
 MiniLM: per variant drain, p50/p99 and mean batch at the 0.7 phase, kbatch/engine ratios
 (goal: <= 1.5), drain against 0.95 x 215.3 seq/s, and per frontier point p99 of kbatch against
@@ -14,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-DRAIN_GOAL = 0.95 * 215.3  # seq/s: 0.95 x the fourth session's quiet figure (issue 22)
+DRAIN_GOAL = 0.95 * 215.3  # seq/s: 0.95 x kbatch's MiniLM drain on a quiet machine
 
 
 def _stage(row: dict[str, Any], name: str, q: str) -> float:

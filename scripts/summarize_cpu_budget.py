@@ -1,6 +1,6 @@
-"""Tables of issue 32's benchmark runs (scripts/bench_issue32.sh OUT_DIR), as Markdown.
+"""Tables of the CPU budget benchmark runs (scripts/bench_cpu_budget.sh OUT_DIR), as Markdown.
 
-python scripts/summarize_issue32.py OUT_DIR
+python scripts/summarize_cpu_budget.py OUT_DIR
 """
 
 from __future__ import annotations
