@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from consumer.kafka.client_config import security_kwargs, start_client
+from consumer.kafka.client_config import client_kwargs, security_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.errors import TopicCreationError
 
@@ -172,6 +172,37 @@ async def partition_count(
     if described.get("error_code", 0) != 0:
         return None
     return len(described.get("partitions") or []) or None
+
+
+async def live_group_members(client: KafkaClientSettings, group_id: str) -> int:
+    """Members the consumer group ``group_id`` has now (0: empty, dead or unknown), as its
+    coordinator describes it (DescribeGroups). A client outside the group cannot commit
+    offsets under a group with members: the broker answers ``UNKNOWN_MEMBER_ID``.
+
+    Raises:
+        KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
+        KafkaError: the group could not be described (an ACL denial, say).
+    """
+    admin = AIOKafkaAdminClient(**client_kwargs(client))
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
+    try:
+        responses = await admin.describe_consumer_groups([group_id])
+    finally:
+        await admin.close()
+    members = 0
+    for response in responses:
+        for (
+            error_code,
+            name,
+            _state,
+            _protocol_type,
+            _protocol,
+            group_members,
+            *_,
+        ) in response.groups:
+            if error_code == 0 and name == group_id:
+                members += len(group_members)
+    return members
 
 
 async def missing_topics(
