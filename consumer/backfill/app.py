@@ -235,21 +235,20 @@ async def _start_job(
 
 async def ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:
     """Create the output topic (``partitions``, as many as the source) and the dead-letter
-    topic (1) when missing, as ``kbatch serve`` creates its topics.
+    topic (1) when missing, as ``kbatch serve`` creates its topics (the cluster's default
+    replication, :func:`consumer.kafka.admin.ensure_topics`).
 
     Raises:
         RangeSourceError: no broker answered, or the broker refused to create them.
     """
-    try:
-        created = await ensure_topics(
+    try:  # replicas: the cluster's default; logs what it created, warns when too few
+        await ensure_topics(
             settings.bootstrap,
             {settings.output_topic: partitions, settings.dead_letter_topic: 1},
             security=security_kwargs(settings),
         )
     except (KafkaUnavailableError, TopicCreationError) as err:
         raise RangeSourceError(str(err)) from err
-    if created:
-        log.info("created topics %s", created)
 
 
 def _no_model() -> ModelInfo:
