@@ -302,13 +302,14 @@ def sweep_stale_runtimes(tmp: Path) -> list[Path]:
 
 class InstanceLock:
     """An exclusive lock on the derived static ids of one group on this host
-    (``<tmp>/kbatch-instance-<uid>-<base>.lock``, ``flock``): a second supervisor of the same
-    group on this host would give its replicas the same ids, and two members under one id
-    fence each other (:mod:`consumer.kafka.static_fence`). Released when the process ends,
-    however it ends (the kernel drops the lock with the file descriptor)."""
+    (``<tmp>/kbatch-instance-<uid>-<digest of the base>.lock``, ``flock``): a second supervisor
+    of the same group on this host would give its replicas the same ids, and two members under
+    one id fence each other (:mod:`consumer.kafka.static_fence`). Released when the process
+    ends, however it ends (the kernel drops the lock with the file descriptor)."""
 
     def __init__(self, base: str, tmp: Path) -> None:
-        self.path = tmp / f"kbatch-instance-{os.getuid()}-{base}.lock"
+        digest = hashlib.sha256(base.encode()).hexdigest()[:16]  # a name of any group fits
+        self.path = tmp / f"kbatch-instance-{os.getuid()}-{digest}.lock"
         self._fd: int | None = None
 
     def acquire(self) -> bool:
@@ -436,10 +437,11 @@ class Supervisor:
         lock = InstanceLock(base, Path(tempfile.gettempdir()))
         if not lock.acquire():
             log.warning(
-                "another supervisor on this host runs group %s with the static ids %s-<i>: "
-                "these replicas join as dynamic members (a killed one's partitions wait "
-                "--session-timeout-ms); give each supervisor its own --group-instance-id",
-                s.effective_group_id, base,
+                "another supervisor on this host runs group %s with the static ids %s-<i> "
+                "(%s is locked or cannot be made): these replicas join as dynamic members (a "
+                "killed one's partitions wait --session-timeout-ms); give each supervisor its "
+                "own --group-instance-id",
+                s.effective_group_id, base, lock.path,
             )  # fmt: skip
             return
         self._lock, self.instance_base, self._derived_ids = lock, base, True
