@@ -204,6 +204,13 @@ async def partition_count(
     return len(described.get("partitions") or []) or None
 
 
+GROUP_DESCRIBE_ATTEMPTS = 40
+GROUP_DESCRIBE_RETRY_S = 0.5
+"""A group is described again after a retriable error (``COORDINATOR_NOT_AVAILABLE`` while a
+new cluster creates ``__consumer_offsets``) for up to 20 s, as a consumer waits for its
+coordinator."""
+
+
 async def live_group_members(client: KafkaClientSettings, group_id: str) -> int:
     """Members the consumer group ``group_id`` has now (0: empty, dead or unknown), as its
     coordinator describes it (DescribeGroups). A client outside the group cannot commit
@@ -211,12 +218,20 @@ async def live_group_members(client: KafkaClientSettings, group_id: str) -> int:
 
     Raises:
         KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
-        KafkaError: the group could not be described (an ACL denial, say).
+        KafkaError: the group could not be described (an ACL denial, say; a retriable error
+            for :data:`GROUP_DESCRIBE_ATTEMPTS` tries).
     """
     admin = AIOKafkaAdminClient(**client_kwargs(client))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
     try:
-        responses = await admin.describe_consumer_groups([group_id])
+        for attempt in range(GROUP_DESCRIBE_ATTEMPTS):
+            try:
+                responses = await admin.describe_consumer_groups([group_id])
+                break
+            except KafkaError as err:  # no coordinator yet: a fresh cluster's offsets topic
+                if not err.retriable or attempt == GROUP_DESCRIBE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(GROUP_DESCRIBE_RETRY_S)
     finally:
         await admin.close()
     members = 0
