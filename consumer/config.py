@@ -282,8 +282,9 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     topic_partitions: int = Field(
         6, ge=1, description="Partitions of a created request/reply topic (the DLQ gets 1)."
     )
-    topic_replication_factor: PositiveInt | None = Field(
+    topic_replication_factor: int | None = Field(
         None,
+        ge=1,
         description="Replicas of a created request, reply or dead-letter topic; default: the "
         "cluster's default.replication.factor, else min(3, brokers). Fewer than 3, or not more "
         "than min.insync.replicas, is warned about.",
