@@ -14,6 +14,13 @@ Every field is, at once, a CLI flag (``max_batch_size`` → ``--max-batch-size``
 variable (``KBATCH_MAX_BATCH_SIZE``) and a key of the optional YAML config file
 (``--config kbatch.yaml``). Precedence: flag > environment > file > default.
 
+Each command reads the variables of its own prefix (:attr:`SettingsBase.model_config`'s
+``env_prefix``): ``kbatch serve`` ``KBATCH_*``, ``kbatch backfill`` ``KBATCH_BACKFILL_*``
+(:data:`BACKFILL_CONFIG`), so a variable exported for serve (``KBATCH_GROUP_ID``, say) never
+steers a backfill. The connection settings (:data:`CONNECTION_FIELDS`: bootstrap, TLS, SASL) are
+one cluster's, shared: a command with its own prefix reads them from ``KBATCH_*`` too, below its
+own (:attr:`SettingsBase.shared_env_fields`).
+
 Errors raised: :class:`pydantic.ValidationError` for a value out of range or a combination that
 cannot work (the message names the values).
 """
@@ -28,6 +35,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -45,9 +53,12 @@ from consumer.model.settings import PACKAGED_MODEL, ModelSettings
 from consumer.tracing.settings import TracingSettings
 
 __all__ = [
+    "BACKFILL_CONFIG",
     "COMMAND_CONFIG",
+    "CONNECTION_FIELDS",
     "DEFAULT_JOBS_TOPIC",
     "PACKAGED_MODEL",
+    "SHARED_ENV_PREFIX",
     "JobsSettings",
     "ModelSettings",
     "RunSettings",
@@ -59,8 +70,30 @@ __all__ = [
 
 _GROUP = ConfigDict(frozen=True, extra="forbid")
 
-COMMAND_CONFIG = SettingsConfigDict(env_prefix="KBATCH_", frozen=True, extra="forbid")
+SHARED_ENV_PREFIX = "KBATCH_"
+"""The prefix of ``kbatch serve``'s variables and of the shared :data:`CONNECTION_FIELDS`."""
+
+COMMAND_CONFIG = SettingsConfigDict(env_prefix=SHARED_ENV_PREFIX, frozen=True, extra="forbid")
 """A command's settings: ``KBATCH_*`` variables, frozen, unknown names refused."""
+
+BACKFILL_CONFIG = SettingsConfigDict(env_prefix="KBATCH_BACKFILL_", frozen=True, extra="forbid")
+"""``kbatch backfill`` (and ``submit``): ``KBATCH_BACKFILL_*`` variables, so serve's
+``KBATCH_GROUP_ID`` or ``KBATCH_DLQ_TOPIC`` do not put a backfill in serve's group or its
+dead letters in serve's dead-letter topic."""
+
+CONNECTION_FIELDS = frozenset(KafkaClientSettings.model_fields)
+"""Where the brokers are and how to log in: the same for every command of one cluster."""
+
+
+class _SharedEnvSource(EnvSettingsSource):
+    """``KBATCH_<FIELD>`` for the ``fields`` a command shares with serve, nothing else."""
+
+    def __init__(self, settings_cls: type[BaseSettings], fields: frozenset[str]) -> None:
+        super().__init__(settings_cls, env_prefix=SHARED_ENV_PREFIX)
+        self._fields = fields
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in super().__call__().items() if k in self._fields}
 
 
 class SettingsBase(BaseSettings):
@@ -75,6 +108,17 @@ class SettingsBase(BaseSettings):
     default_overrides: ClassVar[Mapping[str, Any]] = {}
     """Field name → this command's default, where it differs from the group's (applied when no
     flag, variable or file gives the field)."""
+
+    shared_env_fields: ClassVar[frozenset[str]] = frozenset()
+    """Fields also read from ``KBATCH_<FIELD>`` (below the command's own prefix), for a command
+    whose prefix is not ``KBATCH_``: the connection settings, the same for every command."""
+
+    @classmethod
+    def env_names(cls, name: str) -> list[str]:
+        """The variables field ``name`` is read from, first wins (for ``--help`` and docs)."""
+        own = f"{cls.model_config.get('env_prefix', '')}{name}".upper()
+        shared = f"{SHARED_ENV_PREFIX}{name}".upper()
+        return [own, shared] if name in cls.shared_env_fields and shared != own else [own]
 
     @model_validator(mode="before")
     @classmethod
@@ -103,9 +147,14 @@ class SettingsBase(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
+        """Flags (init kwargs) > the command's variables > the shared ``KBATCH_*`` ones
+        (:attr:`shared_env_fields`) > YAML file > defaults."""
         # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+        yaml = YamlConfigSettingsSource(settings_cls)
+        fields: frozenset[str] = getattr(settings_cls, "shared_env_fields", frozenset())
+        if not fields or settings_cls.model_config.get("env_prefix") == SHARED_ENV_PREFIX:
+            return init_settings, env_settings, yaml
+        return init_settings, env_settings, _SharedEnvSource(settings_cls, fields), yaml
 
 
 class RunSettings(BaseModel):
@@ -233,7 +282,13 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     topic_partitions: int = Field(
         6, ge=1, description="Partitions of a created request/reply topic (the DLQ gets 1)."
     )
-    topic_replication_factor: int = Field(1, ge=1, description="Replicas of a created topic.")
+    topic_replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="Replicas of a created request, reply or dead-letter topic; default: the "
+        "cluster's default.replication.factor, else min(3, brokers). Fewer than 3, or not more "
+        "than min.insync.replicas, is warned about.",
+    )
 
     # ---- delivery ----------------------------------------------------------------------------
     dedup_ttl_s: float = Field(300.0, gt=0, description="How long a finished key answers copies.")
@@ -308,8 +363,8 @@ S = TypeVar("S", bound=SettingsBase)
 
 
 def load_settings(cls: type[S], config_file: Path | None = None, **overrides: Any) -> S:
-    """Build settings from flags (``overrides``; None means "not given"), the ``KBATCH_*``
-    environment and an optional YAML file.
+    """Build settings from flags (``overrides``; None means "not given"), the command's
+    environment variables (:meth:`SettingsBase.env_names`) and an optional YAML file.
 
     Raises:
         FileNotFoundError: ``config_file`` does not exist.

@@ -179,6 +179,24 @@ def _groups(cls: type[Any]) -> list[type[BaseModel]]:
     ]
 
 
+def _env_cell(name: str, users: list[tuple[str, type[Any]]]) -> str:
+    """The variables field ``name`` is read from, per command when they differ
+    (``SettingsBase.env_names``: serve reads ``KBATCH_*``, backfill ``KBATCH_BACKFILL_*``)."""
+    by_names: dict[tuple[str, ...], list[str]] = {}
+    for command, cls in users:
+        names = (
+            tuple(cls.env_names(name)) if hasattr(cls, "env_names") else (f"KBATCH_{name.upper()}",)
+        )
+        by_names.setdefault(names, []).append(command.split(" (")[0])
+    if len(by_names) <= 1:
+        names = next(iter(by_names), (f"KBATCH_{name.upper()}",))
+        return ", else ".join(f"`{n}`" for n in names)
+    return "; ".join(
+        ", else ".join(f"`{n}`" for n in names) + f" ({', '.join(cmds)})"
+        for names, cmds in by_names.items()
+    )
+
+
 def _annotation(annotation: Any) -> str:
     args = typing.get_args(annotation)
     origin = typing.get_origin(annotation)
@@ -237,7 +255,8 @@ def settings_reference() -> str:
         "# Settings reference\n\n",
         HEADER,
         "Every setting of kbatch's commands is, at once, a flag (`max_batch_size` → "
-        "`--max-batch-size`), an environment variable (`KBATCH_MAX_BATCH_SIZE`) and a key of "
+        "`--max-batch-size`), an environment variable (`KBATCH_MAX_BATCH_SIZE`; `kbatch backfill` "
+        "reads `KBATCH_BACKFILL_*`, and only its connection settings also `KBATCH_*`) and a key of "
         "the YAML file given with `--config` (`max_batch_size: 32`). Precedence: flag > "
         "variable > file > default. Booleans take `--x/--no-x`; lists are comma-separated "
         "(`16,32,64`; a YAML list in the file). Secrets are never flags: they come from "
@@ -247,8 +266,11 @@ def settings_reference() -> str:
         "| command | groups | its own defaults |\n|---|---|---|\n",
     ]
     seen: dict[str, type[BaseModel]] = {}
+    users: dict[str, list[tuple[str, type[Any]]]] = {}
     for command, cls in commands:
         groups = _groups(cls)
+        for g in groups:
+            users.setdefault(g.__name__, []).append((command, cls))
         names = []
         for g in groups:
             title = g.__name__
@@ -273,7 +295,8 @@ def settings_reference() -> str:
             secret = _is_secret(field)
             flag = "(none: a secret)" if secret else _code("--" + name.replace("_", "-"))
             parts.append(
-                f"| `{name}` | {flag} | `KBATCH_{name.upper()}` | {_cell(_annotation(field.annotation))} "
+                f"| `{name}` | {flag} | {_env_cell(name, users.get(title, []))} "
+                f"| {_cell(_annotation(field.annotation))} "
                 f"| {_cell(_code(_field_default(field)))} | {_cell(_bounds(field))} | "
                 f"{_cell(field.description or '')} |\n"
             )
@@ -296,7 +319,11 @@ def _collectors() -> list[Any]:
 
     serve = list(Metrics().registry._collector_to_names)
     with tempfile.TemporaryDirectory() as folder:
-        host = [c for c in _HostMetrics(Path(folder)).registry._collector_to_names if hasattr(c, "_name")]
+        host = [
+            c
+            for c in _HostMetrics(Path(folder)).registry._collector_to_names
+            if hasattr(c, "_name")
+        ]
     return [*serve, *host]
 
 

@@ -28,10 +28,15 @@ from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.finish.checkpoint import DeliveryMode
-from consumer.kafka.admin import ensure_topics
+from consumer.kafka.admin import ensure_topics, live_group_members
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
+from consumer.kafka.errors import (
+    KafkaUnavailableError,
+    RangeSourceError,
+    TopicCreationError,
+    map_kafka_errors,
+)
 from consumer.kafka.range_source import PartitionRange, RangeSource
 from consumer.lifecycle import Lifecycle, stop_on_signals
 from consumer.model.loader import load_model
@@ -90,6 +95,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
 
     client = project(KafkaClientSettings, settings)
     security_kwargs(client)  # an unreadable CA, key or password file: KafkaSecurityError now
+    await refuse_live_group(client, settings.effective_group_id)
     source = RangeSource(
         client=client, topic=settings.source_topic, group_id=settings.effective_group_id
     )
@@ -121,6 +127,27 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     if summary.complete:
         return EXIT_COMPLETE
     return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
+
+
+async def refuse_live_group(client: KafkaClientSettings, group_id: str) -> None:
+    """Stop before anything starts when ``group_id`` has live members: a running kbatch serve
+    (``KBATCH_GROUP_ID``/``--group-id`` set to serve's group) or another consumer. A backfill
+    commits under its group without joining it, and the broker refuses every such commit while
+    the group has members (``UNKNOWN_MEMBER_ID``): the run would end incomplete and a rerun
+    would score everything again. Backfill jobs are refused serve's group the same way
+    (:func:`consumer.jobs.spec.conflict`).
+
+    Raises:
+        RangeSourceError: the group has members, or it could not be described.
+    """
+    with map_kafka_errors(RangeSourceError, f"describing the consumer group {group_id!r}"):
+        members = await live_group_members(client, group_id)
+    if members:
+        raise RangeSourceError(
+            f"the consumer group {group_id!r} has {members} live member(s) (a running kbatch "
+            "serve?): a backfill commits under a group of its own; give another --group-id "
+            "(KBATCH_BACKFILL_GROUP_ID), or none for the derived one"
+        )
 
 
 async def _resolve(
@@ -208,21 +235,20 @@ async def _start_job(
 
 async def ensure_output_topics(settings: BackfillSettings, partitions: int) -> None:
     """Create the output topic (``partitions``, as many as the source) and the dead-letter
-    topic (1) when missing, as ``kbatch serve`` creates its topics.
+    topic (1) when missing, as ``kbatch serve`` creates its topics (the cluster's default
+    replication, :func:`consumer.kafka.admin.ensure_topics`).
 
     Raises:
         RangeSourceError: no broker answered, or the broker refused to create them.
     """
-    try:
-        created = await ensure_topics(
+    try:  # replicas: the cluster's default; logs what it created, warns when too few
+        await ensure_topics(
             settings.bootstrap,
             {settings.output_topic: partitions, settings.dead_letter_topic: 1},
             security=security_kwargs(settings),
         )
     except (KafkaUnavailableError, TopicCreationError) as err:
         raise RangeSourceError(str(err)) from err
-    if created:
-        log.info("created topics %s", created)
 
 
 def _no_model() -> ModelInfo:

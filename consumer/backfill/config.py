@@ -1,8 +1,12 @@
 """Validated, frozen settings of ``kbatch backfill``: units in names, one source of truth.
 
-As for ``kbatch serve`` (:mod:`consumer.config`), every field is a CLI flag, a ``KBATCH_*``
-environment variable and a key of the optional YAML file; precedence flag > environment >
-file > default. ``range_from``/``range_to`` are the flags ``--from``/``--to``.
+As for ``kbatch serve`` (:mod:`consumer.config`), every field is a CLI flag, an environment
+variable and a key of the optional YAML file; precedence flag > environment > file > default.
+The variables are backfill's own, ``KBATCH_BACKFILL_*`` (``KBATCH_BACKFILL_GROUP_ID``), so
+what is exported for serve (``KBATCH_GROUP_ID``, ``KBATCH_DLQ_TOPIC``) does not steer a
+backfill; only the connection settings (bootstrap, TLS, SASL) are also read from serve's
+``KBATCH_*`` (:data:`consumer.config.CONNECTION_FIELDS`). ``range_from``/``range_to`` are the
+flags ``--from``/``--to``.
 
 Batching defaults differ from serve's on purpose: a backfill's backlog is full, so waits are
 off (``max_wait_ms=0``, no adaptive wait) and the token budget is the engine bench's (2048
@@ -22,7 +26,14 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from consumer.batching.config import BatchPolicyConfig
-from consumer.config import COMMAND_CONFIG, ModelSettings, RunSettings, SettingsBase, project
+from consumer.config import (
+    BACKFILL_CONFIG,
+    CONNECTION_FIELDS,
+    ModelSettings,
+    RunSettings,
+    SettingsBase,
+    project,
+)
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
 from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
@@ -54,7 +65,8 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
     (:meth:`batch_policy`).
     """
 
-    model_config = COMMAND_CONFIG
+    model_config = BACKFILL_CONFIG
+    shared_env_fields: ClassVar[frozenset[str]] = CONNECTION_FIELDS
     default_overrides: ClassVar[Mapping[str, Any]] = {
         "max_wait_ms": 0.0,  # the backlog is full: never wait
         "adaptive_wait": False,

@@ -70,24 +70,24 @@ _RANGE_PARAMS = [
     click.Option(
         ["--source-topic", "source_topic"],
         default=None,
-        help="Topic whose history is scored (env KBATCH_SOURCE_TOPIC). Required.",
+        help="Topic whose history is scored (env KBATCH_BACKFILL_SOURCE_TOPIC). Required.",
     ),
     click.Option(
         ["--output-topic", "output_topic"],
         default=None,
-        help="Topic the scored records go to (env KBATCH_OUTPUT_TOPIC). Required.",
+        help="Topic the scored records go to (env KBATCH_BACKFILL_OUTPUT_TOPIC). Required.",
     ),
     click.Option(
         ["--from", "range_from"],
         default=None,
         help="Start (inclusive): earliest | ISO-8601 time with zone | P:OFFSET,… "
-        "[default: earliest] (env KBATCH_RANGE_FROM)",
+        "[default: earliest] (env KBATCH_BACKFILL_RANGE_FROM)",
     ),
     click.Option(
         ["--to", "range_to"],
         default=None,
         help="End (exclusive), fixed at start: now | ISO-8601 time with zone | P:OFFSET,… "
-        "[default: now] (env KBATCH_RANGE_TO)",
+        "[default: now] (env KBATCH_BACKFILL_RANGE_TO)",
     ),
 ]
 _COMMON_PARAMS = [
@@ -111,7 +111,9 @@ backfill_command = click.Group(
     ],
     help="Score a topic's history over an offset or time range with the batching engine "
     "(waits off), writing contract replies keyed by the source key. Resumable: commits under "
-    "its own consumer group. Output values are msgpack, or JSON when the source value was read "
+    "its own consumer group (one with live members, a running serve's, is refused). Reads "
+    "KBATCH_BACKFILL_* variables, never serve's KBATCH_* (but the connection's: bootstrap, "
+    "TLS, SASL). Output values are msgpack, or JSON when the source value was read "
     "as JSON; headers kbatch.source.topic/partition/offset name the source record. Exit 0 "
     "only when every partition reached its end; 3 when stopped by a signal first; 1 otherwise. "
     "Subcommands submit, status and cancel manage the same backfill as a job run by kbatch "

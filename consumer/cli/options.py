@@ -75,15 +75,16 @@ def settings_options(
     model: type[SettingsBase], exclude: frozenset[str] = frozenset()
 ) -> list[click.Option]:
     """One click option per model field (``exclude`` names and secrets, ``SecretStr`` fields,
-    are skipped: those come from ``KBATCH_*`` or the YAML file); the help shows the command's
-    default (:meth:`consumer.config.SettingsBase.default_of`)."""
+    are skipped: those come from the environment or the YAML file); the help shows the
+    command's default (:meth:`consumer.config.SettingsBase.default_of`) and variables
+    (:func:`env_text`)."""
     options: list[click.Option] = []
     for name, field in model.model_fields.items():
         if name in exclude or _unwrap_optional(field.annotation) is SecretStr:
             continue  # a secret is never a flag: argv is readable by every local user
         flag = "--" + name.replace("_", "-")
         shown = _shown(model.default_of(name))
-        help_text = (field.description or "") + shown + f" (env KBATCH_{name.upper()})"
+        help_text = (field.description or "") + shown + f" (env {env_text(model, name)})"
         if _unwrap_optional(field.annotation) is bool:
             options.append(
                 click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
@@ -95,6 +96,11 @@ def settings_options(
                 )
             )
     return options
+
+
+def env_text(model: type[SettingsBase], name: str) -> str:
+    """``KBATCH_BACKFILL_BOOTSTRAP, else KBATCH_BOOTSTRAP``: the variables of field ``name``."""
+    return ", else ".join(model.env_names(name))
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -152,7 +158,7 @@ def config_param() -> click.Option:
         ["--config", "config"],
         type=click.Path(path_type=Path),
         default=None,
-        help="YAML file of settings (flags and KBATCH_* variables win over it).",
+        help="YAML file of settings (flags and environment variables win over it).",
     )
 
 

@@ -31,16 +31,16 @@ def topics_group() -> None:
 @click.option(
     "--replication-factor",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Replicas of each partition (at most the brokers of the cluster).",
+    default=None,
+    help="Replicas of each topic [default: the cluster's default.replication.factor, else "
+    "min(3, brokers)]; fewer than 3 is warned about.",
 )
 @topic_options
 @security_options
 def create(
     names: tuple[str, ...],
     partitions: int,
-    replication_factor: int,
+    replication_factor: int | None,
     bootstrap: str,
     request_topic: str,
     reply_topic: str,

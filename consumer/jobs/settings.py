@@ -4,8 +4,16 @@ and :class:`~consumer.config.JobsSettings`."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from consumer.backfill.config import BackfillSettings
-from consumer.config import COMMAND_CONFIG, JobsSettings, SettingsBase
+from consumer.config import (
+    BACKFILL_CONFIG,
+    COMMAND_CONFIG,
+    CONNECTION_FIELDS,
+    JobsSettings,
+    SettingsBase,
+)
 from consumer.kafka.config import KafkaClientSettings
 
 __all__ = ["JobsClientSettings", "SubmitSettings"]
@@ -18,6 +26,12 @@ class JobsClientSettings(JobsSettings, KafkaClientSettings, SettingsBase):
 
 
 class SubmitSettings(JobsSettings, BackfillSettings):
-    """``kbatch backfill submit``: ``kbatch backfill``'s settings and the jobs topic."""
+    """``kbatch backfill submit``: ``kbatch backfill``'s settings (``KBATCH_BACKFILL_*``) and the
+    jobs topic; the connection and the jobs topic are also read from serve's ``KBATCH_*`` (the
+    job is for the serve members watching that topic)."""
 
-    model_config = COMMAND_CONFIG
+    model_config = BACKFILL_CONFIG
+    shared_env_fields: ClassVar[frozenset[str]] = CONNECTION_FIELDS | {
+        "jobs_topic",
+        "jobs_topic_replication_factor",
+    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,9 +18,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from consumer.kafka.client_config import security_kwargs, start_client
+from consumer.kafka.client_config import client_kwargs, security_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
+from consumer.kafka.durability import (
+    choose_replication,
+    cluster_min_insync,
+    cluster_replication,
+    replication_warning,
+)
 from consumer.kafka.errors import TopicCreationError
+
+log = logging.getLogger(__name__)
 
 
 async def _broker_answers(
@@ -86,40 +95,61 @@ async def create_topics(
 async def ensure_topics(
     bootstrap: str,
     partitions_by_topic: dict[str, int],
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     security: dict[str, Any] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names created. Existing topics are
     left as they are (their partition count is never changed).
 
+    Replicas: ``replication_factor``, else the cluster's ``default.replication.factor``, else
+    ``min(3, brokers)`` (:func:`consumer.kafka.durability.choose_replication`, as the jobs
+    topic's). Logs the creation (INFO, with the replicas and why) and a WARNING when they are
+    fragile (:func:`consumer.kafka.durability.replication_warning`: fewer than 3, or not more
+    than the broker's ``min.insync.replicas``).
+
     Raises:
         KafkaUnavailableError: no broker answered.
-        TopicCreationError: the broker refused to create a missing topic.
+        TopicCreationError: the broker refused to create a missing topic, or the replicas
+            could not be chosen (no broker in the metadata).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
     await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
     try:
         existing = set(await admin.list_topics())
         missing = [name for name in partitions_by_topic if name not in existing]
-        if missing:
-            new = [
-                NewTopic(
-                    n, num_partitions=partitions_by_topic[n], replication_factor=replication_factor
-                )
-                for n in missing
-            ]
-            try:
-                response = await admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                return missing
-            except KafkaError as err:
-                raise _creation_error(missing, bootstrap, repr(err)) from err
-            refused = _refused(response)
-            if refused:
-                raise _creation_error(missing, bootstrap, "; ".join(refused))
-        return missing
+        if not missing:
+            return missing
+        try:
+            default, brokers = await cluster_replication(admin)
+            replicas, why = choose_replication(replication_factor, default, brokers)
+            min_insync = await cluster_min_insync(admin)
+        except (KafkaError, ValueError) as err:
+            raise _creation_error(missing, bootstrap, repr(err)) from err
+        new = [
+            NewTopic(n, num_partitions=partitions_by_topic[n], replication_factor=replicas)
+            for n in missing
+        ]
+        try:
+            response = await admin.create_topics(new)
+        except TopicAlreadyExistsError:
+            return missing
+        except KafkaError as err:
+            raise _creation_error(missing, bootstrap, repr(err)) from err
+        refused = _refused(response)
+        if refused:
+            raise _creation_error(missing, bootstrap, "; ".join(refused))
     finally:
         await admin.close()
+    log.info("created topics %s (%d replica(s): %s)", missing, replicas, why)
+    warning = replication_warning(replicas, min_insync)
+    if warning is not None:
+        log.warning(
+            "topics %s were created with %d replica(s) (%s), %s: raise the cluster's "
+            "default.replication.factor or give a replication factor (serve: "
+            "--topic-replication-factor), and reassign these (kafka-reassign-partitions)",
+            missing, replicas, why, warning,
+        )  # fmt: skip
+    return missing
 
 
 def _refused(response: Any) -> list[str]:
@@ -172,6 +202,52 @@ async def partition_count(
     if described.get("error_code", 0) != 0:
         return None
     return len(described.get("partitions") or []) or None
+
+
+GROUP_DESCRIBE_ATTEMPTS = 40
+GROUP_DESCRIBE_RETRY_S = 0.5
+"""A group is described again after a retriable error (``COORDINATOR_NOT_AVAILABLE`` while a
+new cluster creates ``__consumer_offsets``) for up to 20 s, as a consumer waits for its
+coordinator."""
+
+
+async def live_group_members(client: KafkaClientSettings, group_id: str) -> int:
+    """Members the consumer group ``group_id`` has now (0: empty, dead or unknown), as its
+    coordinator describes it (DescribeGroups). A client outside the group cannot commit
+    offsets under a group with members: the broker answers ``UNKNOWN_MEMBER_ID``.
+
+    Raises:
+        KafkaUnavailableError: no broker answered (KafkaSecurityError: refused).
+        KafkaError: the group could not be described (an ACL denial, say; a retriable error
+            for :data:`GROUP_DESCRIBE_ATTEMPTS` tries).
+    """
+    admin = AIOKafkaAdminClient(**client_kwargs(client))
+    await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
+    try:
+        for attempt in range(GROUP_DESCRIBE_ATTEMPTS):
+            try:
+                responses = await admin.describe_consumer_groups([group_id])
+                break
+            except KafkaError as err:  # no coordinator yet: a fresh cluster's offsets topic
+                if not err.retriable or attempt == GROUP_DESCRIBE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(GROUP_DESCRIBE_RETRY_S)
+    finally:
+        await admin.close()
+    members = 0
+    for response in responses:
+        for (
+            error_code,
+            name,
+            _state,
+            _protocol_type,
+            _protocol,
+            group_members,
+            *_,
+        ) in response.groups:
+            if error_code == 0 and name == group_id:
+                members += len(group_members)
+    return members
 
 
 async def missing_topics(

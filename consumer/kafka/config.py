@@ -119,7 +119,8 @@ class ConsumerGroupSettings(BaseModel):
     group_instance_id: str | None = Field(
         None,
         description="Static membership id (KIP-345): a restart within the session timeout "
-        "keeps the assignment.",
+        "keeps the assignment. --replicas N: replica i gets <id>-i, and without an id "
+        "<hostname>-<group>-i.",
     )
     leave_group_on_shutdown: bool = Field(
         False,

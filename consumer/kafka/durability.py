@@ -2,8 +2,9 @@
 another (a jobs topic of one replica on a three-node cluster would stop the jobs when that
 node fails).
 
-Pure rules (:func:`choose_replication`, :meth:`Durability.weaker_than`) and the admin calls
-that feed them (:func:`cluster_replication`, :func:`topic_durability`).
+Pure rules (:func:`choose_replication`, :func:`replication_warning`,
+:meth:`Durability.weaker_than`) and the admin calls that feed them (:func:`cluster_replication`,
+:func:`cluster_min_insync`, :func:`topic_durability`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from aiokafka.errors import KafkaError
 __all__ = [
     "Durability",
     "choose_replication",
+    "cluster_min_insync",
     "cluster_replication",
     "read_config",
+    "replication_warning",
     "topic_durability",
 ]
 
 FALLBACK_MAX_REPLICAS = 3
 """Replicas when the cluster's default cannot be read: ``min(3, brokers)``."""
+
+RECOMMENDED_REPLICAS = 3
+"""The fewest replicas of a topic kbatch creates without a warning: Kafka's documentation's
+production setting (replication factor 3 with ``min.insync.replicas`` 2) survives the loss of
+one broker with every acknowledged record and keeps accepting writes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,49 @@ def choose_replication(
     return replicas, f"min({FALLBACK_MAX_REPLICAS}, {brokers} brokers)"
 
 
+def replication_warning(replicas: int, min_insync: int | None) -> str | None:
+    """Why a topic created with ``replicas`` replicas, under the broker's ``min.insync.replicas``
+    ``min_insync`` (None: not known), is fragile, or None when it is not: fewer than
+    :data:`RECOMMENDED_REPLICAS` (a broker loss can lose acknowledged records or leave a
+    partition without a leader), or not more than ``min_insync`` (one broker down refuses every
+    ``acks=all`` write, as kbatch's replies and dead letters are sent)."""
+    problems = []
+    if replicas < RECOMMENDED_REPLICAS:
+        problems.append(
+            f"fewer than {RECOMMENDED_REPLICAS}: a broker loss can lose acknowledged records"
+        )
+    if min_insync is not None and replicas < min_insync + 1:
+        problems.append(
+            f"not more than min.insync.replicas={min_insync}: one broker down refuses every "
+            "acks=all write"
+        )
+    return "; ".join(problems) or None
+
+
+async def _config_node(admin: AIOKafkaAdminClient) -> tuple[int | None, int]:
+    """``(the controller, else the first broker; brokers)``; None when there is none."""
+    cluster = await admin.describe_cluster()
+    brokers = [int(b["node_id"]) for b in cluster.get("brokers", [])]
+    if not brokers:
+        return None, 0
+    controller = cluster.get("controller_id")
+    return (controller if controller in brokers else brokers[0]), len(brokers)
+
+
+async def cluster_min_insync(admin: AIOKafkaAdminClient) -> int | None:
+    """The broker's default ``min.insync.replicas`` (the controller's, else the first
+    broker's), None where it does not say (denied) or there is no broker.
+
+    Raises:
+        KafkaError: the cluster metadata could not be read.
+    """
+    node, _ = await _config_node(admin)
+    if node is None:
+        return None
+    value = await read_config(admin, ConfigResourceType.BROKER, str(node), "min.insync.replicas")
+    return int(value) if value is not None else None
+
+
 async def cluster_replication(admin: AIOKafkaAdminClient) -> tuple[int | None, int]:
     """``(default.replication.factor or None, brokers)``: the broker's default as the
     controller (else the first broker) reports it, None where it does not say (denied).
@@ -86,16 +137,13 @@ async def cluster_replication(admin: AIOKafkaAdminClient) -> tuple[int | None, i
     Raises:
         KafkaError: the cluster metadata could not be read.
     """
-    cluster = await admin.describe_cluster()
-    brokers = [int(b["node_id"]) for b in cluster.get("brokers", [])]
-    if not brokers:
+    node, brokers = await _config_node(admin)
+    if node is None:
         return None, 0
-    controller = cluster.get("controller_id")
-    node = controller if controller in brokers else brokers[0]
     value = await read_config(
         admin, ConfigResourceType.BROKER, str(node), "default.replication.factor"
     )
-    return (int(value) if value is not None else None), len(brokers)
+    return (int(value) if value is not None else None), brokers
 
 
 async def topic_durability(admin: AIOKafkaAdminClient, topic: str) -> Durability | None:

@@ -12,8 +12,12 @@ over them exactly as it does across hosts, and each has its own intake, tokenize
   ``--cpu-budget`` (the host's CPU budget split evenly: :func:`cpu_share_per_replica`; each
   replica sizes its thread pools from its share; ``--torch-threads``, when given, travels in
   the settings file and applies per replica),
-  ``--group-instance-id <id>-<i>`` when one is given (:func:`replica_instance_id`) and an
-  internal ``--metrics-port`` on 127.0.0.1.
+  ``--group-instance-id`` (:func:`replica_instance_id`: ``<id>-<i>`` when one is given, else
+  ``<hostname>-<group>-<i>``, so a replica the supervisor restarts after a kill -9 takes its
+  partitions back at once instead of after the session timeout; with a derived id a replica
+  leaves the group on SIGTERM unless ``--leave-group-on-shutdown`` is set either way) and an
+  internal ``--metrics-port`` on 127.0.0.1. One supervisor per group and host holds the derived
+  ids (a lock file, :class:`InstanceLock`); a second one's replicas are dynamic members, warned.
 - **Topics**: created, or with ``--no-create-topics`` checked, once here
   (:mod:`consumer.serve.topics`: a missing request topic is waited for, a missing reply or
   dead-letter topic stops the host); a warning when N exceeds the request topic's partition
@@ -40,11 +44,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -69,6 +77,7 @@ __all__ = [
     "Supervisor",
     "combined_exit_code",
     "cpu_share_per_replica",
+    "default_instance_base",
     "drained_code",
     "exit_action",
     "replica_instance_id",
@@ -112,10 +121,32 @@ def cpu_share_per_replica(budget_cores: float, replicas: int) -> float:
     return budget_cores / replicas
 
 
+INSTANCE_ID_MAX = 249
+"""Kafka's longest ``group.instance.id`` (it is validated as a topic name is)."""
+
+_ILLEGAL_ID_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
+"""What Kafka refuses in a ``group.instance.id`` (legal: ASCII letters, digits, ``.``, ``_``,
+``-``)."""
+
+
+def default_instance_base(host: str, group: str) -> str:
+    """The base of the replicas' static ids when no ``--group-instance-id`` is given:
+    ``<host>-<group>`` with every character Kafka refuses in an id replaced by ``_``; a base too
+    long for ``-<index>`` is cut and ends in a digest of the whole, so it stays unique. ``host``
+    is stable across the replicas' restarts (the host name; a pod's name in Kubernetes)."""
+    base = _ILLEGAL_ID_CHARS.sub("_", f"{host}-{group}")
+    room = INSTANCE_ID_MAX - 4  # "-" and up to 3 digits of an index below 256
+    if len(base) > room:
+        digest = hashlib.sha256(f"{host}-{group}".encode()).hexdigest()[:12]
+        base = f"{base[: room - 13]}-{digest}"
+    return base
+
+
 def replica_instance_id(base: str | None, index: int) -> str | None:
     """The static membership id (``group.instance.id``) of replica ``index`` (0-based):
-    ``<base>-<index>``, so each replica keeps its partitions across its own restarts; None when
-    no ``--group-instance-id`` was given."""
+    ``<base>-<index>``, so each replica keeps its partitions across its own restarts (a kill -9
+    restarted by the supervisor: no rebalance, no wait for the session timeout); None without a
+    base (dynamic members)."""
     return None if base is None else f"{base}-{index}"
 
 
@@ -270,6 +301,41 @@ def sweep_stale_runtimes(tmp: Path) -> list[Path]:
     return removed
 
 
+class InstanceLock:
+    """An exclusive lock on the derived static ids of one group on this host
+    (``<tmp>/kbatch-instance-<uid>-<digest of the base>.lock``, ``flock``): a second supervisor
+    of the same group on this host would give its replicas the same ids, and two members under
+    one id fence each other (:mod:`consumer.kafka.static_fence`). Released when the process
+    ends, however it ends (the kernel drops the lock with the file descriptor)."""
+
+    def __init__(self, base: str, tmp: Path) -> None:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:16]  # a name of any group fits
+        self.path = tmp / f"kbatch-instance-{os.getuid()}-{digest}.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock; False when another process holds it (or the file cannot be made)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Give the lock back and remove its file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # while still held: a later supervisor makes a new one
+            os.close(fd)
+
+
 @dataclass
 class _Replica:
     index: int
@@ -357,6 +423,34 @@ class Supervisor:
         self._multiproc.mkdir()
         self._settings_file = self._runtime / "settings.yaml"
         self.metrics = _HostMetrics(self._multiproc)
+        self.instance_base = settings.group_instance_id
+        self._derived_ids = False
+        self._lock: InstanceLock | None = None
+
+    def _choose_instance_ids(self) -> None:
+        """Static ids for the replicas: the operator's ``--group-instance-id``, else ones derived
+        from the host name and the group (:func:`default_instance_base`), unless another
+        supervisor of this group on this host holds those (then dynamic members, warned)."""
+        s = self.settings
+        if s.group_instance_id is not None:
+            return
+        base = default_instance_base(socket.gethostname(), s.effective_group_id)
+        lock = InstanceLock(base, Path(tempfile.gettempdir()))
+        if not lock.acquire():
+            log.warning(
+                "another supervisor on this host runs group %s with the static ids %s-<i> "
+                "(%s is locked or cannot be made): these replicas join as dynamic members (a "
+                "killed one's partitions wait --session-timeout-ms); give each supervisor its "
+                "own --group-instance-id",
+                s.effective_group_id, base, lock.path,
+            )  # fmt: skip
+            return
+        self._lock, self.instance_base, self._derived_ids = lock, base, True
+        log.info(
+            "replicas' static ids %s-<i> (from the host name and the group; "
+            "--group-instance-id to choose)",
+            base,
+        )
 
     # ---- one replica ------------------------------------------------------------------------
 
@@ -370,9 +464,11 @@ class Supervisor:
             "--metrics-host", "127.0.0.1",
             "--metrics-port", str(r.port),
         ]  # fmt: skip
-        instance = replica_instance_id(s.group_instance_id, r.index)
+        instance = replica_instance_id(self.instance_base, r.index)
         if instance is not None:
             args += ["--group-instance-id", instance]
+        if self._derived_ids and "leave_group_on_shutdown" not in s.model_fields_set:
+            args.append("--leave-group-on-shutdown")  # SIGTERM moves partitions, as before
         return args
 
     async def _launch(self, r: _Replica) -> None:
@@ -524,6 +620,7 @@ class Supervisor:
             log.error("%s", err)
             shutil.rmtree(self._runtime, ignore_errors=True)
             return 1
+        self._choose_instance_ids()
         fd = os.open(self._settings_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(settings_file_data(s), f)  # JSON is YAML
@@ -558,6 +655,8 @@ class Supervisor:
             await asyncio.gather(watcher, return_exceptions=True)
             if health is not None:
                 health.stop()
+            if self._lock is not None:
+                self._lock.release()
             shutil.rmtree(self._runtime, ignore_errors=True)
         code = combined_exit_code(
             EXIT_DRAIN_DEADLINE if r.final_code is None else r.final_code for r in self.replicas

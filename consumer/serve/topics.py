@@ -48,11 +48,10 @@ async def prepare_topics(settings: ServeSettings) -> None:
         settings.dead_letter_topic: 1,
     }
     if settings.create_topics:
-        created = await ensure_topics(
+        # logs what it created, with the replicas, and a WARNING when they are too few
+        await ensure_topics(
             settings.bootstrap, partitions, settings.topic_replication_factor, security
         )
-        if created:
-            log.info("created topics %s", created)
         return
     if supervisor_pid() is not None:
         return

@@ -19,7 +19,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumer.kafka.admin import create_topics
+from consumer.backfill.app import ensure_output_topics
+from consumer.backfill.config import BackfillSettings
+from consumer.config import ServeSettings
+from consumer.kafka.admin import create_topics, delete_topics, ensure_topics
 from consumer.kafka.client_config import start_client
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import Durability, topic_durability
@@ -29,6 +32,7 @@ from consumer.kafka.jobs_topic import (
     read_jobs_topic,
     write_jobs_record,
 )
+from consumer.serve.topics import prepare_topics
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.nodes import (
     group_coordinator,
@@ -136,6 +140,39 @@ async def test_the_jobs_topic_is_replicated_and_outlives_the_sigkill_of_its_lead
     finally:
         restart(node)
         await wait_fully_replicated(cc.bootstrap, [jobs, requests], 3)
+
+
+async def test_serves_and_backfills_created_topics_take_the_clusters_replication(
+    chaos_cluster: ChaosCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """serve created its request, reply and dead-letter topics with one replica on a
+    three-node cluster (the jobs topic had 3), without a word; backfill's output and
+    dead-letter topics too. Now each takes the cluster's default (3, min.insync.replicas 2),
+    and a topic created with fewer is a WARNING naming it."""
+    cc = chaos_cluster
+    suffix = uuid.uuid4().hex[:10]
+    req, rep, dlq, src, out, weak = (
+        f"test.rf-{n}.{suffix}" for n in ("req", "rep", "dlq", "src", "out", "weak")
+    )
+    caplog.set_level(logging.INFO, logger="consumer.kafka.admin")
+    serve = ServeSettings(bootstrap=cc.bootstrap, request_topic=req, reply_topic=rep, dlq_topic=dlq)
+    await prepare_topics(serve)  # what kbatch serve (and its replicas' supervisor) runs
+    backfill = BackfillSettings(bootstrap=cc.bootstrap, source_topic=src, output_topic=out)
+    await ensure_output_topics(backfill, 2)  # what kbatch backfill and submit run
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await ensure_topics(cc.bootstrap, {weak: 1}, replication_factor=1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=cc.bootstrap)
+    await admin.start()
+    try:
+        for topic in (req, rep, dlq, out, f"{src}.dlq"):
+            assert await topic_durability(admin, topic) == Durability(3, 2), topic
+        assert await topic_durability(admin, weak) == Durability(1, 2)
+    finally:
+        await admin.close()
+        await delete_topics(cc.bootstrap, [req, rep, dlq, out, f"{src}.dlq", weak])
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert weak in warned and "1 replica(s) (as requested)" in warned
+    assert "fewer than 3" in warned and "not more than min.insync.replicas=2" in warned
 
 
 async def test_one_node_of_three_down_is_warnings_not_errors(

@@ -10,7 +10,9 @@ import contextlib
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,6 +188,59 @@ async def test_sigkill_of_one_replica_loses_nothing(
     assert {r.key for r in replies} == all_keys(n)
     assert metrics['kbatch_replica_restarts_total{replica="0"}'] == 1
     assert f"replica 0 (pid {victim}) exited unexpectedly" in server.log_path.read_text()
+
+
+async def test_a_replica_killed_and_restarted_takes_its_partitions_back_without_a_rebalance(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    """No --group-instance-id: before, the replicas were dynamic members, and a kill -9's
+    partitions waited out the session timeout while the restarted replica's join rebalanced
+    the other. Now each replica has a static id from the host name and the group: the
+    restarted one gets its own partitions back at once, and the other is never revoked."""
+    req, rep, dlq = (
+        await new_topic("req", PARTITIONS),
+        await new_topic("rep"),
+        await new_topic("dlq"),
+    )
+    session_s = 60
+    server = start_replicas(
+        tmp_path, kafka_bootstrap, (req, rep, dlq), unique_group("rep-static"),
+        "--session-timeout-ms", str(session_s * 1000),
+    )  # fmt: skip
+
+    def rows() -> list[dict[str, Any]]:
+        return list(server.readyz().get("replicas", []))
+
+    def survivor_revokes() -> int:  # replica 1's revocations of partitions it held
+        log = server.log_path.read_text(errors="replace").splitlines()
+        return sum("[replica 1]" in x and "consumer.serve.rebalance: revoked [" in x for x in log)
+
+    try:
+        poll_until(
+            lambda: [r["assigned_partitions"] for r in rows()] == [2, 2], 120, "2 partitions each"
+        )
+        before = survivor_revokes()
+        victim = rows()[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def back() -> bool:
+            row = rows()[0]
+            return row["pid"] not in (None, victim) and row["assigned_partitions"] == 2
+
+        poll_until(back, session_s, "replica 0 back with its 2 partitions")
+        back_s = time.monotonic() - killed_at
+        after, survivor = survivor_revokes(), rows()[1]["assigned_partitions"]
+        server.signal(signal.SIGTERM)
+        assert server.wait(90) == 0, server.log_tail()
+    finally:
+        server.stop()
+    print(f"\nkill -9 of a replica: its partitions back after {back_s:.1f} s")
+    assert after == before  # no rebalance: the other replica never gave up its partitions
+    assert survivor == 2
+    assert back_s < session_s
+    log = server.log_path.read_text(errors="replace")
+    assert "static ids" in log and "leaves the group on shutdown" in log
 
 
 def test_replicas_without_a_broker_exit_1(tmp_path: Path) -> None:

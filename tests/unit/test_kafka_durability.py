@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.kafka.durability import Durability, choose_replication
+from consumer.kafka.durability import Durability, choose_replication, replication_warning
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,25 @@ def test_less_durable_than_the_request_topic(
 def test_a_durability_reads_as_replicas_and_min_insync() -> None:
     assert str(Durability(3, 2)) == "3 replica(s), min.insync.replicas 2"
     assert str(Durability(1, None)) == "1 replica(s), min.insync.replicas ?"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_insync", "warned"),
+    [
+        (3, 2, None),  # Kafka's production setting: one broker may go
+        (5, 3, None),
+        (3, None, None),  # min.insync.replicas not readable (ACLs): only the count is judged
+        (1, 1, "fewer than 3"),  # serve's old default on any cluster
+        (2, 1, "fewer than 3"),
+        (3, 3, "not more than min.insync.replicas=3"),  # one broker down stops acks=all
+        (2, 2, "fewer than 3: a broker loss can lose acknowledged records; not more than"),
+    ],
+)
+def test_a_created_topics_replicas_are_warned_about_below_3_or_min_insync_plus_1(
+    replicas: int, min_insync: int | None, warned: str | None
+) -> None:
+    warning = replication_warning(replicas, min_insync)
+    if warned is None:
+        assert warning is None
+    else:
+        assert warning is not None and warned in warning

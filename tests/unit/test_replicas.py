@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 
 from consumer.config import ServeSettings, load_settings
 from consumer.serve.replicas import (
+    INSTANCE_ID_MAX,
     PER_REPLICA_FLAGS,
     RUNTIME_PREFIX,
     RestartPolicy,
@@ -17,6 +19,7 @@ from consumer.serve.replicas import (
     Supervisor,
     combined_exit_code,
     cpu_share_per_replica,
+    default_instance_base,
     drained_code,
     exit_action,
     replica_instance_id,
@@ -154,6 +157,56 @@ def test_replica_arguments_carry_a_cpu_share_instance_id_and_internal_port() -> 
     assert "--torch-threads" not in flags  # each replica plans its own pools from its share
     assert flags["--group-instance-id"] == "host-a-1"
     assert flags["--metrics-port"] == "40001" and flags["--metrics-host"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("host", "group", "base"),
+    [
+        ("node-7", "kbatch", "node-7-kbatch"),
+        ("kbatch-5d8f9-x2x7q", "orders.embed", "kbatch-5d8f9-x2x7q-orders.embed"),
+        ("h", "team a/embed:v2", "h-team_a_embed_v2"),  # Kafka refuses ' ', '/', ':' in an id
+    ],
+)
+def test_without_an_id_the_replicas_ids_come_from_the_host_and_the_group(
+    host: str, group: str, base: str
+) -> None:
+    assert default_instance_base(host, group) == base
+
+
+def test_a_derived_id_too_long_for_kafka_is_cut_and_stays_unique() -> None:
+    a, b = (default_instance_base("h" * 300, g) for g in ("group-a", "group-b"))
+    assert a != b
+    assert all(len(f"{x}-255") <= INSTANCE_ID_MAX for x in (a, b))
+
+
+def test_replicas_without_an_id_get_derived_ones_and_leave_on_sigterm() -> None:
+    settings = load_settings(ServeSettings, replicas=2, group_id="g1")
+    sup = Supervisor(settings, cores=2, argv0=["kbatch"])
+    other = Supervisor(settings, cores=2, argv0=["kbatch"])  # a second host supervisor
+    explicit = Supervisor(
+        load_settings(ServeSettings, replicas=2, group_id="g1", leave_group_on_shutdown=False),
+        cores=2,
+        argv0=["kbatch"],
+    )
+    try:
+        sup._choose_instance_ids()
+        other._choose_instance_ids()  # the ids are taken on this host: dynamic members
+        args, other_args = sup._args(sup.replicas[1]), other._args(other.replicas[1])
+        assert sup._lock is not None
+        sup._lock.release()
+        explicit._choose_instance_ids()  # released: the next supervisor takes them
+        explicit_args = explicit._args(explicit.replicas[0])
+    finally:
+        for s in (sup, other, explicit):
+            shutil.rmtree(s._runtime)
+            if s._lock is not None:
+                s._lock.release()
+    expected = f"{default_instance_base(socket.gethostname(), 'g1')}-1"
+    assert args[args.index("--group-instance-id") + 1] == expected
+    assert "--leave-group-on-shutdown" in args  # a SIGTERM moves partitions as before
+    assert "--group-instance-id" not in other_args
+    assert explicit_args[explicit_args.index("--group-instance-id") + 1].endswith("-g1-0")
+    assert "--leave-group-on-shutdown" not in explicit_args  # the operator said no
 
 
 def test_readiness_needs_every_replica() -> None:

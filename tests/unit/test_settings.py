@@ -22,6 +22,7 @@ from consumer.config import (
     SettingsBase,
     project,
 )
+from consumer.jobs.settings import SubmitSettings
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -130,7 +131,9 @@ def test_backfill_help_shows_its_own_defaults() -> None:
     help_of = {p.name: p.help or "" for p in backfill_command.params if isinstance(p, click.Option)}
     assert "[default: 0.0]" in help_of["max_wait_ms"]
     assert "[default: 200]" in help_of["poll_timeout_ms"]
-    assert "(env KBATCH_BATCH_OVERHEAD_TOKENS)" in help_of["batch_overhead_tokens"]
+    assert "(env KBATCH_BACKFILL_BATCH_OVERHEAD_TOKENS)" in help_of["batch_overhead_tokens"]
+    assert "(env KBATCH_BACKFILL_BOOTSTRAP, else KBATCH_BOOTSTRAP)" in help_of["bootstrap"]
+    assert "(env KBATCH_BACKFILL_GROUP_ID)" in help_of["group_id"]
 
 
 def test_backfill_token_budget_is_by_device_unless_given() -> None:
@@ -194,13 +197,53 @@ def test_environment_names_stay_flat(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KBATCH_BATCH_OVERHEAD_TOKENS", "7")
     monkeypatch.setenv("KBATCH_SESSION_TIMEOUT_MS", "60000")
     monkeypatch.setenv("KBATCH_BOOTSTRAP", "h:9")
-    assert BackfillSettings(**BACKFILL).batch_overhead_tokens == 7
+    monkeypatch.setenv("KBATCH_BACKFILL_BATCH_OVERHEAD_TOKENS", "9")
+    assert BackfillSettings(**BACKFILL).batch_overhead_tokens == 9
     serve = ServeSettings()
     assert (serve.batch_overhead_tokens, serve.session_timeout_ms, serve.bootstrap) == (
         7,
         60_000,
         "h:9",
     )
+
+
+def test_serve_variables_do_not_steer_a_backfill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a shell or pod exports for serve leaves a backfill's group, dead letters and
+    batching alone; only the connection settings (one cluster's) are shared."""
+    serve_env = {
+        "KBATCH_GROUP_ID": "kbatch",
+        "KBATCH_DLQ_TOPIC": "kbatch.requests.dlq",
+        "KBATCH_MAX_BATCH_SIZE": "7",
+        "KBATCH_BOOTSTRAP": "broker:9093",
+        "KBATCH_SECURITY_PROTOCOL": "SSL",
+    }
+    for name, value in serve_env.items():
+        monkeypatch.setenv(name, value)
+    backfill = BackfillSettings(**BACKFILL)
+    assert backfill.effective_group_id.startswith("kbatch-backfill.in.out.")
+    assert backfill.dead_letter_topic == "in.dlq"
+    assert backfill.max_batch_size == BackfillSettings.default_of("max_batch_size")
+    assert (backfill.bootstrap, backfill.security_protocol) == ("broker:9093", "SSL")
+    submit = SubmitSettings(**BACKFILL)
+    assert (submit.group_id, submit.dlq_topic, submit.bootstrap) == (None, None, "broker:9093")
+    assert ServeSettings().group_id == "kbatch"  # serve still reads them
+
+
+def test_backfill_reads_its_own_prefix_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KBATCH_BOOTSTRAP", "serve:9092")
+    monkeypatch.setenv("KBATCH_BACKFILL_BOOTSTRAP", "backfill:9092")
+    monkeypatch.setenv("KBATCH_BACKFILL_GROUP_ID", "mine")
+    monkeypatch.setenv("KBATCH_BACKFILL_DLQ_TOPIC", "mine.dlq")
+    monkeypatch.setenv("KBATCH_JOBS_TOPIC", "jobs.of.serve")
+    backfill = BackfillSettings(**BACKFILL)
+    assert (backfill.bootstrap, backfill.effective_group_id, backfill.dead_letter_topic) == (
+        "backfill:9092",
+        "mine",
+        "mine.dlq",
+    )
+    assert SubmitSettings(**BACKFILL).jobs_topic == "jobs.of.serve"  # the serve it submits to
+    serve = ServeSettings()
+    assert (serve.bootstrap, serve.group_id) == ("serve:9092", "kbatch")
 
 
 def test_kbatch_main_sets_passive_omp_waits_unless_the_environment_says(
