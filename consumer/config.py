@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.config_sources import CommaListEnvSource, read_config_file
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -105,7 +106,8 @@ class SettingsBase(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (init kwargs) > ``KBATCH_*`` environment > YAML file > defaults."""
         # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+        env = CommaListEnvSource(settings_cls)  # KBATCH_BUCKET_EDGES=16,32 as the flag takes
+        return init_settings, env, YamlConfigSettingsSource(settings_cls)
 
 
 class RunSettings(BaseModel):
@@ -313,12 +315,14 @@ def load_settings(cls: type[S], config_file: Path | None = None, **overrides: An
 
     Raises:
         FileNotFoundError: ``config_file`` does not exist.
-        pydantic.ValidationError: an invalid value or combination.
+        consumer.config_sources.ConfigFileError: ``config_file`` is not YAML, not a mapping or
+            names an unknown setting.
+        pydantic.ValidationError: an invalid value or combination
+            (:func:`consumer.config_sources.describe_settings_error` names each by its source).
     """
     target = cls
     if config_file is not None:
-        if not config_file.is_file():
-            raise FileNotFoundError(f"config file not found: {config_file}")
+        read_config_file(config_file, cls.model_fields)  # one clear line before pydantic's
         config = SettingsConfigDict(**{**cls.model_config, "yaml_file": config_file})
         target = type(cls.__name__, (cls,), {"model_config": config})
     return target(**{k: v for k, v in overrides.items() if v is not None})

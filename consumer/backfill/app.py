@@ -105,9 +105,11 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        # Built already: stopped on every way out, also when the source cannot start (an
+        # unstopped producer prints aiokafka's "Unclosed AIOKafkaProducer" at exit).
+        life.enter("producers", mode.sink.stop)  # --exactly-once: opened by the read-back
         await source.start()
         life.enter("source", source.stop)
-        life.enter("producers", mode.sink.stop)  # --exactly-once: opened by the read-back
         plan = await _resolve(settings, source, mode)
         await ensure_output_topics(settings, len(plan))
         job = await _start_job(settings, source, mode, plan, life, tracing)

@@ -9,6 +9,7 @@ import click
 
 from consumer.cli.backfill import backfill_command
 from consumer.cli.bench import bench_group
+from consumer.cli.boundary import run_cli
 from consumer.cli.broker import broker_group
 from consumer.cli.demo import demo_command
 from consumer.cli.load import load_command
@@ -65,4 +66,4 @@ def main() -> None:
     for name, value in THREAD_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    cli()
+    sys.exit(run_cli(cli))

@@ -9,22 +9,21 @@ from typing import Any
 
 import click
 
+from consumer.batching.config import BatchPolicyConfig
+from consumer.cli.checks import check_startup
 from consumer.cli.options import config_param, settings_from_flags, settings_options
-from consumer.config import ServeSettings
+from consumer.config import ServeSettings, project
 
 
 def _serve(config: Path | None, **flags: Any) -> None:
     settings = settings_from_flags(ServeSettings, config, flags)
-    from consumer.model.loader import check_model
+    check_startup(settings, project(BatchPolicyConfig, settings))  # before anything starts
     from consumer.serve.app import serve
     from consumer.tracing.provider import TracingUnavailableError, check_tracing
 
-    try:  # fail before anything starts
-        check_model(settings)
+    try:
         if settings.tracing:  # also before a supervisor starts replicas that could not start
             check_tracing()
-    except (FileNotFoundError, ValueError) as err:
-        raise click.UsageError(str(err)) from err
     except TracingUnavailableError as err:
         raise click.ClickException(str(err)) from None
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -127,25 +126,48 @@ async def serve(settings: ServeSettings) -> int:
     for warning in settings.warnings():
         log.warning("config: %s", warning)
     metrics = Metrics()
-    try:
-        await prepare_topics(settings)
-        tracing = _open_tracing(settings, metrics)  # None unless --tracing
-    except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
-        log.error("%s", err)
+    built: list[_Parts] = []  # the readiness probe's parts, once built
+
+    def readiness() -> tuple[bool, dict[str, object]]:
+        return built[0].readiness(metrics) if built else (False, {"starting": True})
+
+    try:  # first: a taken port is found before the model loads
+        health = _bind_metrics_server(settings, metrics, readiness)
+    except OSError as err:  # e.g. the port is taken by another serve
+        log.error(
+            "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
+            "(0: no metrics server)",
+            settings.metrics_host,
+            settings.metrics_port,
+            err.strerror or err,
+        )
         return 1
-    parts = _build(settings, metrics, tracing)
-    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
-        if tracing is not None:  # first in, last out: the drain's spans are exported too
+        if health is not None:  # bound, not yet serving: closed on every way out
+            life.enter("metrics server", health.stop)
+        try:
+            await prepare_topics(settings)
+            tracing = _open_tracing(settings, metrics)  # None unless --tracing
+        except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
+            log.error("%s", err)
+            return 1
+        if tracing is not None:  # stopped after the parts: the drain's spans are exported too
             life.enter("tracing", tracing.stop)
+        parts = _build(settings, metrics, tracing)
+        built.append(parts)
+        stop = stop_on_signals()
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
-        beat = await _start_metrics_server(settings, metrics, parts, life)
-        if beat is None or not await _start_parts(parts, life):
+        beat = _no_beat  # --metrics-port 0
+        if health is not None:  # liveness is answered during the warm-up
+            health.start()
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+            beat = health.beat
+        if not await _start_parts(parts, life):
             return 1
         if settings.run_jobs:
             jobs_engine = parts.engine if parts.fanout is None else parts.fanout
@@ -180,15 +202,6 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
     metrics.device_memory = model.device_memory_bytes
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
-    client = project(KafkaClientSettings, settings)
-    mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition
-        client,
-        project(SinkSettings, settings),
-        exactly_once=settings.exactly_once,
-        default_topic=settings.reply_topic,
-        group_id=settings.effective_group_id,
-    )
-    sink, transactions = mode.sink, mode.transactions
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
     engine = Engine(
         runner,
@@ -210,6 +223,16 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
         stride=settings.window_stride,
         max_windows=settings.max_windows,
     )
+    # The Kafka clients last: a Ctrl-C during the model load leaves none to close.
+    client = project(KafkaClientSettings, settings)
+    mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition
+        client,
+        project(SinkSettings, settings),
+        exactly_once=settings.exactly_once,
+        default_topic=settings.reply_topic,
+        group_id=settings.effective_group_id,
+    )
+    sink, transactions = mode.sink, mode.transactions
     pipeline = Pipeline(
         settings,
         sink,
@@ -232,41 +255,28 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     return _Parts(pipeline, engine, fanout, source, sink, replies)
 
 
-async def _start_metrics_server(
-    settings: ServeSettings, metrics: Metrics, parts: _Parts, life: Lifecycle
-) -> Callable[[], None] | None:
-    """Start the metrics and health server first (liveness is answered during the warm-up);
-    returns its heartbeat (a no-op with ``--metrics-port 0``), None when the port cannot be
-    bound (the unstarted clients are closed)."""
+def _no_beat() -> None:
+    """The heartbeat without a metrics server."""
+
+
+def _bind_metrics_server(
+    settings: ServeSettings, metrics: Metrics, ready: Callable[[], tuple[bool, dict[str, object]]]
+) -> HealthServer | None:
+    """Bind the metrics and health server's port (not serving yet: :meth:`HealthServer.start`);
+    None with ``--metrics-port 0``.
+
+    Raises:
+        OSError: the port cannot be bound (taken, or not allowed).
+    """
     if not settings.metrics_port:
-        return lambda: None
-    try:  # binds the port
-        health = HealthServer(
-            metrics,
-            functools.partial(parts.readiness, metrics),
-            settings.metrics_host,
-            settings.metrics_port,
-        )
-    except OSError as err:  # e.g. the port is taken by another serve
-        log.error(
-            "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
-            "(0: no metrics server)",
-            settings.metrics_host,
-            settings.metrics_port,
-            err.strerror or err,
-        )
-        for unstarted in (parts.source, parts.sink):  # built, never started: close them
-            await unstarted.stop()
         return None
-    health.start()
-    life.enter("metrics server", health.stop)
-    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
-    return health.beat
+    return HealthServer(metrics, ready, settings.metrics_host, settings.metrics_port)
 
 
 async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
     """Start engine (warm-up), producer, consumer, each entered on ``life``; False when Kafka
-    could not be reached or refused the login (the unstarted clients are closed)."""
+    could not be reached or refused the login. On any failure the clients not started are
+    closed (aiokafka prints "Unclosed AIOKafka…" for one that never is)."""
     started: list[object] = []
     try:
         for name, part in (
@@ -277,11 +287,13 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
             await part.start()
             started.append(part)
             life.enter(name, part.stop)
-    except KafkaUnavailableError as err:  # KafkaSecurityError too: a refused login
-        log.error("%s", err)
+    except BaseException as err:  # also a failed warm-up: no client is left unclosed
         for unstarted in (parts.sink, parts.source):  # built, never started: close their clients
             if unstarted not in started:
                 await unstarted.stop()
+        if not isinstance(err, KafkaUnavailableError):  # KafkaSecurityError too: refused login
+            raise
+        log.error("%s", err)
         return False
     return True
 
