@@ -35,7 +35,13 @@ from consumer.kafka.errors import (
 )
 from consumer.kafka.flow import FlowControl
 from consumer.kafka.source import KafkaSource
-from consumer.lifecycle import Lifecycle, stop_on_signals, supervisor_pid
+from consumer.lifecycle import (
+    STOP_NOW_HINT,
+    Lifecycle,
+    stop_on_signals,
+    supervisor_pid,
+    unless_stopped_now,
+)
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
@@ -54,6 +60,10 @@ EXIT_DRAIN_DEADLINE = 3
 """``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
 with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
 0 is a clean drain, 1 a start-up failure."""
+
+EXIT_STOPPED_NOW = 130
+"""``kbatch serve``'s exit status after a second Ctrl-C abandoned the drain (128 + SIGINT):
+what was unanswered stays uncommitted, re-read after a restart."""
 
 
 GC_THRESHOLDS = (10_000, 10, 100)
@@ -158,7 +168,8 @@ async def serve(settings: ServeSettings) -> int:
             life.enter("tracing", tracing.stop)
         parts = _build(settings, metrics, tracing)
         built.append(parts)
-        stop = stop_on_signals()
+        now = asyncio.Event()  # a second Ctrl-C: abandon the drain
+        stop = stop_on_signals(now)
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
@@ -182,12 +193,14 @@ async def serve(settings: ServeSettings) -> int:
             settings.request_topic,
         )
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
-        failed, drained = await _run(parts.pipeline, stop, beat, life)
+        failed, drained = await _run(parts.pipeline, stop, now, beat, life)
     # Stopped: the start-up heap goes back to the collector so that it is finalised at exit
     # as usual (left frozen, triton's nanobind bindings print ~30 "leaked instance" lines).
     gc.unfreeze()
     if failed:
         return 1
+    if now.is_set():
+        return EXIT_STOPPED_NOW
     if drained:
         log.info("stopped (drained)")
         return 0
@@ -299,9 +312,14 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
 
 
 async def _run(
-    pipeline: Pipeline, stop: asyncio.Event, beat: Callable[[], None], life: Lifecycle
+    pipeline: Pipeline,
+    stop: asyncio.Event,
+    now: asyncio.Event,
+    beat: Callable[[], None],
+    life: Lifecycle,
 ) -> tuple[bool, bool]:
-    """Serve until ``stop``, then drain; returns (failed, drained)."""
+    """Serve until ``stop``, then drain, unless ``now`` (a second Ctrl-C) abandons the drain;
+    returns (failed, drained)."""
     try:
         await pipeline.run(stop, beat=beat)
     except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
@@ -318,11 +336,20 @@ async def _run(
         deadline = life.drain_deadline()
         tracker = pipeline.tracker
         log.info(  # a slow drain must not look like a hang
-            "stopping: draining %d records in flight (at most %.1f s)",
+            "stopping: draining %d records in flight: answering them and committing their "
+            "offsets (at most %.1f s, --drain-timeout-s); %s",
             sum(tracker.pending(tp) for tp in tracker.assigned),
             deadline.remaining_s(),
+            STOP_NOW_HINT,
         )
-        drained = await pipeline.finish(None, deadline)
+        finished, drained_now = await unless_stopped_now(pipeline.finish(None, deadline), now)
+        drained = bool(finished and drained_now)
+        if not finished:
+            log.warning(
+                "stopping now (second Ctrl-C): %d records unanswered, their offsets not "
+                "committed: they are read again after a restart",
+                sum(tracker.pending(tp) for tp in tracker.assigned),
+            )
     return failed, drained
 
 
