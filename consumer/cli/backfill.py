@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
@@ -97,7 +98,7 @@ _COMMON_PARAMS = [
     ),
 ]
 
-backfill_command = click.Group(
+backfill_command = RichGroup(
     name="backfill",
     callback=_backfill,
     invoke_without_command=True,

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich_click import RichCommand
 
 from consumer.cli.options import json_option, option
 
 __all__ = ["windows_command"]
 
 
-@click.command("windows")
+@click.command("windows", cls=RichCommand)
 @click.option(
     "--model",
     "model_dir",

@@ -17,11 +17,14 @@ let it reach here.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import click
+from rich_click import RichGroup
 
-__all__ = ["DEBUG_ENV", "EXIT_FAILURE", "EXIT_INTERRUPTED", "run_cli"]
+__all__ = ["DEBUG_ENV", "EXIT_FAILURE", "EXIT_INTERRUPTED", "BoundaryGroup", "run_cli"]
 
 DEBUG_ENV = "KBATCH_DEBUG"
 """Environment variable: ``1`` lets an unexpected exception print its traceback."""
@@ -75,3 +78,24 @@ def run_cli(command: click.Command, args: Sequence[str] | None = None) -> int:
         click.echo(f"Error: {describe(err)}{hint}", err=True)
         return EXIT_FAILURE
     return result if isinstance(result, int) else 0
+
+
+class BoundaryGroup(RichGroup):
+    """The ``kbatch`` group: run standalone (the console script, click's test runner), it
+    goes through :func:`run_cli`, so every way in prints failures the same way."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        _exit(run_cli(self, args))
+
+
+def _exit(code: int) -> NoReturn:
+    sys.exit(code)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichCommand
 
 from consumer.cli.boundary import EXIT_INTERRUPTED
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
@@ -20,7 +21,7 @@ from consumer.cli.options import POSITIVE, CommaList, OutputDir, flag, option, s
 from consumer.cli.request import encoding_option, topic_options
 
 
-@click.command("load")
+@click.command("load", cls=RichCommand)
 @option(
     "--pattern",
     type=click.Choice(["constant", "poisson", "step", "pulse"]),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichCommand
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.cli.checks import check_startup
@@ -40,7 +41,7 @@ def _serve(config: Path | None, **flags: Any) -> None:
     sys.exit(code)
 
 
-serve_command = click.Command(
+serve_command = RichCommand(
     name="serve",
     callback=_serve,
     params=[config_param(), *settings_options(ServeSettings)],

@@ -58,7 +58,8 @@ async def end_offset(bootstrap: str, topic: str) -> int:
 
 
 def consumed(server: ServeProcess) -> float:
-    return sum(v for k, v in server.metrics().items() if k.startswith("kbatch_records_consumed_total"))
+    metric = "kbatch_records_consumed_total"
+    return sum(v for k, v in server.metrics().items() if k.startswith(metric))
 
 
 def test_c_load_interrupted_prints_the_report_of_what_it_sent(

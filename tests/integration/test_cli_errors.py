@@ -102,9 +102,7 @@ def test_a_flag_wins_over_a_bad_variable_and_a_bad_flag_is_named_as_the_flag() -
 
 def test_a_list_variable_takes_the_flags_comma_form(tmp_path: Path) -> None:
     # Accepted (then stopped by the next check, before anything starts).
-    proc = kbatch(
-        ["serve", "--max-batch-tokens", "10"], env={"KBATCH_BUCKET_EDGES": "16,32,64"}
-    )
+    proc = kbatch(["serve", "--max-batch-tokens", "10"], env={"KBATCH_BUCKET_EDGES": "16,32,64"})
     assert proc.returncode == USAGE
     assert error_lines(proc)[0].startswith("Error: --max-batch-tokens 10 cannot hold")
 
