@@ -20,6 +20,7 @@ from consumer.kafka.admin import create_topics, delete_topics
 from tests.conftest import unique_group
 from tests.integration.harness import (
     KBATCH,
+    Req,
     ServeProcess,
     committed_offsets,
     poll_until,
@@ -88,6 +89,8 @@ def test_c_load_interrupted_prints_the_report_of_what_it_sent(
         server.stop()
     assert load.returncode == EXIT_INTERRUPTED, err[-3000:]
     quiet(err)
+    serve_log = server.log_path.read_text()
+    assert "kbatch.model" in serve_log and "loss_type" not in serve_log  # transformers' noise
     report = json.loads(out)
     cut = report["interrupted"]
     assert 10 <= cut["sent"] < cut["scheduled"] == 2400
@@ -151,3 +154,44 @@ def test_c_serve_first_ctrl_c_drains_with_its_bound_and_a_second_stops_now(
     answered = asyncio.run(end_offset(kafka_bootstrap, rep))
     committed = asyncio.run(committed_offsets(kafka_bootstrap, group, req, 1))[0] or 0
     assert committed <= answered < 60  # nothing committed past what was answered
+
+
+def test_c_backfill_first_ctrl_c_says_what_it_waits_for_and_a_second_stops_now(
+    tmp_path: Path, kafka_bootstrap: str, topics: tuple[str, str, str]
+) -> None:
+    source, output, dlq = topics
+    group = unique_group("cb")
+    texts = [Req(f"k{i}".encode(), f"text {i}".encode()) for i in range(200)]
+    asyncio.run(produce(kafka_bootstrap, source, texts))
+    log_path = tmp_path / "backfill.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(  # a slow device: 300 ms a batch of one, every record read at once
+            [KBATCH, "backfill", "--bootstrap", kafka_bootstrap, "--source-topic", source,
+             "--output-topic", output, "--dlq-topic", dlq, "--group-id", group,
+             "--from", "earliest", "--to", "latest", "--model", "sim:300,0",
+             "--max-batch-size", "1", "--commit-interval-ms", "100", "--drain-timeout-s", "120"],
+            stdout=subprocess.PIPE, stderr=log,
+        )  # fmt: skip
+    try:
+        poll_until(lambda: asyncio.run(end_offset(kafka_bootstrap, output)) >= 3, 90, "3 scored")
+        proc.send_signal(signal.SIGINT)
+        poll_until(lambda: "stopping: finishing" in log_path.read_text(), 30, "the drain")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+        stopped_s = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    log = log_path.read_text()
+    assert code == EXIT_INTERRUPTED, log[-3000:]
+    quiet(log)
+    (drain,) = [line for line in log.splitlines() if "stopping: finishing" in line]
+    assert "scoring them, sending the results and committing (at most" in drain
+    assert drain.endswith("s, --drain-timeout-s); Ctrl-C again stops now")
+    assert "stopping now (second Ctrl-C)" in log
+    assert stopped_s < 15  # the rest of the drain (≥ 50 s of batches) was not waited for
+    written = asyncio.run(end_offset(kafka_bootstrap, output))
+    committed = asyncio.run(committed_offsets(kafka_bootstrap, group, source, 1))[0] or 0
+    assert committed <= written < 200  # nothing committed past what was written
