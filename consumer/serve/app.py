@@ -168,9 +168,13 @@ async def serve(settings: ServeSettings) -> int:
             life.enter("tracing", tracing.stop)
         parts = _build(settings, metrics, tracing)
         built.append(parts)
-        now = asyncio.Event()  # a second Ctrl-C: abandon the drain
-        stop = stop_on_signals(now)
+        now: asyncio.Event | None = asyncio.Event()  # a second Ctrl-C: abandon the drain
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
+        # A replica gets a terminal's Ctrl-C twice, from the terminal and forwarded by its
+        # supervisor: there a second SIGINT is not "stop now".
+        if parent is not None:
+            now = None
+        stop = stop_on_signals(now)
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
         beat = _no_beat  # --metrics-port 0
@@ -199,7 +203,7 @@ async def serve(settings: ServeSettings) -> int:
     gc.unfreeze()
     if failed:
         return 1
-    if now.is_set():
+    if now is not None and now.is_set():
         return EXIT_STOPPED_NOW
     if drained:
         log.info("stopped (drained)")
@@ -314,7 +318,7 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
 async def _run(
     pipeline: Pipeline,
     stop: asyncio.Event,
-    now: asyncio.Event,
+    now: asyncio.Event | None,
     beat: Callable[[], None],
     life: Lifecycle,
 ) -> tuple[bool, bool]:
@@ -337,12 +341,17 @@ async def _run(
         tracker = pipeline.tracker
         log.info(  # a slow drain must not look like a hang
             "stopping: draining %d records in flight: answering them and committing their "
-            "offsets (at most %.1f s, --drain-timeout-s); %s",
+            "offsets (at most %.1f s, --drain-timeout-s)%s",
             sum(tracker.pending(tp) for tp in tracker.assigned),
             deadline.remaining_s(),
-            STOP_NOW_HINT,
+            "" if now is None else f"; {STOP_NOW_HINT}",
         )
-        finished, drained_now = await unless_stopped_now(pipeline.finish(None, deadline), now)
+        finish = pipeline.finish(None, deadline)
+        drained_now: bool | None
+        if now is None:
+            finished, drained_now = True, await finish
+        else:
+            finished, drained_now = await unless_stopped_now(finish, now)
         drained = bool(finished and drained_now)
         if not finished:
             log.warning(
