@@ -4,7 +4,8 @@
 option panels), in :data:`GROUP_ORDER`. :data:`OPTION_GROUP` maps an option's name (its click
 parameter name: the settings field, ``max_batch_size``) to its group; a generated CLI reference
 reads the same mapping (:func:`groups_of`), so ``--help`` and the reference never disagree.
-An option not in the mapping goes to :data:`OTHER` (a test keeps serve and backfill free of it).
+An option not in the mapping goes to :data:`OTHER`: a command whose options are all there keeps
+rich-click's one panel; a test keeps :data:`OTHER` out of the commands that have panels.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ __all__ = ["GROUP_ORDER", "OPTION_GROUP", "OTHER", "apply_option_panels", "group
 
 KAFKA = "Kafka"
 TOPICS = "Topics"
-RANGE = "Range and records"
+RANGE = "Range"
+REQUEST = "Request options"
+BENCH = "Benchmark"
 MODEL = "Model"
 BATCHING = "Batching"
 LANES = "Lanes"
@@ -35,7 +38,9 @@ GROUP_ORDER: tuple[str, ...] = (
     KAFKA,
     TOPICS,
     RANGE,
+    REQUEST,
     LOAD,
+    BENCH,
     MODEL,
     BATCHING,
     LANES,
@@ -64,19 +69,21 @@ OPTION_GROUP: Mapping[str, str] = {
     **_each(
         TOPICS,
         """request_topic reply_topic dlq_topic allowed_reply_topics create_topics
-        topic_partitions topic_replication_factor source_topic output_topic jobs_topic
-        jobs_topic_replication_factor""",
+        topic_partitions topic_replication_factor partitions replication_factor source_topic
+        output_topic jobs_topic jobs_topic_replication_factor""",
     ),
+    **_each(RANGE, "range_from range_to text_field documents_field value_format"),
     **_each(
-        RANGE,
-        """range_from range_to text_field documents_field value_format dimensions normalize
-        prompt_name encoding_format top_n top_k aggregation redact chunk_max_tokens
-        chunk_overlap chunk_output""",
+        REQUEST,
+        """text_file key documents meta priority retries full dimensions normalize prompt_name
+        encoding_format top_n top_k aggregation redact chunk_max_tokens chunk_overlap
+        chunk_output""",
     ),
     **_each(
         MODEL,
-        """model model_revision task device dtype torch_threads cpu_budget backend torch_trace
-        quantize allow_lossy max_length truncate window_stride max_windows max_text_bytes
+        """model model_name model_dir model_revision task device dtype torch_threads
+        cpu_budget backend torch_trace quantize allow_lossy max_length truncate window_stride
+        max_windows max_text_bytes
         batch_timeout_s default_prompt_name""",
     ),
     **_each(
@@ -101,6 +108,7 @@ OPTION_GROUP: Mapping[str, str] = {
         sasl_oauth_token_file ssl_cafile ssl_certfile ssl_keyfile ssl_check_hostname""",
     ),
     **_each(JOBS, "run_jobs"),
+    **_each(KAFKA, "broker_port"),
     **_each(OBSERVABILITY, "metrics_port metrics_host log_level tracing progress traceparent"),
     **_each(
         LOAD,
@@ -108,7 +116,14 @@ OPTION_GROUP: Mapping[str, str] = {
         burst_s burst_every_s first_burst_s after_s poisson_arrivals seed timeout_s
         deadline_after_ms encoding metrics_url max_error_rate no_probe""",
     ),
-    **_each(OUTPUT, "as_json plots_dir plots_prefix no_progress config"),
+    **_each(
+        BENCH,
+        """texts_file n seconds rate rate_fraction fixed_batch_size rounds strategies
+        latency_s latency_warmup_s load_fraction latency_fractions latency_rates fractions
+        max_latency_rate variants serve_prefix batch_size no_sentence_transformers dims
+        windows stride repeats steady_s steady_rate pulse_s""",
+    ),
+    **_each(OUTPUT, "as_json plots_dir plots_prefix no_progress no_plots log_dir config"),
 }
 """Option name (click parameter name) → its group in ``--help``."""
 
