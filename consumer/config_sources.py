@@ -67,14 +67,17 @@ def read_config_file(path: Path, known: Collection[str]) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
+        kind = _YAML_KINDS.get(type(data).__name__, type(data).__name__)
         raise ConfigFileError(
-            f"{path}: a mapping of settings is expected (max_batch_size: 32), "
-            f"not a {type(data).__name__}"
+            f"{path}: a mapping of settings is expected (max_batch_size: 32), not a {kind}"
         )
     for key in data:
         if str(key) not in known:
             raise ConfigFileError(f"{path}: {key}: unknown setting{_suggestion(str(key), known)}")
     return {str(k): v for k, v in data.items()}
+
+
+_YAML_KINDS = {"int": "number", "float": "number", "str": "string", "bool": "boolean"}
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
