@@ -35,13 +35,13 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.config_sources import CommaListEnvSource, read_config_file
 from consumer.kafka.config import (
     ConsumerGroupSettings,
     KafkaClientSettings,
@@ -85,7 +85,7 @@ CONNECTION_FIELDS = frozenset(KafkaClientSettings.model_fields)
 """Where the brokers are and how to log in: the same for every command of one cluster."""
 
 
-class _SharedEnvSource(EnvSettingsSource):
+class _SharedEnvSource(CommaListEnvSource):
     """``KBATCH_<FIELD>`` for the ``fields`` a command shares with serve, nothing else."""
 
     def __init__(self, settings_cls: type[BaseSettings], fields: frozenset[str]) -> None:
@@ -151,10 +151,11 @@ class SettingsBase(BaseSettings):
         (:attr:`shared_env_fields`) > YAML file > defaults."""
         # YamlConfigSettingsSource reads model_config["yaml_file"]; load_settings sets it.
         yaml = YamlConfigSettingsSource(settings_cls)
+        env = CommaListEnvSource(settings_cls)  # KBATCH_BUCKET_EDGES=16,32 as the flag takes
         fields: frozenset[str] = getattr(settings_cls, "shared_env_fields", frozenset())
         if not fields or settings_cls.model_config.get("env_prefix") == SHARED_ENV_PREFIX:
-            return init_settings, env_settings, yaml
-        return init_settings, env_settings, _SharedEnvSource(settings_cls, fields), yaml
+            return init_settings, env, yaml
+        return init_settings, env, _SharedEnvSource(settings_cls, fields), yaml
 
 
 class RunSettings(BaseModel):
@@ -368,12 +369,14 @@ def load_settings(cls: type[S], config_file: Path | None = None, **overrides: An
 
     Raises:
         FileNotFoundError: ``config_file`` does not exist.
-        pydantic.ValidationError: an invalid value or combination.
+        consumer.config_sources.ConfigFileError: ``config_file`` is not YAML, not a mapping or
+            names an unknown setting.
+        pydantic.ValidationError: an invalid value or combination
+            (:func:`consumer.config_sources.describe_settings_error` names each by its source).
     """
     target = cls
     if config_file is not None:
-        if not config_file.is_file():
-            raise FileNotFoundError(f"config file not found: {config_file}")
+        read_config_file(config_file, cls.model_fields)  # one clear line before pydantic's
         config = SettingsConfigDict(**{**cls.model_config, "yaml_file": config_file})
         target = type(cls.__name__, (cls,), {"model_config": config})
     return target(**{k: v for k, v in overrides.items() if v is not None})

@@ -27,16 +27,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from consumer.deadline import Deadline
 
 __all__ = [
     "CLOSE_RESERVE_S",
+    "STOP_NOW_HINT",
     "SUPERVISOR_PID_ENV",
     "Lifecycle",
     "process_running",
     "stop_on_signals",
     "supervisor_pid",
+    "unless_stopped_now",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ CLOSE_RESERVE_S = 3.0
 group cleanly spares the next owner a session timeout), at most a quarter of the budget."""
 
 Stop = Callable[[], Awaitable[None] | None]
+T = TypeVar("T")
 
 SUPERVISOR_PID_ENV = "KBATCH_SUPERVISOR_PID"
 """Environment variable the supervisor of ``serve --replicas N`` sets for each replica: its own
@@ -77,12 +81,50 @@ def process_running(pid: int) -> bool:
     return True
 
 
-def stop_on_signals() -> asyncio.Event:
-    """An event that SIGTERM and SIGINT set (handlers on the running loop): a command's stop."""
+STOP_NOW_HINT = "Ctrl-C again stops now"
+"""How a drain's log line says that a second SIGINT abandons it (:func:`stop_on_signals`)."""
+
+
+def stop_on_signals(now: asyncio.Event | None = None) -> asyncio.Event:
+    """An event that SIGTERM and SIGINT set (handlers on the running loop): a command's stop.
+
+    With ``now``: a SIGINT after the stop (a second Ctrl-C) sets ``now``, the command's "stop
+    now, abandon the drain", and gives SIGINT back to Python (a third raises
+    ``KeyboardInterrupt`` wherever the process is). A second SIGTERM changes nothing: an
+    orchestrator's stop is drained within ``drain_timeout_s``.
+    """
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        if now is not None and stop.is_set():
+            now.set()
+            loop.remove_signal_handler(signal.SIGINT)
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
     return stop
+
+
+async def unless_stopped_now(work: Awaitable[T], now: asyncio.Event) -> tuple[bool, T | None]:
+    """Await ``work`` unless ``now`` is set first (then ``work`` is cancelled): (True, its
+    result), or (False, None) when it was abandoned."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(now.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False, None
 
 
 @dataclass(eq=False)

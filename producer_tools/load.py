@@ -19,13 +19,14 @@ Keys are ``<run id>-<index>``, unique per request, so the server computes each o
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -141,6 +142,8 @@ class LoadRun:
     schedule: arrivals.Schedule
     log: RunLog
     report: dict[str, Any]
+    interrupted: bool = False
+    """Stopped by Ctrl-C (SIGINT): schedule, log and report cover what was sent until then."""
 
 
 def metric_sums(
@@ -206,6 +209,8 @@ class _Runner:
         self.tokens: list[tuple[float, float] | None] = [None] * (len(schedule.segments) + 1)
         self.progress = progress
         self.trace_ids: dict[int, str] = {}  # --traceparent: request index → its trace id
+        self.stopped_at_s: float | None = None  # Ctrl-C: seconds from the start, when
+        self._stop = asyncio.Event()
 
     async def one(self, client: RequestReplyClient, i: int) -> None:
         opts, log = self.opts, self.log
@@ -284,15 +289,16 @@ class _Runner:
                 tasks: list[asyncio.Task[None]] = []
                 times = self.schedule.times_s
                 i, n = 0, len(times)
-                while i < n:
-                    delay = self.t0 + times[i] - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    now_rel = time.monotonic() - self.t0
-                    while i < n and times[i] <= now_rel:  # all that are due: no sleep between
-                        tasks.append(asyncio.create_task(self.one(client, i)))
-                        i += 1
-                await asyncio.gather(*tasks)
+                with self._stop_on_ctrl_c():
+                    while i < n and not self._stop.is_set():
+                        delay = self.t0 + times[i] - time.monotonic()
+                        if delay > 0 and await self._stopped_within(delay):
+                            break
+                        now_rel = time.monotonic() - self.t0
+                        while i < n and times[i] <= now_rel:  # all due: no sleep between
+                            tasks.append(asyncio.create_task(self.one(client, i)))
+                            i += 1
+                    await self._finish(tasks)
                 if sampler is not None:
                     sampler.cancel()
                     await asyncio.gather(sampler, return_exceptions=True)
@@ -302,6 +308,44 @@ class _Runner:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
                 tick()
+
+    @contextmanager
+    def _stop_on_ctrl_c(self) -> Iterator[None]:
+        """While sending and waiting for replies, SIGINT stops the run (no more sends, the
+        requests in flight abandoned) instead of raising ``KeyboardInterrupt``: the report
+        covers what was sent (:func:`cut_run`)."""
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            if self.stopped_at_s is None:
+                self.stopped_at_s = time.monotonic() - self.t0
+            self._stop.set()
+
+        loop.add_signal_handler(signal.SIGINT, stop)
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    async def _stopped_within(self, delay_s: float) -> bool:
+        """Wait ``delay_s``; True when a stop came first."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _finish(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for the requests in flight, or, after a stop, cancel them (left unanswered)."""
+        waiting = asyncio.gather(*tasks, return_exceptions=True)  # a cancel is a result too
+        stopping = asyncio.create_task(self._stop.wait())
+        either: list[asyncio.Future[Any]] = [waiting, stopping]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not waiting.done():
+            for task in tasks:
+                task.cancel()
+        await waiting
 
     @contextmanager
     def _progress(self) -> Iterator[Callable[[], None]]:
@@ -357,8 +401,11 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
     schedule = build_schedule(opts)
     runner = _Runner(opts, schedule, progress)
     await runner.run()
+    log = runner.log
+    if runner.stopped_at_s is not None:  # Ctrl-C: the report of what was sent until then
+        schedule, log = cut_run(schedule, log, runner.sent, runner.stopped_at_s)
     report = build_report(
-        runner.log,
+        log,
         schedule,
         pattern=opts.pattern,
         after_s=opts.after_window_s,
@@ -367,8 +414,15 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
     )
     if runner.first_error is not None:
         report["first_error"] = runner.first_error
+    if runner.stopped_at_s is not None:
+        report["interrupted"] = {
+            "at_s": round(runner.stopped_at_s, 3),
+            "sent": runner.sent,
+            "scheduled": len(runner.schedule),
+            "unanswered_in_flight": int((log.outcome == Outcome.PENDING).sum()),
+        }
     if runner.trace_ids:
-        report["slowest_traces"] = slowest_traces(runner.log, runner.trace_ids, schedule.measured)
+        report["slowest_traces"] = slowest_traces(log, runner.trace_ids, schedule.measured)
     report["setup"] = {
         "bootstrap": opts.bootstrap,
         "request_topic": opts.request_topic,
@@ -393,7 +447,28 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
         "run_id": runner.run_id,
         "metrics_url": opts.metrics_url,
     }
-    return LoadRun(schedule=schedule, log=runner.log, report=report)
+    return LoadRun(
+        schedule=schedule, log=log, report=report, interrupted=runner.stopped_at_s is not None
+    )
+
+
+def cut_run(
+    schedule: arrivals.Schedule, log: RunLog, sent: int, end_s: float
+) -> tuple[arrivals.Schedule, RunLog]:
+    """The run as if it had been planned to end at ``end_s`` (seconds from its start): the
+    first ``sent`` requests (the schedule is sorted: those are the ones sent) and the segments
+    begun by then, the last one ending at ``end_s``. Requests still in flight stay
+    :attr:`Outcome.PENDING` (unanswered)."""
+    segments = [seg for seg in schedule.segments if seg.start_s < end_s] or [schedule.segments[0]]
+    last = segments[-1]
+    segments[-1] = replace(last, end_s=max(last.start_s, min(last.end_s, end_s)))
+    cut = arrivals.Schedule(
+        times_s=schedule.times_s[:sent],
+        segment_index=schedule.segment_index[:sent],
+        segments=tuple(segments),
+    )
+    rows = {f.name: getattr(log, f.name)[:sent] for f in fields(log)}
+    return cut, RunLog(**rows)
 
 
 SLOWEST_TRACES = 5

@@ -38,7 +38,7 @@ from consumer.kafka.errors import (
     map_kafka_errors,
 )
 from consumer.kafka.range_source import PartitionRange, RangeSource
-from consumer.lifecycle import Lifecycle, stop_on_signals
+from consumer.lifecycle import Lifecycle, stop_on_signals, unless_stopped_now
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.options import admit_options
@@ -62,6 +62,8 @@ log = logging.getLogger("kbatch.backfill")
 EXIT_COMPLETE = 0
 EXIT_INCOMPLETE = 1
 EXIT_STOPPED = 3
+EXIT_STOPPED_NOW = 130
+"""A second Ctrl-C abandoned the drain (128 + SIGINT); a rerun resumes from the last commit."""
 
 
 def _progress(settings: BackfillSettings) -> ProgressSink:
@@ -106,18 +108,27 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
         default_topic=settings.output_topic,
         group_id=settings.effective_group_id,
     )
-    stop = stop_on_signals()
+    now = asyncio.Event()  # a second Ctrl-C: abandon the drain
+    stop = stop_on_signals(now)
     loop = asyncio.get_running_loop()
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
+        # Built already: stopped on every way out, also when the source cannot start (an
+        # unstopped producer prints aiokafka's "Unclosed AIOKafkaProducer" at exit).
+        life.enter("producers", mode.sink.stop)  # --exactly-once: opened by the read-back
         await source.start()
         life.enter("source", source.stop)
-        life.enter("producers", mode.sink.stop)  # --exactly-once: opened by the read-back
         plan = await _resolve(settings, source, mode)
         await ensure_output_topics(settings, len(plan))
         job = await _start_job(settings, source, mode, plan, life, tracing)
-        summary = await job.run(stop, life.drain_deadline)
+        _, summary = await unless_stopped_now(job.run(stop, life.drain_deadline), now)
+        if summary is None:  # abandoned: a second Ctrl-C
+            log.warning(
+                "stopping now (second Ctrl-C): what was not committed is read again by a rerun"
+            )
+    if summary is None:
+        return EXIT_STOPPED_NOW
     if tracing is not None:
         await tracing.finish(summary.complete, "" if summary.complete else "incomplete")
     render_summary(summary)

@@ -52,6 +52,7 @@ from consumer.finish.exactly_once import BeforeCommit
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.range_source import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
+from consumer.lifecycle import STOP_NOW_HINT
 from consumer.replies.builder import ReplyBuilder
 from consumer.replies.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
@@ -428,8 +429,14 @@ class BackfillJob:
         return (await self._checkpoint.commit()).ok
 
     async def _finish(self, stopped: bool, deadline: Deadline) -> None:
-        if stopped:
-            log.info("stopping: finishing %d record(s) in flight", self._open)
+        if stopped:  # a slow drain must not look like a hang
+            log.info(
+                "stopping: finishing %d record(s) in flight: scoring them, sending the "
+                "results and committing (at most %.0f s, --drain-timeout-s); %s",
+                self._open,
+                deadline.remaining_s(),
+                STOP_NOW_HINT,
+            )
         if self._engine is not None:  # None: an empty range, no model loaded
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._engine.flush(), deadline.remaining_s())

@@ -9,15 +9,17 @@ import click
 
 from consumer.cli.backfill import backfill_command
 from consumer.cli.bench import bench_group
+from consumer.cli.boundary import BoundaryGroup
 from consumer.cli.broker import broker_group
 from consumer.cli.demo import demo_command
+from consumer.cli.help_groups import apply_option_panels
 from consumer.cli.load import load_command
 from consumer.cli.request import request_command
 from consumer.cli.serve import serve_command
 from consumer.cli.topics import topics_group
 
 
-@click.group("kbatch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("kbatch", cls=BoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kbatch")
 def cli() -> None:
     """Kafka inference consumer: batched model serving over Kafka topics."""
@@ -31,6 +33,7 @@ cli.add_command(load_command)
 cli.add_command(backfill_command)
 cli.add_command(demo_command)
 cli.add_command(topics_group)
+apply_option_panels(cli)  # --help in panels by concern (consumer/cli/help_groups.py)
 
 
 THREAD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -65,4 +68,4 @@ def main() -> None:
     for name, value in THREAD_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    cli()
+    cli()  # BoundaryGroup: every failure one line (consumer/cli/boundary.py)

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from consumer.backfill.config import BackfillSettings
 from consumer.cli.backfill_jobs import add_job_commands
+from consumer.cli.checks import check_startup
 from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import config_param, settings_from_flags, settings_options
 
@@ -32,6 +34,9 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         return
     settings = settings_from_flags(BackfillSettings, config, flags)
     require_serve_extra()  # before the model layer's imports (a client install has none)
+    # Before anything starts. A budget not given is raised to the model's maximum length.
+    given = "max_batch_tokens" in settings.model_fields_set
+    check_startup(settings, settings.batch_policy(cuda=False) if given else None)
     from consumer.backfill.app import run_backfill
     from consumer.kafka.errors import (
         KafkaUnavailableError,
@@ -40,14 +45,9 @@ def _backfill(config: Path | None, as_json: bool, **flags: Any) -> None:
         TransactionError,
     )
     from consumer.model.errors import LossyBackendError
-    from consumer.model.loader import check_model
     from consumer.options import OptionError
     from consumer.tracing.provider import TracingUnavailableError
 
-    try:  # fail before anything starts
-        check_model(settings)
-    except (FileNotFoundError, ValueError) as err:
-        raise click.UsageError(str(err)) from err
     try:
         code = asyncio.run(run_backfill(settings, json_summary=as_json))
     except (RangeSpecError, OptionError) as err:
@@ -100,7 +100,7 @@ _COMMON_PARAMS = [
     ),
 ]
 
-backfill_command = click.Group(
+backfill_command = RichGroup(
     name="backfill",
     callback=_backfill,
     invoke_without_command=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich_click import RichCommand
 
 from consumer.cli.options import settings_from_flags, settings_options
 from consumer.config import project
@@ -53,7 +54,7 @@ def add_job_commands(
         *settings_options(JobsClientSettings, exclude=_NOT_FLAGS | _CREATE_ONLY),
     ]
     group.add_command(
-        click.Command(
+        RichCommand(
             name="submit",
             callback=_submit,
             params=[
@@ -68,7 +69,7 @@ def add_job_commands(
         )
     )
     group.add_command(
-        click.Command(
+        RichCommand(
             name="status",
             callback=_status,
             params=[
@@ -81,7 +82,7 @@ def add_job_commands(
         )
     )
     group.add_command(
-        click.Command(
+        RichCommand(
             name="cancel",
             callback=_cancel,
             params=[

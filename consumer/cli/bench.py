@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.bench.e2e_report import VARIANTS
@@ -78,7 +79,7 @@ def _check_backend(backend: str, quantize: str, device: str, dtype: str) -> None
         raise click.BadParameter(str(err), param_hint="--backend/--quantize/--dtype") from err
 
 
-@click.group("bench", help="Benchmarks (JSON output with --json).")
+@click.group("bench", cls=RichGroup, help="Benchmarks (JSON output with --json).")
 def bench_group() -> None:
     """Benchmarks as commands."""
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichCommand
 
 from consumer.batching.config import BatchPolicyConfig
 from consumer.cli.bench_inputs import (
@@ -30,7 +31,7 @@ from consumer.model.settings import ModelSettings
 __all__ = ["lanes_command"]
 
 
-@click.command("lanes")
+@click.command("lanes", cls=RichCommand)
 @click.option(
     "--model",
     "model_name",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich_click import RichCommand
 
 from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import json_option, option
@@ -13,7 +14,7 @@ from consumer.cli.options import json_option, option
 __all__ = ["windows_command"]
 
 
-@click.command("windows")
+@click.command("windows", cls=RichCommand)
 @click.option(
     "--model",
     "model_dir",

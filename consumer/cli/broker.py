@@ -4,6 +4,7 @@ KRaft cluster with ``--nodes``)."""
 from __future__ import annotations
 
 import click
+from rich_click import RichGroup
 
 from consumer.broker.cluster import MAX_NODES, LocalCluster, status_at, stop_at
 from consumer.broker.local import DEFAULT_PORT, KAFKA_VERSION, BrokerError, LocalBroker
@@ -20,6 +21,7 @@ port_option = option(
 
 @click.group(
     "broker",
+    cls=RichGroup,
     help="Run a local Apache Kafka (KRaft) on 127.0.0.1: one node, or a cluster (--nodes).",
 )
 def broker_group() -> None:

@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Mapping
 
 import click
+from rich_click import RichCommand
 
 from consumer.broker.local import BrokerError
 from consumer.broker.secure import SECURE_PORT, USERS, SecureBroker
@@ -48,7 +49,7 @@ def start_secure(ctx: click.Context, port: int, fresh: bool, kafka_version: str)
     click.echo(f'clients: eval "$(kbatch broker env --port {broker.port} --user kbatch)"', err=True)
 
 
-@click.command("env")
+@click.command("env", cls=RichCommand)
 @click.option(
     "--port",
     type=int,

@@ -48,9 +48,9 @@ def client_settings(bootstrap: str, flags: dict[str, Any]) -> KafkaClientSetting
     try:
         settings = load_settings(ClientCommandSettings, bootstrap=bootstrap, **given)
     except ValidationError as err:
-        from consumer.cli.options import describe_validation_error
+        from consumer.cli.options import explain
 
-        raise click.UsageError(describe_validation_error(err)) from None
+        raise click.UsageError(explain(ClientCommandSettings, err, given)) from None
     return KafkaClientSettings.model_validate(
         {name: getattr(settings, name) for name in KafkaClientSettings.model_fields}
     )

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich_click import RichCommand
 
 from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import OutputDir, option
 
 
-@click.command("demo")
+@click.command("demo", cls=RichCommand)
 @option("--steady-s", type=float, default=30.0, help="Steady phase length.")
 @option("--steady-rate", type=float, default=30.0, help="Requests/s, steady.")
 @option("--pulse-s", type=float, default=30.0, help="Pulse phase length.")

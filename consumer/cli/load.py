@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichCommand
 
+from consumer.cli.boundary import EXIT_INTERRUPTED
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
 from consumer.cli.options import POSITIVE, CommaList, OutputDir, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
 
 
-@click.command("load")
+@click.command("load", cls=RichCommand)
 @option(
     "--pattern",
     type=click.Choice(["constant", "poisson", "step", "pulse"]),
@@ -211,6 +213,15 @@ def load_command(
         click.echo(json.dumps(run.report))
     else:
         print_report(run.report, report_console())
+    if run.interrupted:  # Ctrl-C: the report above covers the requests sent until then
+        cut = run.report["interrupted"]
+        click.echo(
+            f"kbatch load: interrupted at {cut['at_s']:.1f} s: the report covers the "
+            f"{cut['sent']} of {cut['scheduled']} requests sent "
+            f"({cut['unanswered_in_flight']} still in flight, counted unanswered)",
+            err=True,
+        )
+        raise SystemExit(EXIT_INTERRUPTED)
     rate = error_rate(run.report["summary"])
     if rate > max_error_rate:
         first = run.report.get("first_error")

@@ -19,6 +19,12 @@ import click
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from consumer.config import SettingsBase, load_settings
+from consumer.config_sources import (
+    ConfigFileError,
+    describe_settings_error,
+    origins,
+    read_config_file,
+)
 
 
 class CommaList(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
@@ -166,15 +172,36 @@ def settings_from_flags(model: type[S], config: Path | None, flags: dict[str, An
     """:func:`consumer.config.load_settings` of a command's ``--config`` and flags.
 
     Raises:
-        click.UsageError: a value breaks the model's rules (one line per flag,
-            :func:`describe_validation_error`) or the ``--config`` file does not exist.
+        click.UsageError: a value breaks the model's rules (one line per problem, named by the
+            flag, ``KBATCH_*`` variable or file key that gave it: :func:`explain`), or the
+            ``--config`` file is missing, not YAML or names an unknown setting.
     """
     try:
         return load_settings(model, config, **flags)
     except ValidationError as err:
-        raise click.UsageError(describe_validation_error(err)) from None
-    except FileNotFoundError as err:
+        raise click.UsageError(explain(model, err, flags, config)) from None
+    except (FileNotFoundError, ConfigFileError) as err:
         raise click.UsageError(str(err)) from None
+
+
+def explain(
+    model: type[SettingsBase],
+    err: ValidationError,
+    flags: dict[str, Any],
+    config: Path | None = None,
+) -> str:
+    """``err`` of :func:`consumer.config.load_settings`, one line per problem, each named by its
+    source (:func:`consumer.config_sources.describe_settings_error`)."""
+    file_settings = read_config_file(config, model.model_fields) if config is not None else {}
+    secrets = {
+        name
+        for name, field in model.model_fields.items()
+        if _unwrap_optional(field.annotation) is SecretStr
+    }
+    sources = origins(
+        model.model_fields, flags, file_settings, config, secrets, env_names=model.env_names
+    )
+    return describe_settings_error(err, sources, secrets)
 
 
 def _bounded(field: Any) -> Any:
@@ -217,23 +244,3 @@ def group_option(
     help_text = " ".join(p for p in (field.description or "", note) if p) + _shown(value)
     flag = "--" + name.replace("_", "-")
     return click.option(flag, *aliases, name, type=_bounded(field), default=value, help=help_text)
-
-
-def describe_validation_error(err: ValidationError) -> str:
-    """One line per problem, named by its flag: ``--max-wait-ms: Input should be … (got -1.0)``.
-
-    A message that names its own flag (``--from 'yesterday' is neither …``) or a rule across
-    fields (no single flag) is printed as it is, without pydantic's ``Value error,`` prefix.
-    """
-    lines = []
-    for problem in err.errors():
-        field = ".".join(str(p) for p in problem["loc"])
-        msg = str(problem["msg"]).removeprefix("Value error, ")
-        if not field or msg.startswith("--"):
-            lines.append(msg)
-        elif problem["type"] == "missing":
-            lines.append(f"--{field.replace('_', '-')} is required")
-        else:
-            name = f"--{field.replace('_', '-')}"
-            lines.append(f"{name}: {msg} (got {problem.get('input')!r})")
-    return "\n".join(lines)

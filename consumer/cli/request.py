@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import click
 from pydantic import ValidationError
+from rich_click import RichCommand
 
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
 from consumer.cli.options import POSITIVE, flag, option
@@ -87,7 +88,7 @@ def read_text(text: str | None, text_file: BinaryIO | None) -> str:
         raise click.BadParameter(f"not UTF-8: {err}", param_hint=hint) from None
 
 
-@click.command("request")
+@click.command("request", cls=RichCommand)
 @click.argument("text", required=False)
 @option(
     "--text-file",

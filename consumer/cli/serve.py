@@ -10,25 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichCommand
 
+from consumer.batching.config import BatchPolicyConfig
+from consumer.cli.checks import check_startup
 from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import config_param, settings_from_flags, settings_options
-from consumer.config import ServeSettings
+from consumer.config import ServeSettings, project
 
 
 def _serve(config: Path | None, **flags: Any) -> None:
     settings = settings_from_flags(ServeSettings, config, flags)
     require_serve_extra()  # before the model layer's imports (a client install has none)
-    from consumer.model.loader import check_model
+    check_startup(settings, project(BatchPolicyConfig, settings))  # before anything starts
     from consumer.serve.app import serve
     from consumer.tracing.provider import TracingUnavailableError, check_tracing
 
-    try:  # fail before anything starts
-        check_model(settings)
+    try:
         if settings.tracing:  # also before a supervisor starts replicas that could not start
             check_tracing()
-    except (FileNotFoundError, ValueError) as err:
-        raise click.UsageError(str(err)) from err
     except TracingUnavailableError as err:
         raise click.ClickException(str(err)) from None
 
@@ -50,7 +50,7 @@ def _serve(config: Path | None, **flags: Any) -> None:
     sys.exit(code)
 
 
-serve_command = click.Command(
+serve_command = RichCommand(
     name="serve",
     callback=_serve,
     params=[config_param(), *settings_options(ServeSettings)],

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from consumer.cli.client_security import client_settings, security_options
 from consumer.cli.request import topic_options
@@ -18,7 +19,9 @@ from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.errors import KafkaUnavailableError, TopicCreationError
 
 
-@click.group("topics", help="Create the topics a client needs (e.g. its own reply topic).")
+@click.group(
+    "topics", cls=RichGroup, help="Create the topics a client needs (e.g. its own reply topic)."
+)
 def topics_group() -> None:
     """Topic administration for development and small deployments."""
 

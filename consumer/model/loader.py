@@ -297,6 +297,25 @@ def _quality_gate(
     )
 
 
+class _LossTypeFilter(logging.Filter):
+    """Drops transformers' ``loss_type=None was set in the config but it is unrecognized``.
+
+    transformers logs it (once) when anything reads a model's ``loss_function``, as tracing the
+    model does; a loss is never computed for inference, so it names nothing an operator can
+    act on. Every other transformers message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("`loss_type=")
+
+
+_LOSS_TYPE_FILTER = _LossTypeFilter()
+
+
+def quiet_loss_type_warning() -> None:
+    """Install :class:`_LossTypeFilter` on transformers' ``modeling_utils`` logger (idempotent)."""
+    logging.getLogger("transformers.modeling_utils").addFilter(_LOSS_TYPE_FILTER)
+
+
 def check_model(settings: ModelSettings) -> Path:
     """The start-up check of ``kbatch serve`` and ``kbatch backfill``, before anything starts:
     the model resolves (:func:`resolve_model`), has the head ``--task`` needs
@@ -431,6 +450,7 @@ def load_runner(
 
     path = Path(model_dir)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    quiet_loss_type_warning()
     task = task or _detect_task(path)
     dev = device or default_device()
     check_backend(backend=backend, quantize=quantize, device=dev)

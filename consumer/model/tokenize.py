@@ -12,7 +12,6 @@ word-piece tokenizer packs 16 characters per token on average) — truncated or 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,42 +20,10 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from consumer.batching.types import InferenceItem, Rejected, TokenAlignment, TokenizedItem
+from consumer.model.limits import read_max_length
 from schemas.errors import ErrorCode
 
 __all__ = ["HFTokenizer", "WordCountTokenizer", "read_max_length"]
-
-_UNBOUNDED = 1_000_000  # transformers' "no limit" model_max_length is ~1e30
-
-
-def read_max_length(model_dir: Path) -> int:
-    """The model's maximum input length in tokens, special tokens included.
-
-    The smallest of: ``sentence_bert_config.json``'s ``max_seq_length`` (256 for MiniLM),
-    ``tokenizer_config.json``'s ``model_max_length`` and ``config.json``'s
-    ``max_position_embeddings`` (minus 2 for RoBERTa-style position offsets). Raises
-    ``ValueError`` when none is found.
-    """
-    found: list[int] = []
-
-    def read(name: str) -> dict[str, object]:
-        p = model_dir / name
-        return json.loads(p.read_text()) if p.is_file() else {}
-
-    sbert = read("sentence_bert_config.json").get("max_seq_length")
-    if isinstance(sbert, int) and sbert > 0:
-        found.append(sbert)
-    tok_max = read("tokenizer_config.json").get("model_max_length")
-    if isinstance(tok_max, int | float) and 0 < tok_max < _UNBOUNDED:
-        found.append(int(tok_max))
-    cfg = read("config.json")
-    pos = cfg.get("max_position_embeddings")
-    if isinstance(pos, int) and pos > 0:
-        offset = 2 if cfg.get("model_type") in {"roberta", "xlm-roberta", "camembert"} else 0
-        found.append(pos - offset)
-    if not found:
-        raise ValueError(f"{model_dir}: cannot tell the model's maximum length")
-    return min(found)
-
 
 Input = str | tuple[str, str]
 """A text, or a (text, text_pair) pair (a cross-encoder's query and document)."""

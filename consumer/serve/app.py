@@ -6,15 +6,13 @@ Stop (SIGTERM/SIGINT): stop fetching → flush the buckets → finish running ba
 commit → leave the stack: close the consumer, the producer, the engine, the metrics server →
 exit 0, all under one shutdown deadline of ``drain_timeout_s`` (the drain keeps
 :data:`consumer.lifecycle.CLOSE_RESERVE_S` of it for the closes); what is unanswered then is
-dropped, left uncommitted, and the exit is 3. A wedged engine stops serve the same way, with a
-short drain, leaving the group, exit 4 (:mod:`consumer.serve.wedge`).
+dropped, left uncommitted, and the exit is 3.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -38,7 +36,13 @@ from consumer.kafka.errors import (
 )
 from consumer.kafka.flow import FlowControl
 from consumer.kafka.source import KafkaSource
-from consumer.lifecycle import Lifecycle, stop_on_signals, supervisor_pid
+from consumer.lifecycle import (
+    STOP_NOW_HINT,
+    Lifecycle,
+    stop_on_signals,
+    supervisor_pid,
+    unless_stopped_now,
+)
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
@@ -58,6 +62,10 @@ EXIT_DRAIN_DEADLINE = 3
 """``kbatch serve``'s exit status when SIGTERM/SIGINT's drain ran out of ``drain_timeout_s``
 with records unanswered (nothing is lost: they are uncommitted and re-read after a restart);
 0 is a clean drain, 1 a start-up failure."""
+
+EXIT_STOPPED_NOW = 130
+"""``kbatch serve``'s exit status after a second Ctrl-C abandoned the drain (128 + SIGINT):
+what was unanswered stays uncommitted, re-read after a restart."""
 
 
 GC_THRESHOLDS = (10_000, 10, 100)
@@ -130,26 +138,59 @@ async def serve(settings: ServeSettings) -> int:
     for warning in settings.warnings():
         log.warning("config: %s", warning)
     metrics = Metrics()
-    try:
-        await prepare_topics(settings)
-        tracing = _open_tracing(settings, metrics)  # None unless --tracing
-    except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
-        log.error("%s", err)
+    built: list[_Parts] = []  # the readiness probe's parts, once built
+    wedges: list[WedgeWatch] = []  # the engine's wedge watch, once built
+
+    def readiness() -> tuple[bool, dict[str, object]]:
+        return built[0].readiness(metrics) if built else (False, {"starting": True})
+
+    def liveness() -> tuple[bool, dict[str, object]]:
+        return wedges[0].liveness() if wedges else (True, {})
+
+    try:  # first: a taken port is found before the model loads
+        health = _bind_metrics_server(settings, metrics, readiness, liveness)
+    except OSError as err:  # e.g. the port is taken by another serve
+        log.error(
+            "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
+            "(0: no metrics server)",
+            settings.metrics_host,
+            settings.metrics_port,
+            err.strerror or err,
+        )
         return 1
-    parts = _build(settings, metrics, tracing)
-    wedge = WedgeWatch(settings.batch_timeout_s, parts.engine.running_batch_s)
-    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
 
     async with contextlib.AsyncExitStack() as stack:
         life = Lifecycle(stack, settings.drain_timeout_s, loop.time)
-        if tracing is not None:  # first in, last out: the drain's spans are exported too
+        if health is not None:  # bound, not yet serving: closed on every way out
+            life.enter("metrics server", health.stop)
+        try:
+            await prepare_topics(settings)
+            tracing = _open_tracing(settings, metrics)  # None unless --tracing
+        except (KafkaUnavailableError, TopicCreationError, TracingUnavailableError) as err:
+            log.error("%s", err)
+            return 1
+        if tracing is not None:  # stopped after the parts: the drain's spans are exported too
             life.enter("tracing", tracing.stop)
+        parts = _build(settings, metrics, tracing)
+        built.append(parts)
+        wedge = WedgeWatch(settings.batch_timeout_s, parts.engine.running_batch_s)
+        wedges.append(wedge)
+        now: asyncio.Event | None = asyncio.Event()  # a second Ctrl-C: abandon the drain
         parent = supervisor_pid()  # set when this process is a replica of --replicas N
+        # A replica gets a terminal's Ctrl-C twice, from the terminal and forwarded by its
+        # supervisor: there a second SIGINT is not "stop now".
+        if parent is not None:
+            now = None
+        stop = stop_on_signals(now)
         if parent is not None:
             stack.callback(asyncio.create_task(watch_supervisor(stop, parent)).cancel)
-        beat = await _start_metrics_server(settings, metrics, parts, life, wedge)
-        if beat is None or not await _start_parts(parts, life):
+        beat = _no_beat  # --metrics-port 0
+        if health is not None:  # liveness is answered during the warm-up
+            health.start()
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
+            beat = health.beat
+        if not await _start_parts(parts, life):
             return 1
         stack.callback(asyncio.create_task(watch_engine(stop, wedge)).cancel)
         if settings.run_jobs:
@@ -165,7 +206,7 @@ async def serve(settings: ServeSettings) -> int:
             settings.request_topic,
         )
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
-        failed, drained = await _run(parts.pipeline, stop, beat, life, wedge)
+        failed, drained = await _run(parts.pipeline, stop, now, beat, life, wedge)
         if wedge.wedged:  # the partitions move at once; the engine's batch is not waited for
             parts.source.leave_group_on_stop()
             await parts.engine.stop(timeout_s=0.0)
@@ -177,6 +218,8 @@ async def serve(settings: ServeSettings) -> int:
     if wedge.check():  # also a drain (SIGTERM) that left a batch running past the bound
         log.warning("stopped (engine wedged): unanswered records go to the partitions' next owner")
         return EXIT_ENGINE_WEDGED
+    if now is not None and now.is_set():
+        return EXIT_STOPPED_NOW
     if drained:
         log.info("stopped (drained)")
         return 0
@@ -191,15 +234,6 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     metrics.show_cpu_plan(model.threads.share_cores, model.threads.pools())
     metrics.device_memory = model.device_memory_bytes
     runner, tokenizer, model_info, device = model.runner, model.tokenizer, model.info, model.device
-    client = project(KafkaClientSettings, settings)
-    mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition
-        client,
-        project(SinkSettings, settings),
-        exactly_once=settings.exactly_once,
-        default_topic=settings.reply_topic,
-        group_id=settings.effective_group_id,
-    )
-    sink, transactions = mode.sink, mode.transactions
     replies = ReplyBuilder(model_info, settings.dead_letter_topic, model.profile)
     engine = Engine(
         runner,
@@ -221,6 +255,16 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
         stride=settings.window_stride,
         max_windows=settings.max_windows,
     )
+    # The Kafka clients last: a Ctrl-C during the model load leaves none to close.
+    client = project(KafkaClientSettings, settings)
+    mode = DeliveryMode.build(  # --exactly-once: a producer per assigned request partition
+        client,
+        project(SinkSettings, settings),
+        exactly_once=settings.exactly_once,
+        default_topic=settings.reply_topic,
+        group_id=settings.effective_group_id,
+    )
+    sink, transactions = mode.sink, mode.transactions
     pipeline = Pipeline(
         settings,
         sink,
@@ -243,42 +287,31 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
     return _Parts(pipeline, engine, fanout, source, sink, replies)
 
 
-async def _start_metrics_server(
-    settings: ServeSettings, metrics: Metrics, parts: _Parts, life: Lifecycle, wedge: WedgeWatch
-) -> Callable[[], None] | None:
-    """Start the metrics and health server first (liveness is answered during the warm-up);
-    returns its heartbeat (a no-op with ``--metrics-port 0``), None when the port cannot be
-    bound (the unstarted clients are closed)."""
+def _no_beat() -> None:
+    """The heartbeat without a metrics server."""
+
+
+def _bind_metrics_server(
+    settings: ServeSettings,
+    metrics: Metrics,
+    ready: Callable[[], tuple[bool, dict[str, object]]],
+    live: Callable[[], tuple[bool, dict[str, object]]],
+) -> HealthServer | None:
+    """Bind the metrics and health server's port (not serving yet: :meth:`HealthServer.start`);
+    None with ``--metrics-port 0``.
+
+    Raises:
+        OSError: the port cannot be bound (taken, or not allowed).
+    """
     if not settings.metrics_port:
-        return lambda: None
-    try:  # binds the port
-        health = HealthServer(
-            metrics,
-            functools.partial(parts.readiness, metrics),
-            settings.metrics_host,
-            settings.metrics_port,
-            live=wedge.liveness,
-        )
-    except OSError as err:  # e.g. the port is taken by another serve
-        log.error(
-            "cannot serve metrics on %s:%d (%s): choose another --metrics-port "
-            "(0: no metrics server)",
-            settings.metrics_host,
-            settings.metrics_port,
-            err.strerror or err,
-        )
-        for unstarted in (parts.source, parts.sink):  # built, never started: close them
-            await unstarted.stop()
         return None
-    health.start()
-    life.enter("metrics server", health.stop)
-    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, health.port)
-    return health.beat
+    return HealthServer(metrics, ready, settings.metrics_host, settings.metrics_port, live=live)
 
 
 async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
     """Start engine (warm-up), producer, consumer, each entered on ``life``; False when Kafka
-    could not be reached or refused the login (the unstarted clients are closed)."""
+    could not be reached or refused the login. On any failure the clients not started are
+    closed (aiokafka prints "Unclosed AIOKafka…" for one that never is)."""
     started: list[object] = []
     try:
         for name, part in (
@@ -289,11 +322,13 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
             await part.start()
             started.append(part)
             life.enter(name, part.stop)
-    except KafkaUnavailableError as err:  # KafkaSecurityError too: a refused login
-        log.error("%s", err)
+    except BaseException as err:  # also a failed warm-up: no client is left unclosed
         for unstarted in (parts.sink, parts.source):  # built, never started: close their clients
             if unstarted not in started:
                 await unstarted.stop()
+        if not isinstance(err, KafkaUnavailableError):  # KafkaSecurityError too: refused login
+            raise
+        log.error("%s", err)
         return False
     return True
 
@@ -301,12 +336,14 @@ async def _start_parts(parts: _Parts, life: Lifecycle) -> bool:
 async def _run(
     pipeline: Pipeline,
     stop: asyncio.Event,
+    now: asyncio.Event | None,
     beat: Callable[[], None],
     life: Lifecycle,
     wedge: WedgeWatch,
 ) -> tuple[bool, bool]:
     """Serve until ``stop``, then drain (for at most :data:`WEDGED_DRAIN_S` when the engine is
-    wedged: what the model owes is not waited for); returns (failed, drained)."""
+    wedged: what the model owes is not waited for), unless ``now`` (a second Ctrl-C) abandons
+    the drain; returns (failed, drained)."""
     try:
         await pipeline.run(stop, beat=beat)
     except (TransactionError, FencedInstanceError) as err:  # fenced: another owner
@@ -325,11 +362,25 @@ async def _run(
             deadline = Deadline.after(min(WEDGED_DRAIN_S, deadline.remaining_s()), life.clock)
         tracker = pipeline.tracker
         log.info(  # a slow drain must not look like a hang
-            "stopping: draining %d records in flight (at most %.1f s)",
+            "stopping: draining %d records in flight: answering them and committing their "
+            "offsets (at most %.1f s, --drain-timeout-s)%s",
             sum(tracker.pending(tp) for tp in tracker.assigned),
             deadline.remaining_s(),
+            "" if now is None else f"; {STOP_NOW_HINT}",
         )
-        drained = await pipeline.finish(None, deadline)
+        finish = pipeline.finish(None, deadline)
+        drained_now: bool | None
+        if now is None:
+            finished, drained_now = True, await finish
+        else:
+            finished, drained_now = await unless_stopped_now(finish, now)
+        drained = bool(finished and drained_now)
+        if not finished:
+            log.warning(
+                "stopping now (second Ctrl-C): %d records unanswered, their offsets not "
+                "committed: they are read again after a restart",
+                sum(tracker.pending(tp) for tp in tracker.assigned),
+            )
     return failed, drained
 
 

@@ -122,7 +122,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "building blocks",
-        ("consumer.kafka", "consumer.batching", "consumer.options", "consumer.lifecycle"),
+        (
+            "consumer.kafka",
+            "consumer.batching",
+            "consumer.options",
+            "consumer.lifecycle",
+            "consumer.config_sources",
+        ),
     ),
     (
         "model and replies",

@@ -176,7 +176,7 @@ def test_client_settings_take_the_password_from_the_environment(
     assert settings.bootstrap == "b:1" and settings.sasl_username == "flagged"  # flag wins
     assert settings.password() == "pw"
     monkeypatch.setenv("KBATCH_SECURITY_PROTOCOL", "SASL_SSLX")
-    with pytest.raises(click.UsageError, match="--security-protocol"):
+    with pytest.raises(click.UsageError, match=r"^KBATCH_SECURITY_PROTOCOL=SASL_SSLX: Input"):
         client_settings("b:1", {})
 
 
