@@ -130,8 +130,9 @@ def test_a_backfill_without_a_broker_is_one_line_and_closes_its_clients() -> Non
          "--to", "latest", "--bootstrap", "127.0.0.1:1"]
     )  # fmt: skip
     assert proc.returncode == FAILURE
-    assert error_lines(proc) == [
-        "Error: cannot connect to Kafka: [Errno 111] Connect call failed ('127.0.0.1', 1)"
+    assert error_lines(proc) == [  # the live-group check at start is the first to ask
+        "Error: no Kafka broker answered at 127.0.0.1:1: "
+        "[Errno 111] Connect call failed ('127.0.0.1', 1)"
     ]
 
 
