@@ -318,7 +318,8 @@ class LocalBroker:
             if port_is_open(port):
                 raise BrokerError(
                     f"port {port} is taken by another program: stop it or choose another "
-                    f"port with `kbatch broker start --port N`, {_ALTERNATIVE}"
+                    "port (`kbatch broker start --port N`, `kbatch demo --broker-port N`, or "
+                    f"KBATCH_BROKER_PORT=N for both), {_ALTERNATIVE}"
                 )
         self.ensure_jars()
         props = self._write_config()

@@ -145,6 +145,7 @@ def test_a_demo_on_a_taken_broker_port_is_one_line() -> None:
     assert proc.returncode == FAILURE
     (line,) = error_lines(proc)
     assert line.startswith(f"Error: port {port} is taken by another program"), proc.stderr
+    assert "`kbatch demo --broker-port N`" in line  # the remedy names the demo's own flag
 
 
 def test_e_a_taken_metrics_port_is_found_before_the_model_loads(
