@@ -114,7 +114,8 @@ OPTION_GROUP: Mapping[str, str] = {
         LOAD,
         """pattern rate_per_s duration_s count corpus warmup_s rates_per_s steps step_s burst_factor
         burst_s burst_every_s first_burst_s after_s poisson_arrivals seed timeout_s
-        deadline_after_ms encoding metrics_url max_error_rate no_probe knee_p99_factor knee_p99_ms""",
+        deadline_after_ms encoding metrics_url max_error_rate no_probe knee_p99_factor
+        knee_p99_ms""",
     ),
     **_each(
         BENCH,
