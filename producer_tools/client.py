@@ -102,6 +102,10 @@ _T = TypeVar("_T")
 # ---- errors ----------------------------------------------------------------------------------
 
 
+SERVE_DEFAULT_REPLY_TOPIC = "kbatch.replies"
+"""``kbatch serve``'s default ``--reply-topic``: allowed by its default ``--allowed-reply-topics``."""
+
+
 class ClientError(RuntimeError):
     """Base class of every error the request/reply client raises."""
 
@@ -124,10 +128,10 @@ class RequestTimeoutError(ClientError, TimeoutError):
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.topic = topic
-        allowed = (
+        allowed = (  # serve's own --reply-topic (kbatch.replies by default) is always allowed
             f", and does it allow replies to {reply_topic!r} (--allowed-reply-topics: a reply "
             "topic it refuses gets only a dead letter)"
-            if reply_topic
+            if reply_topic and reply_topic != SERVE_DEFAULT_REPLY_TOPIC
             else ""
         )
         super().__init__(

@@ -20,7 +20,8 @@ def check_startup(settings: ModelSettings, policy: BatchPolicyConfig | None) -> 
     model had loaded, ``backfill`` ran batches of single truncated items.
 
     Raises:
-        click.UsageError: the model is missing or does not fit the task, or
+        click.UsageError: the model is missing, has a file that is not JSON or no weights, or
+            does not fit the task, or
             ``--max-batch-tokens`` is below the model's maximum length (or ``--max-length``).
     """
     from consumer.model.limits import read_max_length

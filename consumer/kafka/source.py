@@ -138,7 +138,8 @@ class KafkaSource:
             # aiokafka's close sends its LeaveGroup only when this is None (group_coordinator
             # _maybe_leave_group); read nowhere else on the way out.
             coordinator._group_instance_id = None
-            log.info("static member %r leaves the group on shutdown", self._instance_id)
+            if self._instance_id is not None:  # a dynamic member always leaves: nothing to say
+                log.info("static member %r leaves the group on shutdown", self._instance_id)
         if self._fenced is not None:
             # The coordination task waits in the revoke listener (_check_fenced): end it
             # there, before it rejoins and takes the id back from the member that keeps it.

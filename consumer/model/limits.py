@@ -6,9 +6,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["read_max_length"]
+__all__ = ["check_model_files", "read_max_length"]
 
 _UNBOUNDED = 1_000_000  # transformers' "no limit" model_max_length is ~1e30
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+"""The weight files transformers' ``from_pretrained`` loads (a sharded model's too)."""
+
+
+def check_model_files(model_dir: Path) -> None:
+    """The files a model load needs are there and readable: every JSON file at the top of
+    ``model_dir`` parses, and a weights file exists (:data:`WEIGHT_PATTERNS`).
+
+    Raises:
+        ValueError: a JSON file that is not JSON (the message names it and where it breaks), or
+            no weights file (the message names the patterns looked for).
+    """
+    for path in sorted(model_dir.glob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not any(next(model_dir.glob(p), None) for p in WEIGHT_PATTERNS):
+        raise ValueError(
+            f"{model_dir}: no model weights (model.safetensors or pytorch_model.bin): "
+            "a directory written by save_pretrained has them"
+        )
 
 
 def read_max_length(model_dir: Path) -> int:

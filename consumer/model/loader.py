@@ -325,12 +325,16 @@ def check_model(settings: ModelSettings) -> Path:
     Raises:
         ModelNotFoundError: (a ``FileNotFoundError``) the model directory does not exist, or
             torch/transformers are not installed (``ModelLibrariesMissingError``).
-        ValueError: the task or the default prompt does not fit the model.
+        ValueError: a JSON file of the model is not JSON, it has no weights
+            (:func:`consumer.model.limits.check_model_files`), or the task or the default
+            prompt does not fit the model.
     """
+    from consumer.model.limits import check_model_files
     from consumer.model.prompts import resolve_default_prompt
 
     require_model_libraries()
     model_dir, _ = resolve_model(settings)
+    check_model_files(model_dir)  # a broken JSON file or no weights: named before transformers
     check_task(settings, model_dir)
     resolve_default_prompt(model_dir, settings.task, settings.default_prompt_name)
     return model_dir

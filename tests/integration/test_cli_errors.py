@@ -124,6 +124,28 @@ def test_a_token_budget_below_one_request_is_a_usage_error_before_anything_start
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize("broken", ["config", "weights"])
+def test_a_broken_model_directory_is_one_line_naming_what_is_wrong(
+    tmp_path: Path, broken: str
+) -> None:
+    """A ``config.json`` that is not JSON, or no weights: one usage error before anything
+    starts (before, a transformers traceback, or "cannot tell the model's maximum length")."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        "{broken" if broken == "config" else '{"model_type": "bert", "architectures": ["BertModel"]}'
+    )
+    proc = kbatch(["serve", "--model", str(model), "--bootstrap", "127.0.0.1:1"])
+    assert proc.returncode == USAGE
+    expected = (
+        f"Error: {model}/config.json: not valid JSON (Expecting property name"
+        if broken == "config"
+        else f"Error: {model}: no model weights (model.safetensors or pytorch_model.bin)"
+    )
+    (line,) = error_lines(proc)
+    assert line.startswith(expected), line
+
+
 def test_a_backfill_without_a_broker_is_one_line_and_closes_its_clients() -> None:
     proc = kbatch(
         ["backfill", "--source-topic", "s", "--output-topic", "o", "--from", "earliest",

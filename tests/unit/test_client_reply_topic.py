@@ -41,3 +41,15 @@ def test_kbatch_request_refuses_the_dead_letter_topic_in_one_line() -> None:
     assert "Traceback" not in default.output
     env = runner.invoke(request_command, ["t", *common, "x.dlq"], env={"KBATCH_DLQ_TOPIC": "x.dlq"})
     assert env.exit_code == 2 and "dead-letter topic" in env.output
+
+
+def test_a_timeout_names_the_allow_list_only_for_a_reply_topic_serve_may_refuse() -> None:
+    """serve's own default reply topic is always allowed: pointing at --allowed-reply-topics
+    there sent a user hunting for a refusal that could not have happened."""
+    from producer_tools.client import RequestTimeoutError
+
+    default = RequestTimeoutError(b"k", 5, 1, "kbatch.requests", "kbatch.replies")
+    own = RequestTimeoutError(b"k", 5, 1, "kbatch.requests", "my.replies")
+    assert "--allowed-reply-topics" not in str(default)
+    assert "is a kbatch serve consuming that topic?" in str(default)
+    assert "does it allow replies to 'my.replies' (--allowed-reply-topics" in str(own)
