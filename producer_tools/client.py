@@ -103,7 +103,8 @@ _T = TypeVar("_T")
 
 
 SERVE_DEFAULT_REPLY_TOPIC = "kbatch.replies"
-"""``kbatch serve``'s default ``--reply-topic``: allowed by its default ``--allowed-reply-topics``."""
+"""``kbatch serve``'s default ``--reply-topic``, which its default ``--allowed-reply-topics``
+allows."""
 
 
 class ClientError(RuntimeError):

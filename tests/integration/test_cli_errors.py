@@ -132,9 +132,8 @@ def test_a_broken_model_directory_is_one_line_naming_what_is_wrong(
     starts (before, a transformers traceback, or "cannot tell the model's maximum length")."""
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(
-        "{broken" if broken == "config" else '{"model_type": "bert", "architectures": ["BertModel"]}'
-    )
+    config = '{"model_type": "bert", "architectures": ["BertModel"]}'
+    (model / "config.json").write_text("{broken" if broken == "config" else config)
     proc = kbatch(["serve", "--model", str(model), "--bootstrap", "127.0.0.1:1"])
     assert proc.returncode == USAGE
     expected = (

@@ -9,7 +9,9 @@ import pytest
 from consumer.model.limits import check_model_files
 
 
-def _model_dir(tmp_path: Path, config: str = "{}", weights: str | None = "model.safetensors") -> Path:
+def _model_dir(
+    tmp_path: Path, config: str = "{}", weights: str | None = "model.safetensors"
+) -> Path:
     (tmp_path / "config.json").write_text(config)
     if weights is not None:
         (tmp_path / weights).write_bytes(b"\0")
