@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -108,6 +108,10 @@ class SettingsBase(BaseSettings):
     default_overrides: ClassVar[Mapping[str, Any]] = {}
     """Field name → this command's default, where it differs from the group's (applied when no
     flag, variable or file gives the field)."""
+
+    help_overrides: ClassVar[Mapping[str, str]] = {}
+    """Field name → this command's ``--help`` text, where the group's description does not fit
+    the command (``--group-id`` of ``kbatch backfill submit``); display only."""
 
     shared_env_fields: ClassVar[frozenset[str]] = frozenset()
     """Fields also read from ``KBATCH_<FIELD>`` (below the command's own prefix), for a command
@@ -210,11 +214,12 @@ class JobsSettings(BaseModel):
     jobs_topic: str = Field(
         DEFAULT_JOBS_TOPIC,
         min_length=1,
-        description="Compacted topic of backfill jobs (kbatch backfill submit); created when "
-        "missing.",
+        description="Compacted topic of backfill jobs (kbatch backfill submit); serve and "
+        "submit create it when missing.",
     )
-    jobs_topic_replication_factor: PositiveInt | None = Field(
+    jobs_topic_replication_factor: int | None = Field(
         None,
+        ge=1,
         description="Replicas of the jobs topic when it is created; default: the cluster's "
         "default.replication.factor, else min(3, brokers).",
     )
@@ -266,6 +271,10 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
         "group_id": "kbatch",
         "dlq_topic": "kbatch.requests.dlq",
     }
+    help_overrides: ClassVar[Mapping[str, str]] = {
+        "batch_timeout_s": "A batch running longer makes the engine unhealthy (/readyz 503); 3 "
+        "times as long wedges it: /healthz 503, serve leaves the group and exits 4.",
+    }
 
     # ---- Kafka topology -------------------------------------------------------------------
     request_topic: str = Field("kbatch.requests", description="Topic the requests arrive on.")
@@ -292,11 +301,17 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
     )
 
     # ---- delivery ----------------------------------------------------------------------------
-    dedup_ttl_s: float = Field(300.0, gt=0, description="How long a finished key answers copies.")
+    dedup_ttl_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a finished key is remembered, so a retry gets the same reply.",
+    )
     dedup_max_entries: int = Field(100_000, ge=1, description="Most finished keys remembered.")
 
     # ---- operations ----------------------------------------------------------------------------
-    metrics_port: int = Field(9400, ge=0, le=65535, description="0 disables the HTTP endpoint.")
+    metrics_port: int = Field(
+        9400, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; 0 disables them."
+    )
     metrics_host: str = Field(
         "127.0.0.1", description="Bind address of /metrics, /healthz, /readyz."
     )

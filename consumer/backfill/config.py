@@ -72,6 +72,11 @@ class BackfillSettings(  # fields in --help: the last base's first, the class's 
         "adaptive_wait": False,
         "poll_timeout_ms": 200,
     }
+    help_overrides: ClassVar[Mapping[str, str]] = {
+        "max_batch_tokens": "Padded tokens per batch (padded_len × n), at most; default: "
+        f"{CUDA_MAX_BATCH_TOKENS} on CUDA (the warm-up lowers a budget the device cannot hold), "
+        "else 2048; a budget not given is raised to the model's maximum length.",
+    }
 
     # ---- what to read and where to write -------------------------------------------------
     source_topic: str = Field(min_length=1, description="Topic whose history is scored.")

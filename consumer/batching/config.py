@@ -42,9 +42,8 @@ class BatchPolicyConfig(BaseModel):
         default=2048,
         ge=1,
         le=1 << 22,
-        description="Padded tokens per batch (padded_len × n), at most (CPU: 2048; GPU: "
-        "~16384; backfill: 16384 on CUDA unless given). Must hold one item of the model's "
-        "maximum length (checked by the batcher).",
+        description="Padded tokens per batch (padded_len × n), at most; a GPU is filled "
+        "better by a larger budget (~16384). Must hold one item of the model's maximum length.",
     )
     max_wait_ms: float = Field(
         default=10.0,

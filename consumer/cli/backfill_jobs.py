@@ -65,7 +65,16 @@ def add_job_commands(
             ],
             help="Submit the backfill these flags describe (kbatch backfill's flags) as a job "
             "for the kbatch serve members watching --jobs-topic: the range is resolved now; "
-            "prints the job id. task=rerank is not supported for jobs yet.",
+            "prints the job id. The job keeps --source-topic, --output-topic, the range, "
+            "--group-id, --text-field, --documents-field, --value-format, --dimensions, "
+            "--normalize, --prompt-name, --encoding-format, --top-n, --top-k, --aggregation, "
+            "--redact, --chunk-max-tokens, --chunk-overlap, --chunk-output, "
+            "--max-in-flight-records, --max-concurrent-sends, --model (when given), "
+            "--model-revision, --task, --default-prompt-name, --dlq-topic, "
+            "--commit-interval-ms and --exactly-once; each serve member runs it with its own "
+            "brokers, credentials, model and batching: the other flags serve only the submit "
+            "itself (connecting, resolving the range). --task rerank is refused: run kbatch "
+            "backfill standalone for it.",
         )
     )
     group.add_command(

@@ -82,7 +82,8 @@ def settings_options(
 ) -> list[click.Option]:
     """One click option per model field (``exclude`` names and secrets, ``SecretStr`` fields,
     are skipped: those come from the environment or the YAML file); the help shows the
-    command's default (:meth:`consumer.config.SettingsBase.default_of`) and variables
+    command's text (:attr:`~consumer.config.SettingsBase.help_overrides`, else the field's
+    description), default (:meth:`consumer.config.SettingsBase.default_of`) and variables
     (:func:`env_text`)."""
     options: list[click.Option] = []
     for name, field in model.model_fields.items():
@@ -90,7 +91,8 @@ def settings_options(
             continue  # a secret is never a flag: argv is readable by every local user
         flag = "--" + name.replace("_", "-")
         shown = _shown(model.default_of(name))
-        help_text = (field.description or "") + shown + f" (env {env_text(model, name)})"
+        described = model.help_overrides.get(name, field.description or "")
+        help_text = described + shown + f" (env {env_text(model, name)})"
         if _unwrap_optional(field.annotation) is bool:
             options.append(
                 click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)

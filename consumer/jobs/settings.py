@@ -4,6 +4,7 @@ and :class:`~consumer.config.JobsSettings`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from consumer.backfill.config import BackfillSettings
@@ -23,6 +24,10 @@ class JobsClientSettings(JobsSettings, KafkaClientSettings, SettingsBase):
     """``kbatch backfill status`` and ``cancel``: the brokers and the jobs topic."""
 
     model_config = COMMAND_CONFIG
+    help_overrides: ClassVar[Mapping[str, str]] = {
+        "jobs_topic": "Compacted topic of backfill jobs (the one kbatch backfill submit wrote "
+        "the job to).",
+    }
 
 
 class SubmitSettings(JobsSettings, BackfillSettings):
@@ -34,4 +39,13 @@ class SubmitSettings(JobsSettings, BackfillSettings):
     shared_env_fields: ClassVar[frozenset[str]] = CONNECTION_FIELDS | {
         "jobs_topic",
         "jobs_topic_replication_factor",
+    }
+    help_overrides: ClassVar[Mapping[str, str]] = {
+        **BackfillSettings.help_overrides,
+        "group_id": "Consumer group the serve members run the job under; default: "
+        "kbatch-job.<job-id> (each job its own).",
+        "model": "Run the job only on serve members serving this model (each runs it with "
+        "the model it has loaded); default: any member serving the job's --task.",
+        "jobs_topic": "Compacted topic of backfill jobs the serve members watch; created when "
+        "missing.",
     }

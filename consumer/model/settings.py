@@ -162,8 +162,8 @@ class ModelSettings(BaseModel):
     batch_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="A batch running longer makes the engine unhealthy (/readyz 503); 3 times "
-        "as long wedges it: /healthz 503, serve leaves the group and exits 4.",
+        description="A batch running longer is logged as an error and makes the engine "
+        "unhealthy until it returns.",
     )
     default_prompt_name: str | None = Field(
         None,
