@@ -380,10 +380,9 @@ def encoding(dims: list[int], n: int, rounds: int, as_json: bool) -> None:
 @option(
     "--plots-dir",
     type=OutputDir(),
-    help="Write bench_e2e.png (and bench_e2e_frontier.png with a frontier) here; default: "
-    "no plot (kbatch writes only where it is told to).",
+    help="Write bench_e2e.png (and bench_e2e_frontier.png with a frontier) here; default: no plot.",
 )
-@flag("--no-plots", help="Write no plot (the default; kept for scripts).")
+@flag("--no-plots", help="Write no plot, even with --plots-dir.")
 @option(
     "--log-dir",
     type=OutputDir(),
@@ -414,7 +413,7 @@ def e2e(
     at --load-fraction of each variant's throughput; each --latency-fractions/--latency-rates
     point also reports the consumer's cpu_ms_per_request (its processes' CPU over the phase
     per request sent), and cpu_ratio_* compares kbatch's with each raw tokenize loop's at
-    each --latency-rates point. See consumer/bench/e2e.py for the exact definitions.
+    each --latency-rates point (docs/CPU.md).
     """
     require_serve_extra()
     import asyncio

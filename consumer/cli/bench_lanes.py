@@ -81,8 +81,9 @@ def lanes_command(
     **opts: Any,
 ) -> None:
     """Live p50/p99 at --fractions of the drain rate, alone and with a backfill job running in
-    the same serve, and the job's throughput, against the lanes'
-    goals. See consumer/bench/lanes.py."""
+    the same serve, and the job's throughput, each compared with its bound: p99 with the job
+    at most 1.25 × p99 alone + one batch's time; the job's rate at least 0.8 × (drain rate −
+    live rate)."""
     require_serve_extra()
     import asyncio
     import json

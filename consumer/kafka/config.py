@@ -167,9 +167,7 @@ class PollSettings(BaseModel):
 
     model_config = _GROUP
 
-    poll_max_records: int = Field(
-        500, ge=1, description="max_records of one fetch (one getmany() chunk)."
-    )
+    poll_max_records: int = Field(500, ge=1, description="Most records taken from one fetch.")
     poll_timeout_ms: int = Field(50, ge=0, description="Longest wait of one fetch.")
 
 
