@@ -2,7 +2,8 @@
 
 ``kbatch serve --help`` has ~80 options; they are shown in panels by concern (rich-click's
 option panels), in :data:`GROUP_ORDER`. :data:`OPTION_GROUP` maps an option's name (its click
-parameter name: the settings field, ``max_batch_size``) to its group; a generated CLI reference
+parameter name: the settings field, ``max_batch_size``) to its group (a command's own exceptions:
+:data:`COMMAND_GROUP`); a generated CLI reference
 reads the same mapping (:func:`groups_of`), so ``--help`` and the reference never disagree.
 An option not in the mapping goes to :data:`OTHER`: a command whose options are all there keeps
 rich-click's one panel; a test keeps :data:`OTHER` out of the commands that have panels.
@@ -15,32 +16,45 @@ from collections.abc import Mapping
 import click
 from rich_click import RichCommand, RichOptionPanel
 
-__all__ = ["GROUP_ORDER", "OPTION_GROUP", "OTHER", "apply_option_panels", "groups_of"]
+__all__ = [
+    "COMMAND_GROUP",
+    "GROUP_ORDER",
+    "OPTION_GROUP",
+    "OTHER",
+    "apply_option_panels",
+    "groups_of",
+]
 
 KAFKA = "Kafka"
 TOPICS = "Topics"
 RANGE = "Range"
+INPUT = "Input"
 REQUEST = "Request options"
 BENCH = "Benchmark"
+DEMO = "Demo"
 MODEL = "Model"
 BATCHING = "Batching"
 LANES = "Lanes"
 FLOW = "Flow control"
 DELIVERY = "Delivery"
+PROCESS = "Process"
 SECURITY = "Security"
 JOBS = "Backfill jobs"
 OBSERVABILITY = "Observability"
 LOAD = "Load"
 OUTPUT = "Output"
+CONFIGURATION = "Configuration"
 OTHER = "Options"
 
 GROUP_ORDER: tuple[str, ...] = (
     KAFKA,
     TOPICS,
     RANGE,
+    INPUT,
     REQUEST,
     LOAD,
     BENCH,
+    DEMO,
     MODEL,
     BATCHING,
     LANES,
@@ -48,8 +62,10 @@ GROUP_ORDER: tuple[str, ...] = (
     DELIVERY,
     SECURITY,
     JOBS,
+    PROCESS,
     OBSERVABILITY,
     OUTPUT,
+    CONFIGURATION,
     OTHER,
 )
 """The panels, top first."""
@@ -70,9 +86,10 @@ OPTION_GROUP: Mapping[str, str] = {
         TOPICS,
         """request_topic reply_topic dlq_topic allowed_reply_topics create_topics
         topic_partitions topic_replication_factor partitions replication_factor source_topic
-        output_topic jobs_topic jobs_topic_replication_factor""",
+        output_topic""",
     ),
-    **_each(RANGE, "range_from range_to text_field documents_field value_format"),
+    **_each(RANGE, "range_from range_to"),
+    **_each(INPUT, "text_field documents_field value_format"),
     **_each(
         REQUEST,
         """text_file key documents meta priority retries full dimensions normalize prompt_name
@@ -83,13 +100,12 @@ OPTION_GROUP: Mapping[str, str] = {
         MODEL,
         """model model_name model_dir model_revision task device dtype torch_threads
         cpu_budget backend torch_trace quantize allow_lossy max_length truncate window_stride
-        max_windows max_text_bytes
-        batch_timeout_s default_prompt_name""",
+        max_windows max_text_bytes default_prompt_name""",
     ),
     **_each(
         BATCHING,
         """max_batch_size max_batch_tokens max_wait_ms bucket_edges preferred_batch_sizes
-        adaptive_wait batch_overhead_tokens target_p99_ms rate_window_ms""",
+        adaptive_wait batch_overhead_tokens target_p99_ms rate_window_ms batch_timeout_s""",
     ),
     **_each(LANES, "bulk_max_batch_ms bulk_min_share lane_share_window_ms"),
     **_each(
@@ -100,20 +116,21 @@ OPTION_GROUP: Mapping[str, str] = {
     **_each(
         DELIVERY,
         """send_timeout_ms commit_interval_ms exactly_once drain_timeout_s dedup_ttl_s
-        dedup_max_entries replicas""",
+        dedup_max_entries""",
     ),
     **_each(
         SECURITY,
         """security_protocol sasl_mechanism sasl_username sasl_password_file
         sasl_oauth_token_file ssl_cafile ssl_certfile ssl_keyfile ssl_check_hostname""",
     ),
-    **_each(JOBS, "run_jobs"),
+    **_each(JOBS, "jobs_topic jobs_topic_replication_factor run_jobs"),
+    **_each(PROCESS, "replicas"),
     **_each(KAFKA, "broker_port"),
     **_each(OBSERVABILITY, "metrics_port metrics_host log_level tracing progress traceparent"),
     **_each(
         LOAD,
         """pattern rate_per_s duration_s count corpus warmup_s rates_per_s steps step_s burst_factor
-        burst_s burst_every_s first_burst_s after_s poisson_arrivals seed timeout_s
+        burst_s burst_every_s first_burst_s after_s poisson_arrivals timeout_s
         deadline_after_ms encoding metrics_url max_error_rate no_probe knee_p99_factor
         knee_p99_ms""",
     ),
@@ -122,11 +139,25 @@ OPTION_GROUP: Mapping[str, str] = {
         """texts_file n seconds rate rate_fraction fixed_batch_size rounds strategies
         latency_s latency_warmup_s load_fraction latency_fractions latency_rates fractions
         max_latency_rate variants serve_prefix batch_size no_sentence_transformers dims
-        windows stride repeats steady_s steady_rate pulse_s""",
+        windows stride repeats seed""",
     ),
-    **_each(OUTPUT, "as_json plots_dir plots_prefix no_progress no_plots log_dir config"),
+    **_each(DEMO, "steady_s steady_rate pulse_s"),
+    **_each(OUTPUT, "as_json plots_dir plots_prefix no_progress no_plots log_dir"),
+    **_each(CONFIGURATION, "config"),
 }
 """Option name (click parameter name) → its group in ``--help``."""
+
+COMMAND_GROUP: Mapping[str, Mapping[str, str]] = {
+    "request": {
+        **_each(DELIVERY, "timeout_s deadline_after_ms encoding"),
+        **_each(REQUEST, "task truncate"),
+        "full": OUTPUT,
+    },
+    "load": {"seed": LOAD},
+    "e2e": {"replicas": BENCH},
+}
+"""Command name → the groups of its options where :data:`OPTION_GROUP`'s do not fit it
+(``kbatch request``'s ``--task`` is a request option, serve's a model setting)."""
 
 
 _RANK = {name: i for i, name in enumerate(OPTION_GROUP)}
@@ -136,9 +167,11 @@ def groups_of(command: click.Command) -> dict[str, list[click.Option]]:
     """``command``'s options by group, in :data:`GROUP_ORDER` (empty groups left out), each
     group's options in :data:`OPTION_GROUP`'s order (the others after them, as declared)."""
     found: dict[str, list[click.Option]] = {}
+    own = COMMAND_GROUP.get(command.name or "", {})
     for param in command.params:
         if isinstance(param, click.Option):
-            found.setdefault(OPTION_GROUP.get(param.name or "", OTHER), []).append(param)
+            name = param.name or ""
+            found.setdefault(own.get(name) or OPTION_GROUP.get(name, OTHER), []).append(param)
     return {
         group: sorted(found[group], key=lambda o: _RANK.get(o.name or "", len(_RANK)))
         for group in GROUP_ORDER

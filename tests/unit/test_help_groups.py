@@ -48,3 +48,18 @@ def test_serve_help_shows_the_groups_in_order_each_option_in_its_own() -> None:
 
 def test_the_mapping_names_only_known_groups() -> None:
     assert set(OPTION_GROUP.values()) <= set(GROUP_ORDER)
+
+
+def test_a_command_s_own_groups_win_over_the_shared_ones() -> None:
+    def group(path: tuple[str, ...], name: str) -> str:
+        found = groups_of(_command(*path))
+        return next(g for g, options in found.items() if name in [o.name for o in options])
+
+    assert group(("serve",), "task") == "Model"
+    assert group(("request",), "task") == "Request options"
+    assert group(("request",), "timeout_s") == "Delivery"
+    assert group(("load",), "seed") == "Load"
+    assert group(("bench", "engine"), "seed") == "Benchmark"
+    assert group(("serve",), "replicas") == "Process"
+    assert group(("serve",), "config") == "Configuration"
+    assert group(("backfill", "submit"), "jobs_topic") == "Backfill jobs"
