@@ -18,8 +18,27 @@ from consumer.cli.request import request_command
 from consumer.cli.serve import serve_command
 from consumer.cli.topics import topics_group
 
+_HELP_CONFIG = {
+    # The type (TEXT, INTEGER…) after the help, not in a column of its own: the option column
+    # gets the room, so a long flag (--create-topics/--no-create-topics) wraps less at 80
+    # columns.
+    "options_table_column_types": ["required", "opt_long", "opt_short", "help"],
+    "options_table_help_sections": [
+        "help",
+        "metavar",
+        "deprecated",
+        "envvar",
+        "default",
+        "required",
+    ],
+}
 
-@click.group("kbatch", cls=BoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    "kbatch",
+    cls=BoundaryGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "rich_help_config": _HELP_CONFIG},
+)
 @click.version_option(package_name="kbatch")
 def cli() -> None:
     """Kafka inference consumer: batched model serving over Kafka topics."""
