@@ -83,7 +83,7 @@ class BatchPolicyConfig(BaseModel):
         "cost model has measured the device, a batch holds at most the padded tokens that "
         "finish within half of it (an item may wait for one running batch, then ride the "
         "next). Trades throughput for tail latency; never below one item of the model's "
-        "maximum length. None = batches as large as the other limits allow.",
+        "maximum length. Unset: batches as large as the other limits allow.",
     )
     rate_window_ms: float = Field(
         default=250.0,

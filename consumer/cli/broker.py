@@ -15,7 +15,8 @@ port_option = option(
     type=int,
     default=DEFAULT_PORT,
     envvar="KBATCH_BROKER_PORT",
-    help="Broker port; the controller listens on port + 1 (env KBATCH_BROKER_PORT).",
+    help="Broker port; the controller listens on port + 1 (env KBATCH_BROKER_PORT). With "
+    "--secure: 9094 unless --port is given (KBATCH_BROKER_PORT is the plain broker's).",
 )
 
 
@@ -48,7 +49,11 @@ def _fail(err: BrokerError) -> None:
     help="Nodes: above 1, a KRaft cluster on ports PORT.. (docs/CLUSTER.md), topics "
     "replicated 3 times with min.insync.replicas 2.",
 )
-@flag("--secure", help="TLS, SCRAM and mutual TLS with ACLs (default port 9094; docs/SECURITY.md).")
+@flag(
+    "--secure",
+    help="TLS, SCRAM and mutual TLS with ACLs, on port 9094 unless --port is given "
+    "(docs/SECURITY.md).",
+)
 @click.pass_context
 def start(
     ctx: click.Context, port: int, fresh: bool, kafka_version: str, nodes: int, secure: bool

@@ -12,9 +12,9 @@ from consumer.cli.options import OutputDir, option
 
 
 @click.command("demo", cls=RichCommand)
-@option("--steady-s", type=float, default=30.0, help="Steady phase length.")
+@option("--steady-s", type=float, default=30.0, help="Steady phase length, seconds.")
 @option("--steady-rate", type=float, default=30.0, help="Requests/s, steady.")
-@option("--pulse-s", type=float, default=30.0, help="Pulse phase length.")
+@option("--pulse-s", type=float, default=30.0, help="Pulse phase length, seconds.")
 @option("--plots-dir", type=OutputDir(), help="Write PNG plots here.")
 @option(
     "--broker-port",
@@ -27,7 +27,8 @@ def demo_command(
     steady_s: float, steady_rate: float, pulse_s: float, plots_dir: Path | None, broker_port: int
 ) -> None:
     """Start the local broker and `kbatch serve --model minilm`, drive it with a steady phase
-    and a pulse of VADER texts, print the reports and sample replies, then stop it."""
+    and a pulse of VADER texts, print the reports and sample replies, then stop the server
+    (the broker keeps running)."""
     require_serve_extra()
     from producer_tools.demo import DemoOptions, run_demo
 

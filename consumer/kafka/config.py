@@ -130,7 +130,9 @@ class ConsumerGroupSettings(BaseModel):
         "same id restarts (a StatefulSet). Dynamic members always leave.",
     )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
-        "earliest", description="Where a group without a commit starts: every request is answered."
+        "earliest",
+        description="Where a group without a commit starts: earliest: answer requests already "
+        "on the topic; latest: only new ones.",
     )
     session_timeout_ms: int = Field(
         30_000,
