@@ -2,9 +2,8 @@
 
 ``kbatch serve --help`` has ~80 options; they are shown in panels by concern (rich-click's
 option panels), in :data:`GROUP_ORDER`. :data:`OPTION_GROUP` maps an option's name (its click
-parameter name: the settings field, ``max_batch_size``) to its group (a command's own exceptions:
-:data:`COMMAND_GROUP`); a generated CLI reference
-reads the same mapping (:func:`groups_of`), so ``--help`` and the reference never disagree.
+parameter name: the settings field, ``max_batch_size``) to its group, :data:`COMMAND_GROUP`
+a command's own exceptions; :func:`groups_of` gives a command's panels from both.
 An option not in the mapping goes to :data:`OTHER`: a command whose options are all there keeps
 rich-click's one panel; a test keeps :data:`OTHER` out of the commands that have panels.
 """
