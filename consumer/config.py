@@ -214,8 +214,8 @@ class JobsSettings(BaseModel):
     jobs_topic: str = Field(
         DEFAULT_JOBS_TOPIC,
         min_length=1,
-        description="Compacted topic of backfill jobs (kbatch backfill submit); serve and "
-        "submit create it when missing.",
+        description="Compacted topic of backfill jobs (kbatch backfill submit); serve (unless "
+        "--no-create-topics) and submit create it when missing.",
     )
     jobs_topic_replication_factor: int | None = Field(
         None,
