@@ -24,6 +24,7 @@ from consumer.kafka.durability import (
     choose_replication,
     cluster_min_insync,
     cluster_replication,
+    fragile_topics_message,
     replication_warning,
 )
 from consumer.kafka.errors import TopicCreationError
@@ -143,12 +144,7 @@ async def ensure_topics(
     log.info("created topics %s (%d replica(s): %s)", missing, replicas, why)
     warning = replication_warning(replicas, min_insync)
     if warning is not None:
-        log.warning(
-            "topics %s were created with %d replica(s) (%s), %s: raise the cluster's "
-            "default.replication.factor or give a replication factor (serve: "
-            "--topic-replication-factor), and reassign these (kafka-reassign-partitions)",
-            missing, replicas, why, warning,
-        )  # fmt: skip
+        log.warning("%s", fragile_topics_message(missing, replicas, why, warning, brokers))
     return missing
 
 

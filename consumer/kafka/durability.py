@@ -178,3 +178,23 @@ async def read_config(
                 if entry_name == key:
                     return None if value is None else str(value)
     return None
+
+
+def fragile_topics_message(
+    topics: list[str], replicas: int, why: str, warning: str, brokers: int
+) -> str:
+    """The WARNING line for ``topics`` just created with ``replicas`` replicas (``why``: how
+    that was chosen), fragile as ``warning`` says (:func:`replication_warning`). On a
+    one-broker cluster (``brokers`` == 1: ``kbatch broker start``, a development broker) no
+    replication is possible, so the line says so briefly instead of naming remedies that need
+    more brokers."""
+    if brokers == 1:
+        return (
+            f"topics {topics} have 1 replica: a one-broker cluster keeps no copy (fine for "
+            "development; in production use 3 brokers and replication factor 3)"
+        )
+    return (
+        f"topics {topics} were created with {replicas} replica(s) ({why}), {warning}: raise the "
+        "cluster's default.replication.factor or give a replication factor (serve: "
+        "--topic-replication-factor), and reassign these (kafka-reassign-partitions)"
+    )

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.kafka.durability import Durability, choose_replication, replication_warning
+from consumer.kafka.durability import (
+    Durability,
+    choose_replication,
+    fragile_topics_message,
+    replication_warning,
+)
 
 
 @pytest.mark.parametrize(
@@ -76,3 +81,16 @@ def test_a_created_topics_replicas_are_warned_about_below_3_or_min_insync_plus_1
         assert warning is None
     else:
         assert warning is not None and warned in warning
+
+
+def test_a_one_broker_cluster_is_one_short_warning_without_remedies_it_cannot_take() -> None:
+    """``kbatch broker start``'s one node cannot replicate: the line says so briefly instead of
+    asking for a replication factor and a reassignment that need more brokers."""
+    one = fragile_topics_message(["t.req"], 1, "why", "fewer than 3", brokers=1)
+    assert one == (
+        "topics ['t.req'] have 1 replica: a one-broker cluster keeps no copy (fine for "
+        "development; in production use 3 brokers and replication factor 3)"
+    )
+    three = fragile_topics_message(["t.req"], 2, "as requested", "fewer than 3", brokers=3)
+    assert "created with 2 replica(s) (as requested), fewer than 3: raise" in three
+    assert "kafka-reassign-partitions" in three
