@@ -7,12 +7,13 @@ one was answered; figures worth reporting (duplicates, peak RSS, recovery time) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,13 +189,25 @@ async def test_two_members_one_leaves_midway(
     print(f"\ntwo members: {duplicates(replies)} duplicates after a graceful leave")
 
 
-async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> None:
-    """A broker of its own (so the shared one stays up), stopped and restarted mid-run."""
+@contextlib.asynccontextmanager
+async def own_broker(prefix: str) -> AsyncIterator[tuple[LocalBroker, str]]:
+    """A fresh broker of its own (the shared one stays up) with ``<prefix>.req`` (2
+    partitions), ``.rep`` and ``.dlq``; stopped and its data removed at the end. Yields the
+    broker and its bootstrap address."""
     broker = LocalBroker(port=free_port_pair())
     try:
         bootstrap = await asyncio.to_thread(broker.start, fresh=True)
-        await create_topics(bootstrap, ["b.req"], partitions=2)
-        await create_topics(bootstrap, ["b.rep", "b.dlq"])
+        await create_topics(bootstrap, [f"{prefix}.req"], partitions=2)
+        await create_topics(bootstrap, [f"{prefix}.rep", f"{prefix}.dlq"])
+        yield broker, bootstrap
+    finally:
+        await asyncio.to_thread(broker.stop)
+        shutil.rmtree(broker.home, ignore_errors=True)
+
+
+async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> None:
+    """A broker of its own (so the shared one stays up), stopped and restarted mid-run."""
+    async with own_broker("b") as (broker, bootstrap):
         n = 400
         await produce(bootstrap, "b.req", [request(f"r-{i}", f"text {i}") for i in range(n // 2)])
         server = start(
@@ -218,9 +231,6 @@ async def test_broker_restart_mid_run(tmp_path: Path, tiny_embed_dir: Path) -> N
             assert server.proc is not None and server.proc.poll() is None, server.log_tail()
         finally:
             server.stop()
-    finally:
-        await asyncio.to_thread(broker.stop)
-        shutil.rmtree(broker.home, ignore_errors=True)
     assert {r.key for r in replies} == all_keys(n)
     print(
         f"\nbroker restart: all {n} answered {recovered_s:.1f}s after the stop, "
@@ -235,11 +245,7 @@ async def test_the_only_broker_down_for_17_s_is_warnings_not_a_flood_of_errors(
     ``Unable to update metadata from [1]`` was 192 ERROR lines (11 a second); now a WARNING a
     minute (consumer/kafka/log_levels.py), no ERROR of it under a minute's outage, nothing
     lost."""
-    broker = LocalBroker(port=free_port_pair())
-    try:
-        bootstrap = await asyncio.to_thread(broker.start, fresh=True)
-        await create_topics(bootstrap, ["o.req"], partitions=2)
-        await create_topics(bootstrap, ["o.rep", "o.dlq"])
+    async with own_broker("o") as (broker, bootstrap):
         n = 40
         server = start(tmp_path, bootstrap, ("o.req", "o.rep", "o.dlq"), "outage", "sim:0,0")
         try:
@@ -255,9 +261,6 @@ async def test_the_only_broker_down_for_17_s_is_warnings_not_a_flood_of_errors(
             assert server.proc is not None and server.proc.poll() is None, server.log_tail()
         finally:
             server.stop()
-    finally:
-        await asyncio.to_thread(broker.stop)
-        shutil.rmtree(broker.home, ignore_errors=True)
     lines = server.log_path.read_text(errors="replace").splitlines()
     errors = [line for line in lines if " ERROR " in line]
     warnings = [line for line in lines if " WARNING aiokafka" in line]
