@@ -1,0 +1,165 @@
+"""The transport seam: what kbatch needs of a Kafka client, as Protocols that import none.
+
+::
+
+    serve / backfill / jobs (consumer.serve, consumer.finish, consumer.backfill)
+        │   offsets, flow control, the error tree, retry / taint / replace policies
+        ▼
+    consumer.kafka.transport          ◄── these Protocols, and the choice of client
+        ├── consumer.kafka (aiokafka adapter: source, sink, transactions, range_source …)
+        └── consumer.kafka.confluent_adapter (confluent-kafka / librdkafka)
+
+Each client is an adapter below the seam, chosen once at start-up (``--kafka-client``,
+``KBATCH_KAFKA_CLIENT``). Modules above the seam import neither client
+(tests/unit/test_import_boundaries.py keeps it so); adapters raise only the errors of
+:mod:`consumer.kafka.errors`.
+
+Shapes: a partition is :data:`consumer.kafka.records.TopicPartition` ``(topic, partition)``;
+offsets are ints, "the next offset to read"; a record read is
+:class:`consumer.kafka.records.InRecord`, one to send :class:`schemas.records.OutRecord`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, Protocol
+
+from consumer.kafka.records import InRecord, Membership, TopicPartition
+from schemas.records import OutRecord
+
+KafkaClientName = Literal["aiokafka", "confluent"]
+"""The Kafka client under the seam: ``aiokafka`` (pure Python on asyncio) or ``confluent``
+(confluent-kafka on librdkafka, C threads)."""
+
+GroupProtocol = Literal["classic", "consumer"]
+"""The consumer group protocol: ``classic`` (JoinGroup/SyncGroup, eager revocation) or
+``consumer`` (KIP-848: the broker assigns incrementally; confluent-kafka only)."""
+
+
+class RebalanceHandler(Protocol):
+    """What the owner of a group source does when partitions move; awaited before the client
+    goes on (before it rejoins under the classic protocol, before it acknowledges the
+    assignment change under the consumer protocol)."""
+
+    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None: ...
+
+    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None: ...
+
+
+class GroupSource(Protocol):
+    """One member of a consumer group reading its topics in chunks, auto-commit off.
+
+    Errors: :class:`consumer.kafka.errors.KafkaUnavailableError` (start: no broker),
+    :class:`~consumer.kafka.errors.KafkaSecurityError` (a TLS/SASL refusal or an ACL denial),
+    :class:`~consumer.kafka.errors.FencedInstanceError` (another member took this static
+    member's id), :class:`~consumer.kafka.errors.CommitError` (a commit refused).
+    """
+
+    async def start(self) -> None:
+        """Connect and subscribe; partitions arrive through the rebalance handler."""
+
+    async def stop(self) -> None:
+        """Leave the group (a static member only after :meth:`leave_group_on_stop`) and
+        close; idempotent."""
+
+    def leave_group_on_stop(self) -> None:
+        """Make :meth:`stop` leave the group even as a static member."""
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        """At most ``max_records`` records, in partition order; waits at most ``timeout_ms``
+        for the first; empty when paused or idle."""
+
+    def membership(self) -> Membership:
+        """This member's id and group generation (``("", -1)`` outside the group)."""
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        """Stop fetching these partitions (only those still assigned)."""
+
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        """Fetch these partitions again (only those still assigned)."""
+
+    def paused(self) -> frozenset[TopicPartition]:
+        """The partitions paused in the client now."""
+
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
+    ) -> None:
+        """Commit ``offsets`` for the group, each with its metadata string ("" if none)."""
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (None when it has none)."""
+
+    async def committed_metadata(self, tp: TopicPartition) -> tuple[int | None, str]:
+        """The committed offset of ``tp`` and its metadata; ``(None, "")`` when none."""
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The log end offset of each of ``tps`` asked of the broker (empty when it does not
+        answer)."""
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` next (a partition no longer assigned is left alone)."""
+
+    async def position(self, tp: TopicPartition) -> int | None:
+        """The next offset this member reads from ``tp`` (None when not assigned)."""
+
+
+class ReplySink(Protocol):
+    """An idempotent producer (acks=all) of replies and dead letters.
+
+    A record's future raises :class:`consumer.kafka.errors.DeliveryError` (never
+    deliverable: a bad topic or partition, too large, denied) or
+    :class:`~consumer.kafka.errors.SinkClosedError` (closed before acknowledged).
+    """
+
+    async def start(self) -> None:
+        """Connect."""
+
+    async def stop(self) -> None:
+        """Flush what is buffered (within the send deadline) and close; idempotent."""
+
+    async def abandon(self) -> None:
+        """Drop what is buffered without waiting for the broker."""
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        """Queue ``records`` in order; one future per record (records that share a fate may
+        share one future object), done when the broker acknowledged it."""
+
+
+class TransactionalReplySink(Protocol):
+    """``--exactly-once``: replies and offsets of each input partition in its own
+    transactions (:mod:`consumer.kafka.transactions` says why and how).
+
+    Errors: :class:`consumer.kafka.errors.TransactionError` (a commit failed; the partition is
+    closed), :class:`~consumer.kafka.errors.KafkaUnavailableError` (open: no producer id).
+    """
+
+    @property
+    def open_partitions(self) -> frozenset[TopicPartition]:
+        """Input partitions with a producer and an open transaction."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Close every partition; idempotent."""
+
+    async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None:
+        """Start ``tp``'s producer (fencing an earlier one) and begin a transaction."""
+
+    async def close(self, tp: TopicPartition) -> None:
+        """Abort ``tp``'s open transaction and stop its producer."""
+
+    async def send_from(
+        self, tp: TopicPartition, records: Sequence[OutRecord]
+    ) -> list[asyncio.Future[None]]:
+        """Send ``records`` in ``tp``'s open transaction; one future each."""
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
+    ) -> dict[TopicPartition, int]:
+        """Commit each partition's transaction with its offsets; returns those committed."""
