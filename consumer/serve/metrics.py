@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 import warnings
@@ -388,6 +389,28 @@ class Exposition(Protocol):
         ...
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """An HTTP server that counts a client hanging up mid-answer (``BrokenPipeError``,
+    ``ConnectionResetError``) instead of printing socketserver's traceback to stderr; other
+    errors of a request keep socketserver's report."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        on_hangup: Callable[[], None],
+    ) -> None:
+        self._on_hangup = on_hangup
+        super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            self._on_hangup()
+            return
+        super().handle_error(request, client_address)
+
+
 class HealthServer:
     """``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (ready to serve).
 
@@ -442,10 +465,16 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self.hangups = 0
+        """Requests whose client hung up before the answer was written (a probe that timed
+        out, a scraper that closed): not an error of kbatch's, so never a traceback."""
+        self._httpd = _QuietServer((host, port), Handler, on_hangup=self._hung_up)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="kbatch-http", daemon=True
         )
+
+    def _hung_up(self) -> None:
+        self.hangups += 1
 
     @property
     def port(self) -> int:
