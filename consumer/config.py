@@ -330,6 +330,11 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
         for name in ("group_id", "dlq_topic"):
             if getattr(self, name) is None:
                 raise ValueError(f"{name}=None: kbatch serve needs one")
+        if self.group_protocol == "consumer" and self.kafka_client != "confluent":
+            raise ValueError(
+                "group_protocol=consumer needs kafka_client=confluent (aiokafka speaks the "
+                "classic protocol only)"
+            )
         if self.allowed_reply_topics is not None:
             try:
                 re.compile(self.allowed_reply_topics)

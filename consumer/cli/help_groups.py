@@ -77,7 +77,8 @@ def _each(group: str, names: str) -> dict[str, str]:
 OPTION_GROUP: Mapping[str, str] = {
     **_each(
         KAFKA,
-        """bootstrap group_id group_instance_id leave_group_on_shutdown auto_offset_reset
+        """bootstrap kafka_client group_id group_instance_id group_protocol
+        leave_group_on_shutdown auto_offset_reset
         session_timeout_ms heartbeat_interval_ms max_poll_interval_ms rebalance_timeout_ms
         poll_max_records poll_timeout_ms""",
     ),

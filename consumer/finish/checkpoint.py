@@ -49,8 +49,7 @@ from consumer.kafka.errors import CommitError, RangeSourceError, TransactionErro
 from consumer.kafka.offset_metadata import read_completed
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.records import TopicPartition
-from consumer.kafka.sink import KafkaSink
-from consumer.kafka.transactions import TransactionalSink
+from consumer.kafka.transport import reply_sink, transactional_sink
 
 __all__ = [
     "Checkpoint",
@@ -75,14 +74,15 @@ T = TypeVar("T")
 
 
 class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
-    """``--exactly-once``: :class:`consumer.kafka.transactions.TransactionalSink`."""
+    """``--exactly-once``: a :class:`consumer.kafka.transport.TransactionalReplySink`."""
 
     async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None: ...
     async def close(self, tp: TopicPartition) -> None: ...
 
 
 class ProducerSink(SinkLike, Protocol):
-    """The sink of a delivery mode: :class:`KafkaSink` or :class:`TransactionalSink`."""
+    """The sink of a delivery mode: a :class:`consumer.kafka.transport.ReplySink` or a
+    :class:`consumer.kafka.transport.TransactionalReplySink`."""
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -340,11 +340,11 @@ class DeliveryMode:
         group_id: str,
         id_prefix: str = "kbatch",
     ) -> DeliveryMode:
-        """A :class:`KafkaSink`, or with ``exactly_once`` a :class:`TransactionalSink` (a
+        """A reply sink, or with ``exactly_once`` a transactional one (a
         producer per input partition, transactional ids ``<id_prefix>-<group_id>-…``)."""
         if not exactly_once:
-            return cls(KafkaSink(client, settings, default_topic=default_topic))
-        transactions = TransactionalSink(
+            return cls(reply_sink(client, settings, default_topic=default_topic))
+        transactions = transactional_sink(
             client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
         )
         return cls(transactions, transactions)

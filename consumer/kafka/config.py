@@ -47,6 +47,12 @@ class KafkaClientSettings(BaseModel):
     bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
     )
+    kafka_client: Literal["aiokafka", "confluent"] = Field(
+        "aiokafka",
+        description="The Kafka client: aiokafka (pure Python on asyncio) or confluent "
+        "(confluent-kafka on librdkafka: less CPU per record; the kbatch[serve] extra). "
+        "The wire is the same: key → partition, headers, offsets and their metadata.",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT",
         description="Kafka security.protocol: SSL for TLS (mutual TLS with --ssl-certfile), "
@@ -128,6 +134,13 @@ class ConsumerGroupSettings(BaseModel):
         "(SIGTERM, SIGINT): its partitions move at once, not after the session timeout. For "
         "ids that never come back (a Deployment's pod names, a scale-down); off where the "
         "same id restarts (a StatefulSet). Dynamic members always leave.",
+    )
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic",
+        description="The group protocol: classic (JoinGroup/SyncGroup; every broker) or "
+        "consumer (KIP-848: the broker assigns and moves only the partitions that move; Kafka "
+        "4.0+, --kafka-client confluent; the broker's group.consumer.* settings then replace "
+        "--session-timeout-ms and --heartbeat-interval-ms).",
     )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest",

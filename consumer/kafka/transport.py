@@ -25,6 +25,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.records import InRecord, Membership, TopicPartition
 from schemas.records import OutRecord
 
@@ -163,3 +164,86 @@ class TransactionalReplySink(Protocol):
         self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]
     ) -> dict[TopicPartition, int]:
         """Commit each partition's transaction with its offsets; returns those committed."""
+
+    async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
+        """Not available: every record belongs to an input partition's transaction.
+
+        Raises:
+            TypeError: always (:meth:`send_from`).
+        """
+
+
+def group_source(
+    client: KafkaClientSettings,
+    group: ConsumerGroupSettings,
+    handler: RebalanceHandler,
+    *,
+    group_id: str,
+    topics: Iterable[str],
+    max_poll_records: int,
+) -> GroupSource:
+    """serve's group source on ``client.kafka_client``: the aiokafka adapter
+    (:class:`consumer.kafka.source.KafkaSource`, classic protocol only) or the confluent one
+    (:class:`consumer.kafka.confluent_adapter.source.ConfluentSource`, ``group.group_protocol``).
+
+    Raises:
+        ValueError: ``group_protocol="consumer"`` on aiokafka.
+    """
+    if client.kafka_client == "confluent":
+        from consumer.kafka.confluent_adapter.source import ConfluentSource
+
+        return ConfluentSource(
+            client,
+            group,
+            handler,
+            group_id=group_id,
+            topics=topics,
+            max_poll_records=max_poll_records,
+            group_protocol=group.group_protocol,
+        )
+    if group.group_protocol != "classic":
+        raise ValueError("group_protocol=consumer needs kafka_client=confluent")
+    from consumer.kafka.source import KafkaSource
+
+    return KafkaSource(
+        client, group, handler, group_id=group_id, topics=topics, max_poll_records=max_poll_records
+    )
+
+
+def reply_sink(
+    client: KafkaClientSettings, settings: SinkSettings, *, default_topic: str
+) -> ReplySink:
+    """An idempotent reply sink on ``client.kafka_client``
+    (:class:`consumer.kafka.sink.KafkaSink` or
+    :class:`consumer.kafka.confluent_adapter.sink.ConfluentSink`)."""
+    if client.kafka_client == "confluent":
+        from consumer.kafka.confluent_adapter.sink import ConfluentSink
+
+        return ConfluentSink(client, settings, default_topic=default_topic)
+    from consumer.kafka.sink import KafkaSink
+
+    return KafkaSink(client, settings, default_topic=default_topic)
+
+
+def transactional_sink(
+    client: KafkaClientSettings,
+    settings: SinkSettings,
+    *,
+    default_topic: str,
+    group_id: str,
+    id_prefix: str = "kbatch",
+) -> TransactionalReplySink:
+    """``--exactly-once``'s sink on ``client.kafka_client``
+    (:class:`consumer.kafka.transactions.TransactionalSink` or
+    :class:`consumer.kafka.confluent_adapter.transactions.ConfluentTransactionalSink`)."""
+    if client.kafka_client == "confluent":
+        from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+
+        return ConfluentTransactionalSink(
+            client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
+        )
+    from consumer.kafka.transactions import TransactionalSink
+
+    return TransactionalSink(
+        client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
+    )

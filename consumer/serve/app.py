@@ -35,7 +35,7 @@ from consumer.kafka.errors import (
     TransactionError,
 )
 from consumer.kafka.flow import FlowControl
-from consumer.kafka.source import KafkaSource
+from consumer.kafka.transport import GroupSource, group_source
 from consumer.lifecycle import (
     STOP_NOW_HINT,
     Lifecycle,
@@ -104,7 +104,7 @@ class _Parts:
     pipeline: Pipeline
     engine: Engine
     fanout: FanOutEngine | None
-    source: KafkaSource
+    source: GroupSource
     sink: ProducerSink
     replies: ReplyBuilder
 
@@ -270,7 +270,7 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
         sink,
         replies,
         metrics,
-        source=lambda handler: KafkaSource(
+        source=lambda handler: group_source(
             client,
             project(ConsumerGroupSettings, settings),
             handler,
@@ -282,9 +282,7 @@ def _build(settings: ServeSettings, metrics: Metrics, tracing: ServeTracing | No
         transactions=transactions,
         tracing=tracing.requests if tracing is not None else None,
     )
-    source = pipeline.source
-    assert isinstance(source, KafkaSource)
-    return _Parts(pipeline, engine, fanout, source, sink, replies)
+    return _Parts(pipeline, engine, fanout, pipeline.source, sink, replies)
 
 
 def _no_beat() -> None:

@@ -52,7 +52,7 @@ from schemas.errors import ErrorCode
 from schemas.records import RecordDecodeError, parse_request_record
 
 if TYPE_CHECKING:
-    from consumer.kafka.source import RebalanceHandler
+    from consumer.kafka.transport import GroupSource, RebalanceHandler
     from consumer.tracing.requests import RequestTracing
 
 __all__ = ["FIRST_POLL_RECORDS", "EngineLike", "Pending", "Pipeline", "SourceLike"]
@@ -107,7 +107,7 @@ class Pipeline:
         replies: ReplyBuilder,
         metrics: Metrics,
         *,
-        source: Callable[[RebalanceHandler], SourceLike],
+        source: Callable[[RebalanceHandler], GroupSource],
         engine: EngineLike,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
