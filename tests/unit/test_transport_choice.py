@@ -35,7 +35,8 @@ def test_the_client_comes_from_the_environment_for_serve_and_backfill(
     monkeypatch.setenv("KBATCH_KAFKA_CLIENT", "confluent")
     assert load_settings(ServeSettings).kafka_client == "confluent"
     # a connection setting: backfill falls back to serve's variable
-    assert load_settings(BackfillSettings, source_topic="t", output_topic="o").kafka_client == "confluent"
+    backfill = load_settings(BackfillSettings, source_topic="t", output_topic="o")
+    assert backfill.kafka_client == "confluent"
 
 
 def test_the_consumer_protocol_on_aiokafka_is_refused_with_one_reason() -> None:
