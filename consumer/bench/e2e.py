@@ -7,9 +7,11 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
   pooling, :mod:`consumer.model.baselines`) and commits after each poll
   (:mod:`consumer.bench.e2e_workers`, its own process): the honest "before" picture;
 - ``kbatch`` — a real ``kbatch serve`` process with the model;
+- ``kbatch_confluent`` — the same with ``--kafka-client confluent`` (confluent-kafka);
 - ``kbatch_eos`` — the same with ``--exactly-once`` (a transaction per request partition and
   commit interval); its replies are read ``read_committed``, so they count when their
-  transaction commits (the cost of exactly-once, latency included);
+  transaction commits (the cost of exactly-once, latency included); ``kbatch_eos_confluent``
+  the same on confluent-kafka;
 - ``kbatch_onnx`` — the same with ``--backend onnx`` (ONNX Runtime; the export is cached, and
   the start-up quality gate runs before it is ready);
 - ``kbatch_bf16`` — the same with ``--dtype bfloat16`` (torch autocast in bf16: AMX or
@@ -19,6 +21,7 @@ Variants (:data:`~consumer.bench.e2e_report.VARIANTS`):
 - ``passthrough`` — ``kbatch serve --model noop``: the real pipeline with the model — its
   tokenizer and its network — replaced by no-ops (:data:`consumer.model.loader.NOOP_MODEL`): what is
   left is kbatch's own cost per record (decode, dedup, buckets, replies, commits);
+  ``passthrough_confluent`` the same on confluent-kafka;
 - ``passthrough_trace1``, ``passthrough_trace100`` — ``passthrough`` under ``--tracing``
   (docs/TRACING.md) at 1 % and 100 % head sampling, spans exported over OTLP/HTTP to a
   discarding endpoint in this process (:mod:`consumer.bench.otlp_sink`): the cost of tracing;
@@ -491,7 +494,7 @@ async def _kafka_variant(
         proc, metrics_url, model = _worker_process(name, topics, opts, log_dir), None, None
     records = prefill_records(texts, topics.reply, f"{tag}-drain")
     backlog = _HeldBacklog(opts.bootstrap)
-    committed = name == "kbatch_eos"  # its replies count once their transaction committed
+    committed = name.startswith("kbatch_eos")  # its replies count once their transaction committed
     counter = _ReplyCounter(opts.bootstrap, topics.reply, {k for k, _, _ in records}, committed)
     try:
         say(f"{key}: producing {n} requests (held in an open transaction)")
@@ -557,13 +560,15 @@ def _serve_args(
 ) -> tuple[str, tuple[str, ...], dict[str, str] | None]:
     """A served variant's ``--model``, its extra ``kbatch serve`` flags and environment (a
     traced variant: an OTLP sink entered on ``spans``, closed with the variant)."""
-    noop = name == "passthrough" or name in TRACED
+    noop = name.startswith("passthrough") or name in TRACED
     model = "noop" if noop else (opts.serve_model or str(opts.model_dir))
     backend = "onnx" if name == "kbatch_onnx" else opts.backend
     extra: tuple[str, ...] = ("--backend", backend) if not noop else ()
     env: dict[str, str] | None = None
-    if name == "kbatch_eos":
+    if name.startswith("kbatch_eos"):
         extra = (*extra, "--exactly-once")
+    if name.endswith("_confluent"):
+        extra = (*extra, "--kafka-client", "confluent")
     if name == "kbatch_bf16":
         extra = (*extra, "--dtype", "bfloat16")
     if name in TRACED:

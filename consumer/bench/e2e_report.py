@@ -67,10 +67,13 @@ endpoint in the bench process (what tracing costs)."""
 
 SERVED: tuple[str, ...] = (
     "kbatch",
+    "kbatch_confluent",
     "kbatch_eos",
+    "kbatch_eos_confluent",
     "kbatch_onnx",
     "kbatch_bf16",
     "passthrough",
+    "passthrough_confluent",
     *TRACED,
 )
 """The variants that run a ``kbatch serve`` process (all but ``kbatch`` and ``passthrough``
@@ -79,11 +82,14 @@ at one replica only)."""
 VARIANTS: tuple[str, ...] = (
     "naive",
     "kbatch",
+    "kbatch_confluent",
     "kbatch_eos",
+    "kbatch_eos_confluent",
     "kbatch_onnx",
     "kbatch_bf16",
     "engine",
     "passthrough",
+    "passthrough_confluent",
     "passthrough_trace1",
     "passthrough_trace100",
     "raw_loop",
@@ -95,11 +101,14 @@ VARIANTS: tuple[str, ...] = (
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("ratio_kbatch_vs_naive", "kbatch", "naive"),
     ("ratio_kbatch_vs_engine", "kbatch", "engine"),
+    ("ratio_kbatch_confluent_vs_kbatch", "kbatch_confluent", "kbatch"),
     ("ratio_kbatch_eos_vs_kbatch", "kbatch_eos", "kbatch"),
+    ("ratio_kbatch_eos_confluent_vs_kbatch_eos", "kbatch_eos_confluent", "kbatch_eos"),
     ("ratio_kbatch_onnx_vs_kbatch", "kbatch_onnx", "kbatch"),
     ("ratio_kbatch_onnx_vs_naive", "kbatch_onnx", "naive"),
     ("ratio_kbatch_bf16_vs_kbatch", "kbatch_bf16", "kbatch"),
     ("ratio_passthrough_vs_raw", "passthrough", "raw_loop"),
+    ("ratio_passthrough_confluent_vs_passthrough", "passthrough_confluent", "passthrough"),
     ("ratio_passthrough_trace1_vs_passthrough", "passthrough_trace1", "passthrough"),
     ("ratio_passthrough_trace100_vs_passthrough", "passthrough_trace100", "passthrough"),
 )
@@ -109,10 +118,17 @@ CPU_RATIOS: tuple[tuple[str, str, str], ...] = (
     ("cpu_ratio_kbatch_vs_raw_tokenize", "kbatch", "raw_tokenize"),
     ("cpu_ratio_kbatch_vs_raw_tokenize_confluent", "kbatch", "raw_tokenize_confluent"),
     ("cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent", "raw_tokenize", "raw_tokenize_confluent"),
+    (
+        "cpu_ratio_kbatch_confluent_vs_raw_tokenize_confluent",
+        "kbatch_confluent",
+        "raw_tokenize_confluent",
+    ),
+    ("cpu_ratio_kbatch_confluent_vs_kbatch", "kbatch_confluent", "kbatch"),
 )
 """(report key, numerator variant, denominator variant) of each host-CPU ratio
 (:func:`cpu_ratios`): kbatch's CPU per request against each raw loop, and the aiokafka loop's
-against the confluent-kafka one (the Kafka client's share)."""
+against the confluent-kafka one (the Kafka client's share), and kbatch on confluent-kafka
+against that loop and against kbatch on aiokafka."""
 
 PrefillRecord = tuple[bytes, bytes, list[tuple[str, bytes]]]
 """(key, msgpack value, headers) of one pre-filled request record."""

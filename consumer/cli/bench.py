@@ -480,7 +480,15 @@ def _simulated_variants(variants: list[str]) -> list[str]:
     """
     given = click.get_current_context().get_parameter_source("variants")
     if given is click.core.ParameterSource.DEFAULT:
-        return ["kbatch", "passthrough", "raw_loop", "raw_tokenize", "raw_tokenize_confluent"]
+        return [
+            "kbatch",
+            "kbatch_confluent",
+            "passthrough",
+            "passthrough_confluent",
+            "raw_loop",
+            "raw_tokenize",
+            "raw_tokenize_confluent",
+        ]
     if {"naive", "engine", "kbatch_onnx", "kbatch_bf16"} & set(variants):
         raise click.BadParameter(
             "naive, engine, kbatch_onnx and kbatch_bf16 need a model directory, not a "

@@ -74,15 +74,19 @@ def test_ratios_divide_throughputs_and_leave_missing_sides_none() -> None:
         "engine": {"seq_per_s": 250.0},
         "passthrough": {"seq_per_s": 900.0},
         "passthrough_trace100": {"seq_per_s": 720.0},
+        "kbatch_confluent": {"seq_per_s": 360.0},
     }
     assert ratios(report) == {
         "ratio_kbatch_vs_naive": 3.0,
         "ratio_kbatch_vs_engine": 0.96,
+        "ratio_kbatch_confluent_vs_kbatch": 1.5,
         "ratio_kbatch_eos_vs_kbatch": 0.75,
+        "ratio_kbatch_eos_confluent_vs_kbatch_eos": None,
         "ratio_kbatch_onnx_vs_kbatch": None,
         "ratio_kbatch_onnx_vs_naive": None,
         "ratio_kbatch_bf16_vs_kbatch": 2.0,
         "ratio_passthrough_vs_raw": None,
+        "ratio_passthrough_confluent_vs_passthrough": None,
         "ratio_passthrough_trace1_vs_passthrough": None,
         "ratio_passthrough_trace100_vs_passthrough": 0.8,
     }
@@ -267,11 +271,14 @@ def test_cpu_ratios_compare_cpu_per_request_at_each_absolute_rate() -> None:
         "raw_tokenize_confluent": {
             "frontier": [_cpu_point("100/s", 0.2), _cpu_point("1000/s", None)]
         },
+        "kbatch_confluent": {"frontier": [_cpu_point("100/s", 0.24), _cpu_point("1000/s", 0.18)]},
     }
     assert cpu_ratios(report) == {
         "cpu_ratio_kbatch_vs_raw_tokenize": {"100/s": 1.6, "1000/s": 1.5},
         "cpu_ratio_kbatch_vs_raw_tokenize_confluent": {"100/s": 4.0, "1000/s": None},
         "cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent": {"100/s": 2.5, "1000/s": None},
+        "cpu_ratio_kbatch_confluent_vs_raw_tokenize_confluent": {"100/s": 1.2, "1000/s": None},
+        "cpu_ratio_kbatch_confluent_vs_kbatch": {"100/s": 0.3, "1000/s": 0.4},
     }
 
 
@@ -281,6 +288,8 @@ def test_cpu_ratios_are_none_without_both_sides_or_shared_points() -> None:
         "cpu_ratio_kbatch_vs_raw_tokenize": None,
         "cpu_ratio_kbatch_vs_raw_tokenize_confluent": None,
         "cpu_ratio_raw_tokenize_vs_raw_tokenize_confluent": None,
+        "cpu_ratio_kbatch_confluent_vs_raw_tokenize_confluent": None,
+        "cpu_ratio_kbatch_confluent_vs_kbatch": None,
     }
     other_rate = {"frontier": [_cpu_point("200/s", 0.4)]}
     got = cpu_ratios({"kbatch": kbatch, "raw_tokenize": other_rate})
