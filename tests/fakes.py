@@ -144,6 +144,9 @@ class FakeSource:
         # an assignment for a rebalance without a break (consumer.serve.handover).
         self.member_id = "fake-member"
         self.generation = 1
+        # False: eager rebalances (aiokafka, the classic protocol); True: incremental
+        # (KIP-848), on_revoked/on_assigned get only the partitions that move.
+        self.incremental = False
 
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
         return []

@@ -105,6 +105,9 @@ class KafkaSource:
             **client_kwargs(client),
         )
 
+    incremental = False
+    """aiokafka rebalances eagerly (:attr:`consumer.kafka.transport.GroupSource.incremental`)."""
+
     async def start(self) -> None:
         """Connect and subscribe; partitions arrive through the rebalance handler.
 

@@ -57,6 +57,15 @@ class GroupSource(Protocol):
     member's id), :class:`~consumer.kafka.errors.CommitError` (a commit refused).
     """
 
+    @property
+    def incremental(self) -> bool:
+        """How the rebalance handler is called. False (eager: the classic protocol's
+        range/round-robin assignors): every rebalance revokes all of this member's partitions
+        and ``on_assigned`` gets the whole new assignment; pauses are forgotten (re-applied by
+        the owner). True (the consumer protocol, KIP-848; cooperative assignors):
+        ``on_revoked`` gets only the partitions that move away and ``on_assigned`` only those
+        added; the others are never interrupted and keep their pauses."""
+
     async def start(self) -> None:
         """Connect and subscribe; partitions arrive through the rebalance handler."""
 

@@ -66,8 +66,10 @@ COMMIT_RESERVE_S = 1.0
 
 
 class SourceLike(Protocol):
-    """What the pipeline needs of :class:`consumer.kafka.source.KafkaSource`."""
+    """What the pipeline needs of a group source (:class:`consumer.kafka.transport.GroupSource`)."""
 
+    @property
+    def incremental(self) -> bool: ...
     async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
     async def commit(
         self, offsets: dict[TopicPartition, int], metadata: dict[TopicPartition, str]
@@ -255,11 +257,16 @@ class Rebalancer:
             self._lag_refresh.cancel()
 
     async def on_assigned(self, tps: frozenset[TopicPartition]) -> None:
-        """Go on with the suspended partitions given back without a break; drop the work of
-        those that moved; start a new generation for the others; re-apply pauses aiokafka
-        forgot (:mod:`consumer.serve.handover`)."""
+        """Eager (the classic protocol, ``tps`` the whole new assignment): go on with the
+        suspended partitions given back without a break; drop the work of those that moved;
+        start a new generation for the others; re-apply the pauses the client forgot
+        (:mod:`consumer.serve.handover`). Incremental (``source.incremental``, ``tps`` the
+        partitions added): set those up; the others never stopped."""
         self.metrics.rebalances.labels("assigned").inc()
-        plan = handover(self.tracker.suspended, tps, self._revoked_in, self.source.membership())
+        if self.source.incremental:
+            plan = Handover(frozenset(), frozenset(), tps - self.tracker.assigned)
+        else:
+            plan = handover(self.tracker.suspended, tps, self._revoked_in, self.source.membership())
         corrupted = plan.kept & self._corrupted  # its producer is closed: set up anew
         if corrupted:
             plan = Handover(plan.kept - corrupted, plan.moved | corrupted, plan.new | corrupted)
@@ -290,8 +297,10 @@ class Rebalancer:
             log.info("assigned %s", sorted(tps))
 
     async def on_revoked(self, tps: frozenset[TopicPartition]) -> None:
-        """Commit what revoked partitions finished, at once; keep their work until the new
-        assignment (:meth:`on_assigned`) says whether they stay.
+        """Commit what revoked partitions finished, at once. Eager: keep their work until the
+        new assignment (:meth:`on_assigned`) says whether they stay. Incremental
+        (``source.incremental``: only the partitions that move are revoked): drop it at once
+        (:meth:`_release`), as for a partition that moved.
 
         Their new replies are held; the ones already sent get up to
         :data:`REVOKE_SENDS_WAIT_S` to be acknowledged; the commit is bounded by the revoke's
@@ -313,6 +322,17 @@ class Rebalancer:
         finally:  # also when the commit raised (TransactionError): the assignment decides
             for tp in tps:
                 self.tracker.suspend(tp)
+        if self.source.incremental:  # these move: nothing comes back to this member
+            dropped = sum(self.tracker.pending(tp) for tp in tps)
+            await self._release(tps)
+            self._corrupted -= tps
+            log.info(
+                "revoked %s in %.1f s (%d records in flight left to the next owner)",
+                sorted(tps),
+                loop.time() - started,
+                dropped,
+            )
+            return
         kept = sum(self.tracker.pending(tp) for tp in tps)
         log.info(
             "revoked %s in %.1f s (%d records in flight kept until the assignment)",

@@ -370,6 +370,47 @@ async def test_a_partition_that_moved_has_its_work_cancelled_and_its_replies_dro
     assert pipeline.flow.total_records == 0
 
 
+async def test_an_incremental_revoke_commits_then_leaves_the_partition_at_once(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    # The consumer protocol (KIP-848) revokes only partitions that move: nothing comes back,
+    # so the work is dropped at the revoke, not kept for an assignment that never names it.
+    pipeline, source, sink, engine = parts
+    source.incremental = True
+    await pipeline.take([record(0, b"a"), record(1, b"b")])
+    pipeline.on_outcomes([ok(engine.items[0])])
+    await settle()
+    sink.acks[0].set_result(None)
+    await settle()
+    await pipeline.on_revoked(frozenset({TP}))
+    assert source.commits[-1] == {TP: 1}  # what was finished is committed first
+    assert engine.cancelled == [TP]  # offset 1's queued work is dropped now
+    assert pipeline.tracker.assigned == frozenset()
+    assert pipeline.tracker.suspended == frozenset()
+    assert pipeline.flow.total_records == 0
+    pipeline.on_outcomes([ok(engine.items[1])])  # a late result: the next owner answers it
+    await settle()
+    assert len(sink.sent) == 1
+
+
+async def test_an_incremental_assignment_sets_up_only_the_partitions_added(
+    parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
+) -> None:
+    pipeline, source, sink, engine = parts
+    source.incremental = True
+    other: TopicPartition = ("req", 1)
+    await pipeline.take([record(0, b"a")])
+    source.stored[other] = (7, "")
+    await pipeline.on_assigned(frozenset({other}))  # TP is not named: it stays as it was
+    assert pipeline.tracker.assigned == frozenset({TP, other})
+    assert engine.cancelled == []
+    assert TP not in source.positions  # never rewound
+    assert source.paused == set()  # paused while set up, then resumed
+    pipeline.on_outcomes([ok(engine.items[0])])
+    await settle()
+    assert len(sink.sent) == 1  # TP's work went on
+
+
 async def test_a_member_dropped_from_the_group_meanwhile_starts_over_from_the_commit(
     parts: tuple[Pipeline, FakeSource, FakeSink, FakeEngine],
 ) -> None:
