@@ -14,8 +14,12 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.confluent_adapter.sink import ConfluentSink
-from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+from consumer.kafka.confluent_adapter import sink as confluent_sink
+from consumer.kafka.confluent_adapter.sink import ConfluentSink, producer_config
+from consumer.kafka.confluent_adapter.transactions import (
+    ConfluentTransactionalSink,
+    group_only_metadata,
+)
 from consumer.kafka.errors import (
     DeliveryError,
     DeliveryTopicMissingError,
@@ -151,6 +155,36 @@ async def test_stop_flushes(cls: Any, kafka_bootstrap: str, new_topic: TopicFact
     assert len(await read_all(kafka_bootstrap, topic, 2, decode=False)) == 500
 
 
+async def test_full_queue_waits_never_drops(
+    kafka_bootstrap: str, new_topic: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = await new_topic("cf-full")
+
+    def small_queue(*args: Any) -> dict[str, object]:
+        return {**producer_config(*args), "queue.buffering.max.messages": 20}
+
+    monkeypatch.setattr(confluent_sink, "producer_config", small_queue)
+    sink = make(ConfluentSink, kafka_bootstrap, topic)
+    waits = 0
+    produce_when_room = sink._produce_when_room
+
+    async def counted(*args: Any) -> None:
+        nonlocal waits
+        waits += 1
+        await produce_when_room(*args)
+
+    sink._produce_when_room = counted
+    await sink.start()
+    try:
+        acks = await sink.send([record(b"k", b"v", i) for i in range(400)])
+        assert await settle(acks) == [None] * 400
+    finally:
+        await sink.stop()
+    assert waits > 0  # the queue was full, and send waited
+    got = await read_all(kafka_bootstrap, topic, 1, decode=False)
+    assert [int(r.headers["seq"]) for r in got] == list(range(400))
+
+
 async def test_start_without_broker_fails(kafka_bootstrap: str) -> None:
     sink = make(ConfluentSink, f"127.0.0.1:{free_port()}", "t", send_timeout_ms=1000)
     with pytest.raises(KafkaUnavailableError):
@@ -160,13 +194,16 @@ async def test_start_without_broker_fails(kafka_bootstrap: str) -> None:
 # --exactly-once ---------------------------------------------------------------------------
 
 
-def txn_sink(bootstrap: str, out: str, group: str) -> ConfluentTransactionalSink:
+def txn_sink(
+    bootstrap: str, out: str, group: str, group_metadata: Any = None
+) -> ConfluentTransactionalSink:
     return ConfluentTransactionalSink(
         KafkaClientSettings(bootstrap=bootstrap),
         SinkSettings(send_timeout_ms=10_000),
         default_topic=out,
         group_id=group,
         id_prefix="test-cf",
+        group_metadata=group_metadata,
     )
 
 
@@ -217,6 +254,34 @@ async def test_transactions_commit_abort_and_fence(
     assert await asyncio.to_thread(committed_metadata, kafka_bootstrap, group, src) == (
         3,
         "kb1:y",
+    )
+
+
+async def test_commit_asks_the_group_metadata_provider(
+    kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    src, out = await new_topic("cf-txn-md-src"), await new_topic("cf-txn-md-out")
+    group = unique_group("cf-txn-md")
+    asked = 0
+
+    async def metadata() -> object:  # what the group source's consumer would answer
+        nonlocal asked
+        asked += 1
+        client = KafkaClientSettings(bootstrap=kafka_bootstrap)
+        return await asyncio.to_thread(group_only_metadata, client, group)
+
+    sink = txn_sink(kafka_bootstrap, out, group, metadata)
+    tp = (src, 0)
+    await sink.open(tp, timeout_s=30)
+    try:
+        assert await settle(await sink.send_from(tp, replies(b"a"))) == [None]
+        assert await sink.commit({tp: 1}, {tp: "kb1:m"}) == {tp: 1}
+    finally:
+        await sink.stop()
+    assert asked == 1
+    assert await asyncio.to_thread(committed_metadata, kafka_bootstrap, group, src) == (
+        1,
+        "kb1:m",
     )
 
 

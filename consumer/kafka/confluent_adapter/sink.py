@@ -366,56 +366,60 @@ class ConfluentSink:
         if self._write_verdicts is not None:
             topics = {record.topic or default_topic for record in records}
             denied = await self._write_verdicts.denied(topics)
+        produce = self._try_produce
         for record in records:
             ack: asyncio.Future[None] = loop.create_future()
             acks.append(ack)
             topic = record.topic or default_topic
             if topic in denied:
                 ack.set_exception(DeliveryDeniedError(f"the broker's ACLs deny writing to {topic}"))
-                continue
-            await self._produce(ack, record, topic)
+            elif not produce(ack, record, topic, 0):
+                await self._produce_when_room(ack, record, topic, 0)
         if any(not ack.done() for ack in acks):
             loop.call_later(self._attempt_timeout_s, self._overdue, acks, records)
         return acks
 
-    async def _produce(
-        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int = 0
+    async def _produce_when_room(
+        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int
     ) -> None:
-        """Hand ``record`` to librdkafka (waiting while its queue is full); a refusal fails
-        ``ack`` at once. ``attempt``: how many times it was produced before."""
+        """Produce ``record`` once librdkafka's queue has room (:data:`BUFFER_FULL_WAIT_S`
+        between tries); never dropped, unless the sink closes meanwhile."""
+        while not self._try_produce(ack, record, topic, attempt):
+            await asyncio.sleep(BUFFER_FULL_WAIT_S)
+
+    def _try_produce(
+        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int
+    ) -> bool:
+        """Hand ``record`` to librdkafka; a refusal (or a closed sink) fails ``ack`` at once.
+        False when librdkafka's queue is full (``BufferError``: nothing done, try again).
+        ``attempt``: how many times the record was produced before."""
         if self._closed:
             ack.set_exception(SinkClosedError("the sink is closed"))
-            return
-        on_delivery = functools.partial(self._report, ack, record, attempt)
-        while True:
-            try:
-                self._producer.produce(
-                    topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=-1 if record.partition is None else record.partition,
-                    headers=record.headers or None,  # type: ignore[arg-type]  # list invariance
-                    on_delivery=on_delivery,
-                )
-            except BufferError:
-                await asyncio.sleep(BUFFER_FULL_WAIT_S)
-                if self._closed:
-                    ack.set_exception(SinkClosedError("the sink closed while its queue was full"))
-                    return
-                continue
-            except KafkaException as err:
-                kafka_err: KafkaError = err.args[0]
-                failure = delivery_error(kafka_err, topic) or DeliveryError(
-                    f"cannot send to {topic}[{record.partition}]: {kafka_err.str()}"
-                )
-                ack.set_exception(failure)
-                return
-            except (TypeError, ValueError) as err:
-                ack.set_exception(DeliveryError(f"cannot send to {topic}: {err}"))
-                return
-            break
+            return True
+        try:
+            self._producer.produce(
+                topic,
+                value=record.value,
+                key=record.key,
+                partition=-1 if record.partition is None else record.partition,
+                headers=record.headers or None,  # type: ignore[arg-type]  # list invariance
+                on_delivery=functools.partial(self._report, ack, record, attempt),
+            )
+        except BufferError:
+            return False
+        except KafkaException as err:
+            kafka_err: KafkaError = err.args[0]
+            ack.set_exception(
+                delivery_error(kafka_err, topic)
+                or DeliveryError(f"cannot send to {topic}[{record.partition}]: {kafka_err.str()}")
+            )
+            return True
+        except (TypeError, ValueError) as err:
+            ack.set_exception(DeliveryError(f"cannot send to {topic}: {err}"))
+            return True
         self._pending += 1
         self._drained.clear()
+        return True
 
     def _report(
         self, ack: asyncio.Future[None], record: OutRecord, attempt: int, err: Any, _msg: Any
@@ -459,8 +463,8 @@ class ConfluentSink:
             if not ack.done():
                 ack.set_exception(SinkClosedError(f"the sink closed while retrying {topic}"))
             raise
-        if not ack.done():
-            await self._produce(ack, record, topic, attempt)
+        if not ack.done() and not self._try_produce(ack, record, topic, attempt):
+            await self._produce_when_room(ack, record, topic, attempt)
 
     def _overdue(self, acks: list[asyncio.Future[None]], records: Sequence[OutRecord]) -> None:
         """The deadline of one :meth:`send` passed with some of its records unanswered:

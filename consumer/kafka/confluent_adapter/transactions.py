@@ -42,7 +42,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
 from consumer.kafka.confluent_adapter.logs import librdkafka_logger
-from consumer.kafka.confluent_adapter.sink import ConfluentSink, TopicVerdicts, blocking
+from consumer.kafka.confluent_adapter.sink import ConfluentSink, blocking
+from consumer.kafka.confluent_adapter.write_verdicts import AdminWriteVerdicts
 from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.transactions import CLOSE_TIMEOUT_S, transactional_id
@@ -120,8 +121,10 @@ class ConfluentTransactionalSink:
         id_prefix: first part of every transactional id (:func:`transactional_id`).
         group_metadata: the consumer's group metadata, asked at each commit; None: the group
             id's alone (see the module docstring).
-        write_verdicts: which topics may not be written (kept out of transactions: a refused
-            topic aborts librdkafka's whole transaction); None: not asked.
+
+    Topics this principal may not write are kept out of the transactions
+    (:class:`~consumer.kafka.confluent_adapter.write_verdicts.AdminWriteVerdicts`): a record for
+    one fails alone with :class:`DeliveryDeniedError`.
     """
 
     client: KafkaClientSettings
@@ -130,9 +133,9 @@ class ConfluentTransactionalSink:
     group_id: str = field(kw_only=True)
     id_prefix: str = field(default="kbatch", kw_only=True)
     group_metadata: GroupMetadata | None = field(default=None, kw_only=True)
-    write_verdicts: TopicVerdicts | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
+        self._write_verdicts = AdminWriteVerdicts(self.client)
         self._sinks: dict[TopicPartition, ConfluentSink] = {}
         self._tainted: set[TopicPartition] = set()
         self._group_only: object = None
@@ -172,7 +175,7 @@ class ConfluentTransactionalSink:
             self.settings,
             default_topic=self.default_topic,
             transactional_id=transactional_id(self.id_prefix, self.group_id, tp),
-            write_verdicts=self.write_verdicts,
+            write_verdicts=self._write_verdicts,
         )
         sink.start_polling()
         loop = asyncio.get_running_loop()
