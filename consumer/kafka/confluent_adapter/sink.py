@@ -186,6 +186,33 @@ def delivery_error(err: KafkaError, topic: str) -> DeliveryError | SinkClosedErr
     return DeliveryError(f"{err.name()}: {err.str()} ({topic})")
 
 
+class _Waiting:
+    """The records of one :meth:`ConfluentSink.send` not answered yet, and its deadline timer
+    (cancelled with the last answer: the timer holds the call's records)."""
+
+    __slots__ = ("acks", "count", "records", "sending", "timer")
+
+    def __init__(self, acks: list[asyncio.Future[None]], records: Sequence[OutRecord]) -> None:
+        self.acks = acks
+        self.records = records
+        self.count = 0
+        self.sending = True  # send is still producing the call's records
+        self.timer: asyncio.TimerHandle | None = None
+
+    def settled(self) -> None:
+        """One record answered; the last (once all are produced) cancels the deadline."""
+        self.count -= 1
+        if self.count == 0 and not self.sending:
+            self.release()
+
+    def release(self) -> None:
+        """Cancel the deadline and drop the references to the call's records."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.acks, self.records = [], ()
+
+
 class _Poller(threading.Thread):
     """Calls ``producer.poll`` until stopped; hands the delivery reports of one poll to the
     loop in one ``call_soon_threadsafe``."""
@@ -366,6 +393,8 @@ class ConfluentSink:
         if self._write_verdicts is not None:
             topics = {record.topic or default_topic for record in records}
             denied = await self._write_verdicts.denied(topics)
+        waiting = _Waiting(acks, records)
+        waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, waiting)
         produce = self._try_produce
         for record in records:
             ack: asyncio.Future[None] = loop.create_future()
@@ -373,22 +402,36 @@ class ConfluentSink:
             topic = record.topic or default_topic
             if topic in denied:
                 ack.set_exception(DeliveryDeniedError(f"the broker's ACLs deny writing to {topic}"))
-            elif not produce(ack, record, topic, 0):
-                await self._produce_when_room(ack, record, topic, 0)
-        if any(not ack.done() for ack in acks):
-            loop.call_later(self._attempt_timeout_s, self._overdue, acks, records)
+                continue
+            if not produce(ack, record, topic, 0, waiting):
+                await self._produce_when_room(ack, record, topic, 0, waiting)
+            if not ack.done():
+                waiting.count += 1
+        waiting.sending = False
+        if waiting.count == 0:
+            waiting.release()
         return acks
 
     async def _produce_when_room(
-        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int
+        self,
+        ack: asyncio.Future[None],
+        record: OutRecord,
+        topic: str,
+        attempt: int,
+        waiting: _Waiting,
     ) -> None:
         """Produce ``record`` once librdkafka's queue has room (:data:`BUFFER_FULL_WAIT_S`
         between tries); never dropped, unless the sink closes meanwhile."""
-        while not self._try_produce(ack, record, topic, attempt):
+        while not self._try_produce(ack, record, topic, attempt, waiting):
             await asyncio.sleep(BUFFER_FULL_WAIT_S)
 
     def _try_produce(
-        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int
+        self,
+        ack: asyncio.Future[None],
+        record: OutRecord,
+        topic: str,
+        attempt: int,
+        waiting: _Waiting,
     ) -> bool:
         """Hand ``record`` to librdkafka; a refusal (or a closed sink) fails ``ack`` at once.
         False when librdkafka's queue is full (``BufferError``: nothing done, try again).
@@ -403,7 +446,7 @@ class ConfluentSink:
                 key=record.key,
                 partition=-1 if record.partition is None else record.partition,
                 headers=record.headers or None,  # type: ignore[arg-type]  # list invariance
-                on_delivery=functools.partial(self._report, ack, record, attempt),
+                on_delivery=functools.partial(self._report, ack, record, attempt, waiting),
             )
         except BufferError:
             return False
@@ -422,22 +465,33 @@ class ConfluentSink:
         return True
 
     def _report(
-        self, ack: asyncio.Future[None], record: OutRecord, attempt: int, err: Any, _msg: Any
+        self,
+        ack: asyncio.Future[None],
+        record: OutRecord,
+        attempt: int,
+        waiting: _Waiting,
+        err: Any,
+        _msg: Any,
     ) -> None:
         """librdkafka's delivery callback (inside ``poll``, on the polling thread)."""
-        self._reports.append((ack, record, attempt, err))
+        self._reports.append((ack, record, attempt, waiting, err))
 
-    def _delivered(self, batch: list[tuple[asyncio.Future[None], OutRecord, int, Any]]) -> None:
+    def _delivered(
+        self, batch: list[tuple[asyncio.Future[None], OutRecord, int, _Waiting, Any]]
+    ) -> None:
         """The delivery reports of one poll, on the loop."""
         self._pending -= len(batch)
         if self._pending <= 0:
             self._pending = 0
             self._drained.set()
-        for ack, record, attempt, err in batch:
+        for ack, record, attempt, waiting, err in batch:
             if ack.done():
                 continue  # failed at its deadline (transactional) already
             if err is None:
                 ack.set_result(None)
+                waiting.count -= 1  # inline waiting.settled(): once per record
+                if waiting.count == 0 and not waiting.sending:
+                    waiting.release()
                 continue
             topic = record.topic or self._default_topic
             failure = delivery_error(err, topic)
@@ -445,31 +499,42 @@ class ConfluentSink:
                 failure = SinkClosedError(f"not acknowledged: {err.str()}")
             if failure is not None:
                 ack.set_exception(failure)
+                waiting.settled()
                 continue
             log.warning("send to %s failed (%s); retrying", topic, err.str())
-            task = asyncio.ensure_future(self._retry(ack, record, topic, attempt + 1))
+            task = asyncio.ensure_future(self._retry(ack, record, topic, attempt + 1, waiting))
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)
 
     async def _retry(
-        self, ack: asyncio.Future[None], record: OutRecord, topic: str, attempt: int
+        self,
+        ack: asyncio.Future[None],
+        record: OutRecord,
+        topic: str,
+        attempt: int,
+        waiting: _Waiting,
     ) -> None:
         """Produce ``record`` again after a backoff (exponential, :data:`RETRY_BACKOFF_S`);
         the sink's close fails it instead."""
         first_s, max_s = RETRY_BACKOFF_S
         try:
             await asyncio.sleep(min(max_s, first_s * 2 ** (attempt - 1)))
+            if not ack.done() and not self._try_produce(ack, record, topic, attempt, waiting):
+                await self._produce_when_room(ack, record, topic, attempt, waiting)
         except asyncio.CancelledError:
             if not ack.done():
                 ack.set_exception(SinkClosedError(f"the sink closed while retrying {topic}"))
             raise
-        if not ack.done() and not self._try_produce(ack, record, topic, attempt):
-            await self._produce_when_room(ack, record, topic, attempt)
+        finally:
+            if ack.done():  # refused when produced again, or closed: its report never comes
+                waiting.settled()
 
-    def _overdue(self, acks: list[asyncio.Future[None]], records: Sequence[OutRecord]) -> None:
+    def _overdue(self, waiting: _Waiting) -> None:
         """The deadline of one :meth:`send` passed with some of its records unanswered:
         idempotent, one warning per :data:`LATE_LOG_EVERY_S` (librdkafka keeps retrying
         them); transactional, they fail with :class:`SinkClosedError`."""
+        acks, records = waiting.acks, waiting.records
+        waiting.release()
         late = [i for i, ack in enumerate(acks) if not ack.done()]
         if not late:
             return

@@ -1,4 +1,4 @@
-"""May this principal write a topic? The broker's answer through librdkafka's admin client,
+"""Write verdicts through librdkafka's admin client: whether this principal may write a topic,
 asked before a record enters a transaction (why: :mod:`consumer.kafka.topic_operations`; a
 topic refused at ``AddPartitionsToTxn`` makes librdkafka's whole transaction abortable).
 
