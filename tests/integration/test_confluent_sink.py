@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from consumer.kafka.admin import create_topics, delete_topics
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.confluent_adapter import sink as confluent_sink
 from consumer.kafka.confluent_adapter.sink import ConfluentSink, producer_config
@@ -125,6 +126,23 @@ async def test_missing_topic_fails_after_the_grace(
         assert time.monotonic() - started < MISSING_TOPIC_GRACE_S + 10
     finally:
         await sink.stop()
+
+
+async def test_a_topic_created_after_its_refusal_is_written(kafka_bootstrap: str) -> None:
+    late = f"test.cf-late.{time.time_ns()}"
+    sink = make(ConfluentSink, kafka_bootstrap, late)
+    await sink.start()
+    try:
+        (missing,) = await settle(await sink.send([record(b"a", b"x")]))
+        assert isinstance(missing, DeliveryTopicMissingError)
+        await create_topics(kafka_bootstrap, [late])
+        give_up = time.monotonic() + 15
+        while (await settle(await sink.send([record(b"a", b"x")])))[0] is not None:
+            assert time.monotonic() < give_up, "still refused after the topic was created"
+            await asyncio.sleep(0.1)
+    finally:
+        await sink.stop()
+        await delete_topics(kafka_bootstrap, [late])
 
 
 @pytest.mark.parametrize("cls", SINKS)

@@ -12,9 +12,12 @@ Semantics as :class:`~consumer.kafka.sink.KafkaSink` (its module docstring says 
 
 - Idempotent: ``message.timeout.ms=0`` (no expiry), so librdkafka retries a record it took
   itself, under the same producer id and sequence numbers, until the broker acknowledges it
-  (never a second copy). The deadline ``send_timeout_ms`` then only logs a warning (at most
-  one per :data:`~consumer.kafka.sink.LATE_LOG_EVERY_S`). A record whose delivery report
-  fails retriably anyway is produced again with exponential backoff until the sink closes.
+  (never a second copy). A finite timeout would fail in-flight records with
+  ``_MSG_TIMED_OUT`` although they may be written, and make librdkafka bump the idempotent
+  epoch to go on; re-sending those could write them twice. The deadline ``send_timeout_ms``
+  then only logs a warning (at most one per :data:`~consumer.kafka.sink.LATE_LOG_EVERY_S`).
+  A record whose delivery report fails retriably anyway is produced again with exponential
+  backoff until the sink closes.
 - Transactional (``transactional_id``, driven by
   :mod:`consumer.kafka.confluent_adapter.transactions`): ``message.timeout.ms`` is the send
   deadline (librdkafka needs a finite one inside transactions); a record not acknowledged in
@@ -24,11 +27,11 @@ Semantics as :class:`~consumer.kafka.sink.KafkaSink` (its module docstring says 
 - A topic the broker does not list fails its records with :class:`DeliveryTopicMissingError`
   after :data:`~consumer.kafka.sink.MISSING_TOPIC_GRACE_S` (``topic.metadata.propagation.max.ms``;
   ``allow.auto.create.topics=false``: kbatch writes only where its operator made a topic), and
-  at once while librdkafka knows it missing (its metadata is refreshed every
-  :data:`METADATA_REFRESH_MS`, as the aiokafka sink asks again after 10 s). The ACLs hiding or
-  refusing the topic (``TOPIC_AUTHORIZATION_FAILED``): :class:`DeliveryDeniedError`. A value
-  over ``message.max.bytes``, a partition the topic lacks, a broker's ``INVALID_*`` refusal:
-  :class:`DeliveryError`.
+  at once while librdkafka knows it missing (``produce`` raises ``_UNKNOWN_TOPIC``); librdkafka
+  asks the broker again as records for it come, so a topic created meanwhile is written
+  within a moment. The ACLs hiding or refusing the topic (``TOPIC_AUTHORIZATION_FAILED``):
+  :class:`DeliveryDeniedError`. A value over ``message.max.bytes``, a partition the topic
+  lacks, a broker's ``INVALID_*`` refusal: :class:`DeliveryError`.
 - The key → partition rule is Java's (``partitioner=murmur2_random``, as aiokafka and
   :mod:`consumer.kafka.partitioner`), so a key lands where the aiokafka sink puts it.
 
@@ -75,10 +78,6 @@ BUFFER_FULL_WAIT_S: Final = 0.005
 """How long :meth:`ConfluentSink.send` waits before producing again when librdkafka's queue
 is full (``BufferError``: ``queue.buffering.max.messages``/``.kbytes``); records are never
 dropped."""
-
-METADATA_REFRESH_MS: Final = 10_000
-"""``topic.metadata.refresh.interval.ms``: a topic found missing is asked about again this
-often (:data:`consumer.kafka.sink.MISSING_TOPIC_TTL_S`)."""
 
 RETRY_BACKOFF_S: Final = (0.05, 2.0)
 """First and longest wait before a record that failed retriably is produced again."""
@@ -160,7 +159,6 @@ def producer_config(
         "partitioner": "murmur2_random",
         "allow.auto.create.topics": False,
         "topic.metadata.propagation.max.ms": int(MISSING_TOPIC_GRACE_S * 1000),
-        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
         "request.timeout.ms": settings.send_timeout_ms,
         "message.timeout.ms": 0,  # no expiry: librdkafka retries until acknowledged
     }
