@@ -517,3 +517,30 @@ def test_confluent_sinks_refuse_alone_what_kbatch_may_not_write(secured: Secured
             await txn.stop()
 
     asyncio.run(run())
+
+
+def test_confluent_sinks_report_a_refused_login_as_security(secured: Secured) -> None:
+    from pydantic import SecretStr
+
+    from consumer.kafka.config import SinkSettings
+    from consumer.kafka.confluent_adapter.sink import ConfluentSink
+    from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+    from consumer.kafka.errors import KafkaSecurityError
+
+    wrong = secured.broker.client_settings("kbatch").model_copy(
+        update={"sasl_password": SecretStr("not-the-password")}
+    )
+    settings = SinkSettings(send_timeout_ms=5000)
+
+    async def run() -> None:
+        sink = ConfluentSink(wrong, settings, default_topic=REPLIES)
+        with pytest.raises(KafkaSecurityError) as refused:
+            await sink.start()
+        assert "not-the-password" not in str(refused.value)
+        txn = ConfluentTransactionalSink(
+            wrong, settings, default_topic=REPLIES, group_id=EOS_GROUP, id_prefix="kbatch"
+        )
+        with pytest.raises(KafkaSecurityError):
+            await txn.open((EOS_REQUESTS, 0), timeout_s=5)
+
+    asyncio.run(run())

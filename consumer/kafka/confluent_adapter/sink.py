@@ -59,6 +59,7 @@ from consumer.kafka.errors import (
     DeliveryDeniedError,
     DeliveryError,
     DeliveryTopicMissingError,
+    KafkaSecurityError,
     KafkaUnavailableError,
     SinkClosedError,
 )
@@ -100,6 +101,19 @@ _CLOSED: Final = frozenset(
     }
 )
 """Codes after which a record's fate is unknown or the producer unusable: SinkClosedError."""
+
+REFUSALS: Final = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+"""librdkafka's codes for a broker that answered but refused the client (a TLS check, the SASL
+login, an ACL): :class:`KafkaSecurityError` at start, not retriable."""
 
 
 CLOSE_TIMEOUT_S: Final = 5.0
@@ -299,7 +313,15 @@ class ConfluentSink:
         logger = librdkafka_logger("sink")
         config = producer_config(client, settings, transactional_id)
         config["logger"] = logger
-        config["error_cb"] = error_callback(logger, self._on_fatal)
+        self.last_error: Any = None
+        """librdkafka's last error callback's error (its ``error_cb``); None before one."""
+        report = error_callback(logger, self._on_fatal)
+
+        def on_error(err: Any) -> None:  # inside poll, on the polling thread
+            self.last_error = err
+            report(err)
+
+        config["error_cb"] = on_error
         self._producer = Producer(config)
         self._poller: _Poller | None = None
 
@@ -317,6 +339,7 @@ class ConfluentSink:
         producer's id comes with the first send).
 
         Raises:
+            KafkaSecurityError: a broker refused the client (TLS, SASL, an ACL).
             KafkaUnavailableError: no broker answered within the send deadline.
         """
         self.start_polling()
@@ -324,7 +347,18 @@ class ConfluentSink:
             await blocking(self._producer.list_topics, None, self._attempt_timeout_s)
         except KafkaException as err:
             await self.abandon()
-            raise KafkaUnavailableError(f"the reply producer cannot connect: {err}") from None
+            raise self.unavailable("the reply producer cannot connect", err) from None
+
+    def unavailable(self, context: str, err: BaseException) -> KafkaUnavailableError:
+        """The error to raise when the producer got nowhere (``err``): a
+        :class:`KafkaSecurityError` when librdkafka's last error (or ``err``) is a refusal
+        (:data:`REFUSALS`), else :class:`KafkaUnavailableError`; both ``context: cause``."""
+        for cause in (self.last_error, err.args[0] if err.args else None):
+            if isinstance(cause, KafkaError) and cause.code() in REFUSALS:
+                return KafkaSecurityError(f"{context}: the broker refused it: {cause.str()}")
+        cause = self.last_error if isinstance(self.last_error, KafkaError) else err
+        text = cause.str() if isinstance(cause, KafkaError) else str(cause)
+        return KafkaUnavailableError(f"{context}: {text}")
 
     def start_polling(self) -> None:
         """Start the poller thread (delivery reports, logs, errors); idempotent."""

@@ -44,7 +44,7 @@ from consumer.kafka.confluent_adapter.client_config import client_config
 from consumer.kafka.confluent_adapter.logs import librdkafka_logger
 from consumer.kafka.confluent_adapter.sink import ConfluentSink, blocking
 from consumer.kafka.confluent_adapter.write_verdicts import AdminWriteVerdicts
-from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
+from consumer.kafka.errors import FENCED, SinkClosedError, TransactionError
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.transactions import CLOSE_TIMEOUT_S, transactional_id
 from schemas.records import OutRecord
@@ -165,8 +165,9 @@ class ConfluentTransactionalSink:
             timeout_s: at most this many seconds for ``init_transactions``; None: no bound.
 
         Raises:
-            KafkaUnavailableError: no producer id (none within ``timeout_s``), or the broker
-                refused one.
+            KafkaSecurityError: the broker refused the client (TLS, SASL, the transactional
+                id's ACL).
+            KafkaUnavailableError: no producer id (none within ``timeout_s``).
         """
         if tp in self._sinks:
             return
@@ -193,13 +194,9 @@ class ConfluentTransactionalSink:
                 if kafka_err is not None and kafka_err.retriable() and not late:
                     continue
                 await sink.abandon()
-                if late:
-                    raise KafkaUnavailableError(
-                        f"the producer of {tp} got no producer id within {timeout_s:g} s"
-                    ) from None
-                raise KafkaUnavailableError(
-                    f"the producer of {tp} got no producer id: {err}"
-                ) from None
+                within = f" within {timeout_s:g} s" if late else ""
+                context = f"the producer of {tp} got no producer id{within}"
+                raise sink.unavailable(context, err) from None
         sink.producer.begin_transaction()
         self._sinks[tp] = sink
 
