@@ -1,7 +1,9 @@
-""":class:`ConfluentSink`'s own logic on a fake librdkafka producer: the deadline only warns
-(idempotent) or fails the record (transactional), a retriable delivery failure is produced
-again, a full queue waits, abandon fails what is left; the poller hands each poll's reports to
-the loop at once."""
+""":class:`ConfluentSink`'s and :class:`ConfluentTransactionalSink`'s own logic on a fake
+librdkafka producer: the deadline only warns (idempotent) or fails the record (transactional),
+a retriable delivery failure is produced again, a full queue waits, abandon fails what is left,
+the poller hands each poll's reports to the loop at once; a failed commit's reason closes its
+partition, an unacknowledged send taints the transaction, no producer id in time is
+unavailable."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.confluent_adapter import sink as confluent_sink
+from consumer.kafka.confluent_adapter import transactions
 from consumer.kafka.confluent_adapter.sink import ConfluentSink
-from consumer.kafka.errors import SinkClosedError
+from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
 from schemas.records import OutRecord
 
 
@@ -199,3 +203,130 @@ async def test_abandon_fails_what_is_left(fake: list[FakeProducer]) -> None:
     (late,) = await sink.send(records(1))
     with pytest.raises(SinkClosedError):
         await late
+
+
+class FakeTxnProducer(FakeProducer):
+    """A transactional producer: each call is recorded; ``fail`` makes one raise."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.calls: list[str] = []
+        self.fail: dict[str, KafkaError] = {}
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            raise KafkaException(self.fail[name])
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        self._call("init")
+
+    def begin_transaction(self) -> None:
+        self._call("begin")
+
+    def send_offsets_to_transaction(self, positions: Any, group: Any, timeout: float = -1) -> None:
+        assert group == b"group-metadata"
+        self._call("offsets")
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        self._call("commit")
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        self._call("abort")
+
+
+@pytest.fixture
+def fake_txn(monkeypatch: pytest.MonkeyPatch) -> list[FakeTxnProducer]:
+    made: list[FakeTxnProducer] = []
+
+    def producer(config: dict[str, Any]) -> FakeTxnProducer:
+        assert config["transactional.id"] == "kbatch-g-in-0"
+        made.append(FakeTxnProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(confluent_sink, "Producer", producer)
+    monkeypatch.setattr(transactions, "AdminWriteVerdicts", NoVerdicts)
+    return made
+
+
+class NoVerdicts:
+    def __init__(self, _client: Any) -> None: ...
+
+    async def denied(self, topics: set[str]) -> frozenset[str]:
+        return frozenset()
+
+
+def txn_sink() -> ConfluentTransactionalSink:
+    async def metadata() -> object:
+        return b"group-metadata"
+
+    return ConfluentTransactionalSink(
+        KafkaClientSettings(bootstrap="fake:9092"),
+        SinkSettings(send_timeout_ms=1000),
+        default_topic="replies",
+        group_id="g",
+        group_metadata=metadata,
+    )
+
+
+TP = ("in", 0)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "reason"),
+    [
+        ("commit", KafkaError(KafkaError._TIMED_OUT, retriable=True), "unknown_outcome"),
+        ("commit", KafkaError(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True), "aborted"),
+        ("offsets", KafkaError(KafkaError._FENCED, fatal=True), FENCED),
+    ],
+)
+async def test_a_failed_commit_closes_the_partition(
+    fake_txn: list[FakeTxnProducer], call: str, error: KafkaError, reason: str
+) -> None:
+    sink = txn_sink()
+    await sink.open(TP, timeout_s=5)
+    producer = fake_txn[0]
+    producer.fail[call] = error
+    with pytest.raises(TransactionError) as caught:
+        await sink.commit({TP: 5}, {TP: "kb1:x"})
+    assert caught.value.failed == {TP: reason}
+    assert sink.open_partitions == frozenset()
+    assert producer.calls[-1] == "abort"  # closed: never reused
+
+
+async def test_an_unacknowledged_send_taints_the_transaction(
+    fake_txn: list[FakeTxnProducer],
+) -> None:
+    sink = txn_sink()
+    await sink.open(TP, timeout_s=5)
+    (ack,) = await sink.send_from(TP, records(1))
+    with pytest.raises(SinkClosedError):  # no ack within the send deadline
+        await asyncio.wait_for(ack, 5)
+    with pytest.raises(TransactionError) as caught:
+        await sink.commit({TP: 1}, {TP: ""})
+    assert caught.value.failed == {TP: "unacknowledged_send"}
+    assert "commit" not in fake_txn[0].calls
+
+
+async def test_commit_then_begin(fake_txn: list[FakeTxnProducer]) -> None:
+    sink = txn_sink()
+    await sink.open(TP, timeout_s=5)
+    assert await sink.commit({TP: 3, ("other", 0): 9}, {TP: "kb1:x"}) == {TP: 3}
+    assert fake_txn[0].calls == ["init", "begin", "offsets", "commit", "begin"]
+    await sink.stop()
+    assert fake_txn[0].calls[-1] == "abort"
+
+
+async def test_open_without_a_producer_id_in_time(fake_txn: list[FakeTxnProducer]) -> None:
+    sink = txn_sink()
+
+    def producer(config: dict[str, Any]) -> FakeTxnProducer:
+        made = FakeTxnProducer(config)
+        made.fail["init"] = KafkaError(KafkaError._TIMED_OUT, retriable=True)
+        fake_txn.append(made)
+        return made
+
+    confluent_sink.Producer = producer  # type: ignore[assignment]  # undone by monkeypatch
+    with pytest.raises(KafkaUnavailableError, match=r"within 0\.3 s"):
+        await sink.open(TP, timeout_s=0.3)
+    assert sink.open_partitions == frozenset()
