@@ -198,6 +198,20 @@ def delivery_error(err: KafkaError, topic: str) -> DeliveryError | SinkClosedErr
     return DeliveryError(f"{err.name()}: {err.str()} ({topic})")
 
 
+def _reported(
+    append: Callable[[tuple[Any, ...]], None],
+    ack: asyncio.Future[None],
+    record: OutRecord,
+    attempt: int,
+    waiting: _Waiting,
+    err: Any,
+    _msg: Any,
+) -> None:
+    """librdkafka's delivery callback (inside ``poll``, on the polling thread): the report
+    onto the sink's queue of reports (``append``), for the poller's next hand-over."""
+    append((ack, record, attempt, waiting, err))
+
+
 class _Waiting:
     """The records of one :meth:`ConfluentSink.send` not answered yet, and its deadline timer
     (cancelled with the last answer: the timer holds the call's records)."""
@@ -427,7 +441,8 @@ class ConfluentSink:
             denied = await self._write_verdicts.denied(topics)
         waiting = _Waiting(acks, records)
         waiting.timer = loop.call_later(self._attempt_timeout_s, self._overdue, waiting)
-        produce = self._try_produce
+        produce = self._producer.produce
+        append = self._reports.append
         for record in records:
             ack: asyncio.Future[None] = loop.create_future()
             acks.append(ack)
@@ -435,10 +450,28 @@ class ConfluentSink:
             if topic in denied:
                 ack.set_exception(DeliveryDeniedError(f"the broker's ACLs deny writing to {topic}"))
                 continue
-            if not produce(ack, record, topic, 0, waiting):
+            if not self._closed:
+                try:  # the path where nothing fails, inline (once per record)
+                    produce(
+                        topic,
+                        value=record.value,
+                        key=record.key,
+                        partition=-1 if record.partition is None else record.partition,
+                        headers=record.headers or None,  # type: ignore[arg-type]  # invariance
+                        on_delivery=functools.partial(_reported, append, ack, record, 0, waiting),
+                    )
+                except Exception:  # a full queue or a refusal: _try_produce sorts it out
+                    pass
+                else:
+                    self._pending += 1
+                    waiting.count += 1
+                    continue
+            if not self._try_produce(ack, record, topic, 0, waiting):
                 await self._produce_when_room(ack, record, topic, 0, waiting)
             if not ack.done():
                 waiting.count += 1
+        if self._pending:
+            self._drained.clear()
         waiting.sending = False
         if waiting.count == 0:
             waiting.release()
@@ -478,7 +511,9 @@ class ConfluentSink:
                 key=record.key,
                 partition=-1 if record.partition is None else record.partition,
                 headers=record.headers or None,  # type: ignore[arg-type]  # list invariance
-                on_delivery=functools.partial(self._report, ack, record, attempt, waiting),
+                on_delivery=functools.partial(
+                    _reported, self._reports.append, ack, record, attempt, waiting
+                ),
             )
         except BufferError:
             return False
@@ -495,18 +530,6 @@ class ConfluentSink:
         self._pending += 1
         self._drained.clear()
         return True
-
-    def _report(
-        self,
-        ack: asyncio.Future[None],
-        record: OutRecord,
-        attempt: int,
-        waiting: _Waiting,
-        err: Any,
-        _msg: Any,
-    ) -> None:
-        """librdkafka's delivery callback (inside ``poll``, on the polling thread)."""
-        self._reports.append((ack, record, attempt, waiting, err))
 
     def _delivered(
         self, batch: list[tuple[asyncio.Future[None], OutRecord, int, _Waiting, Any]]
