@@ -349,8 +349,9 @@ class ConfluentSink:
         self.fatal_error = err
 
     async def start(self) -> None:
-        """Start the poller thread and ask the broker for its metadata (an idempotent
-        producer's id comes with the first send).
+        """Start the poller thread and ask the broker about the default topic (creating
+        nothing; the idempotent producer's id comes with the first send).
+
 
         Raises:
             KafkaSecurityError: a broker refused the client (TLS, SASL, an ACL).
@@ -358,7 +359,7 @@ class ConfluentSink:
         """
         self.start_polling()
         try:
-            await blocking(self._producer.list_topics, None, self._attempt_timeout_s)
+            await blocking(self._producer.list_topics, self._default_topic, self._attempt_timeout_s)
         except KafkaException as err:
             await self.abandon()
             raise self.unavailable("the reply producer cannot connect", err) from None
