@@ -352,7 +352,6 @@ class ConfluentSink:
         """Start the poller thread and ask the broker about the default topic (creating
         nothing; the idempotent producer's id comes with the first send).
 
-
         Raises:
             KafkaSecurityError: a broker refused the client (TLS, SASL, an ACL).
             KafkaUnavailableError: no broker answered within the send deadline.
