@@ -472,3 +472,75 @@ def test_exactly_once_dead_letters_a_reply_topic_kbatch_may_describe_but_not_wri
                        metrics.items())  # fmt: skip
     finally:
         server.stop()
+
+
+def test_confluent_sinks_refuse_alone_what_kbatch_may_not_write(secured: Secured) -> None:
+    # The librdkafka sinks over SASL_SSL: a topic no ACL lets kbatch write (LOCKED, hidden) or
+    # only describe (DESCRIBE_ONLY) fails its record alone with DeliveryDeniedError; in a
+    # transaction the verdict keeps it out, so its neighbour commits.
+    from consumer.kafka.config import SinkSettings
+    from consumer.kafka.confluent_adapter.sink import ConfluentSink
+    from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+    from consumer.kafka.errors import DeliveryDeniedError
+    from schemas.records import OutRecord
+
+    client = secured.broker.client_settings("kbatch")
+
+    def rec(topic: str | None, key: bytes) -> OutRecord:
+        return OutRecord(topic=topic, partition=None, key=key, value=b"v", headers=[])
+
+    async def outcomes(acks: list[asyncio.Future[None]]) -> list[Any]:
+        await asyncio.wait_for(asyncio.gather(*acks, return_exceptions=True), 60)
+        return [type(a.exception()) if a.exception() else None for a in acks]
+
+    async def run() -> None:
+        sink = ConfluentSink(client, SinkSettings(), default_topic=REPLIES)
+        await sink.start()
+        try:
+            acks = await sink.send(
+                [rec(LOCKED, b"cf-locked"), rec(DESCRIBE_ONLY, b"cf-describe"), rec(None, b"cf")]
+            )
+            assert await outcomes(acks) == [DeliveryDeniedError, DeliveryDeniedError, None]
+        finally:
+            await sink.stop()
+        txn = ConfluentTransactionalSink(
+            client, SinkSettings(), default_topic=REPLIES, group_id=EOS_GROUP, id_prefix="kbatch"
+        )
+        tp = (EOS_REQUESTS, 0)
+        offset = await committed_offset(secured, EOS_GROUP, EOS_REQUESTS) or 0
+        await txn.open(tp, timeout_s=60)
+        try:
+            acks = await txn.send_from(tp, [rec(DESCRIBE_ONLY, b"cf-txn-d"), rec(None, b"cf-t")])
+            assert await outcomes(acks) == [DeliveryDeniedError, None]
+            assert await txn.commit({tp: offset}, {tp: ""}) == {tp: offset}
+        finally:
+            await txn.stop()
+
+    asyncio.run(run())
+
+
+def test_confluent_sinks_report_a_refused_login_as_security(secured: Secured) -> None:
+    from pydantic import SecretStr
+
+    from consumer.kafka.config import SinkSettings
+    from consumer.kafka.confluent_adapter.sink import ConfluentSink
+    from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+    from consumer.kafka.errors import KafkaSecurityError
+
+    wrong = secured.broker.client_settings("kbatch").model_copy(
+        update={"sasl_password": SecretStr("not-the-password")}
+    )
+    settings = SinkSettings(send_timeout_ms=5000)
+
+    async def run() -> None:
+        sink = ConfluentSink(wrong, settings, default_topic=REPLIES)
+        with pytest.raises(KafkaSecurityError) as refused:
+            await sink.start()
+        assert "not-the-password" not in str(refused.value)
+        txn = ConfluentTransactionalSink(
+            wrong, settings, default_topic=REPLIES, group_id=EOS_GROUP, id_prefix="kbatch"
+        )
+        with pytest.raises(KafkaSecurityError):
+            await txn.open((EOS_REQUESTS, 0), timeout_s=5)
+
+    asyncio.run(run())
