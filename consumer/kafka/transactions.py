@@ -39,8 +39,9 @@ a fatal state (``IllegalOperation`` or ``AssertionError`` from every later call)
 ``stop`` raises the error of the transactional request it was waiting for. No such error
 leaves this adapter: a commit reports the partition failed (``aborted``, or :data:`FENCED`),
 a send's future raises :class:`SinkClosedError` (the record stays unfinished; the partition's
-transaction is never committed), a close or stop abandons the producer, an open that cannot
-begin a transaction raises :class:`KafkaUnavailableError`.
+transaction is never committed, and :meth:`TransactionalSink.close_failed` names the partition
+at the next commit although none of it finished), a close or stop abandons the producer, an
+open that cannot begin a transaction raises :class:`KafkaUnavailableError`.
 
 The caller may :meth:`TransactionalSink.open` the partition again: the new producer's
 ``InitProducerId`` bumps the epoch, which fences the old producer and completes or aborts its
@@ -54,7 +55,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
@@ -279,6 +280,34 @@ class TransactionalSink:
                 reasons,
             )
         return committed
+
+    async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:
+        """Close each of ``tps`` whose producer failed (its sender task ended, its
+        transactions in aiokafka's fatal or abortable state); returns each one's
+        :attr:`TransactionError.failed` reason (:data:`FENCED` or ``aborted``).
+
+        Such a partition's open transaction can never commit, and since every send of it fails
+        (:class:`SinkClosedError`, the record stays unfinished) nothing of it finishes: no
+        :meth:`commit` would name it. The caller reports these as failed commits.
+        """
+        failed = {}
+        for tp in tps:
+            sink = self._sinks.get(tp)
+            if sink is not None and _failed(sink.producer):
+                failed[tp] = sink
+        reasons = {}
+        for tp, sink in failed.items():
+            error = _fatal_error(sink.producer)
+            reasons[tp] = failure_reason(error or SinkClosedError(), sink.producer)
+            if reasons[tp] != FENCED:
+                reasons[tp] = "aborted"
+            log.warning(
+                "the transactional producer of %s failed (%s): closed",
+                tp,
+                "its sender stopped" if error is None else _describe(error),
+            )
+        await asyncio.gather(*(self._close_if_open(tp, sink) for tp, sink in failed.items()))
+        return reasons
 
     async def _close_if_open(self, tp: TopicPartition, sink: KafkaSink) -> None:
         """Close ``tp`` when ``sink`` is still its producer's sink (a revoke during the commit

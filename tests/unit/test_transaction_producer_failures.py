@@ -280,6 +280,27 @@ async def test_a_send_whose_producer_died_fails_closed_and_the_commit_says_so(
     assert closed_and_abandoned(sinks, producer)
 
 
+async def test_close_failed_closes_only_the_partitions_whose_producer_failed(
+    producers: list[FailingProducer],
+) -> None:
+    # Nothing of a failed producer's partition finishes (every send fails), so no commit
+    # names it: the checkpoint asks close_failed at each commit.
+    producer, healthy = FailingProducer("send"), FailingProducer("none")
+    producers.extend([producer, healthy])
+    sinks = transactional_sink()
+    other: TopicPartition = ("requests", 1)
+    await sinks.open(TP)
+    await sinks.open(other)
+    assert await sinks.close_failed([TP, other]) == {}
+    (ack,) = await sinks.send_from(TP, [reply()])
+    with pytest.raises(SinkClosedError):
+        await ack
+    assert await sinks.close_failed([TP, other]) == {TP: "aborted"}
+    assert closed_and_abandoned(sinks, producer)
+    assert sinks.open_partitions == {other} and not healthy.stopped
+    await sinks.stop()
+
+
 async def test_an_open_whose_producer_cannot_begin_stops_it_and_says_unavailable(
     producers: list[FailingProducer],
 ) -> None:
