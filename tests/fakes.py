@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from consumer.batching.routes import OutcomeCallback
@@ -60,7 +60,8 @@ class FakeTransactions:
     partition's sends go to its own :class:`FakeSink` (``sinks[tp]``, acks resolved by the
     test); ``commits`` lists each commit's (offsets, metadata); ``fail`` makes every commit of
     those partitions raise :class:`TransactionError` (with ``reason`` as each one's
-    ``failed`` reason when set) and close them, as the real one does."""
+    ``failed`` reason when set) and close them, as the real one does; ``broken`` partitions'
+    producers failed: ``close_failed`` closes them."""
 
     def __init__(self) -> None:
         self.sinks: dict[TopicPartition, FakeSink] = {}
@@ -68,6 +69,7 @@ class FakeTransactions:
         self.events: list[tuple[str, TopicPartition]] = []  # ("open" | "close", tp)
         self.fail: set[TopicPartition] = set()
         self.reason = ""  # the failed partitions' reason (TransactionError.failed); "": none
+        self.broken: set[TopicPartition] = set()  # producers that failed (close_failed)
 
     async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None:
         self.events.append(("open", tp))
@@ -81,6 +83,14 @@ class FakeTransactions:
         self, tp: TopicPartition, records: Sequence[OutRecord]
     ) -> list[asyncio.Future[None]]:
         return await self.sinks.setdefault(tp, FakeSink()).send(records)
+
+    async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:
+        """``broken``: partitions whose producer failed, closed here with ``reason``."""
+        failed = {tp: self.reason or "aborted" for tp in tps if tp in self.broken}
+        for tp in failed:
+            self.broken.discard(tp)
+            await self.close(tp)
+        return failed
 
     async def commit(
         self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str]

@@ -78,6 +78,7 @@ class TransactionalSinkLike(TransactionsLike, SourcedSinkLike, Protocol):
 
     async def open(self, tp: TopicPartition, timeout_s: float | None = None) -> None: ...
     async def close(self, tp: TopicPartition) -> None: ...
+    async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]: ...
 
 
 class ProducerSink(SinkLike, Protocol):
@@ -263,6 +264,15 @@ class TransactionalCheckpoint(Checkpoint):
                     self.tracker.commit_metadata,
                     before_commit=self.before_commit,
                 )
+                # A partition whose producer failed finishes nothing more (each send of it
+                # fails), so no commit names it: closed and reported here.
+                failed = await self.transactions.close_failed(tps)
+                if failed:
+                    raise TransactionError(
+                        f"transaction of {sorted(failed)} not committed: its producer failed",
+                        committed,
+                        failed,
+                    )
             except TransactionError as err:
                 committed = err.committed
                 raise

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from consumer.batching.types import ItemOutcome
-from consumer.kafka.errors import FENCED, TransactionError
+from consumer.kafka.errors import FENCED, SinkClosedError, TransactionError
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.serve.pipeline import Pipeline
 from schemas.codec import decode_reply
@@ -121,3 +121,29 @@ async def test_a_revoke_whose_transaction_fails_sets_the_partition_up_anew_when_
     assert txn.events[-2:] == [("open", A), ("read", A)]  # a new producer, read back
     assert source.positions[A] == 5 and pipeline.tracker.last_tracked(A) is None
     assert recoveries(pipeline, "unacknowledged_send") == 1
+
+
+async def test_a_failed_producer_whose_records_all_failed_is_rewound_at_the_next_commit() -> None:
+    # Its sends fail (SinkClosedError: the records stay unfinished), so the partition's
+    # offset never moves and no commit would name it: without close_failed it stalled.
+    pipeline, source, engine, txn = await assigned()
+    await pipeline.take([request(o) for o in range(5, 8)])
+    answer(pipeline, engine)
+    sink = txn.sinks[A]
+    await until(lambda: len(sink.acks) >= 3)
+    for ack in sink.acks:
+        ack.set_exception(SinkClosedError("the producer of ('req', 0) failed"))
+    txn.broken = {A}
+    await pipeline.commit()  # no TransactionError: the member stays up
+    assert txn.commits == []  # nothing finished: nothing to commit
+    assert txn.events[-3:] == [("close", A), ("open", A), ("read", A)]
+    assert source.positions[A] == 5 and A not in source.paused  # rewound, reading again
+    assert recoveries(pipeline, "aborted") == 1
+
+
+async def test_a_fenced_producer_found_without_a_commit_stops_the_member() -> None:
+    pipeline, _, _, txn = await assigned()
+    txn.broken, txn.reason = {A}, FENCED
+    with pytest.raises(TransactionError):
+        await pipeline.commit()
+    assert ("close", A) in txn.events
