@@ -174,6 +174,9 @@ class TransactionalReplySink(Protocol):
     ) -> dict[TopicPartition, int]:
         """Commit each partition's transaction with its offsets; returns those committed."""
 
+    async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:
+        """Close each of ``tps`` whose producer failed; each one's failure reason."""
+
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Not available: every record belongs to an input partition's transaction.
 

@@ -330,3 +330,22 @@ async def test_open_without_a_producer_id_in_time(fake_txn: list[FakeTxnProducer
     with pytest.raises(KafkaUnavailableError, match=r"within 0\.3 s"):
         await sink.open(TP, timeout_s=0.3)
     assert sink.open_partitions == frozenset()
+
+
+async def test_close_failed_closes_a_fenced_or_tainted_partition_and_says_why(
+    fake_txn: list[FakeTxnProducer],
+) -> None:
+    # A partition whose producer failed finishes nothing more, so no commit would name it:
+    # the checkpoint asks for these after each commit (TransactionalCheckpoint.commit).
+    sink = txn_sink()
+    healthy, fenced, tainted = ("in", 0), ("in", 0), ("in", 0)
+    await sink.open(healthy, timeout_s=5)
+    assert await sink.close_failed([healthy]) == {}
+    assert sink.open_partitions == frozenset({healthy})
+    sink._sinks[fenced].fatal_error = KafkaError(KafkaError._FENCED, fatal=True)
+    assert await sink.close_failed([fenced]) == {fenced: FENCED}
+    assert sink.open_partitions == frozenset()
+    await sink.open(tainted, timeout_s=5)
+    sink._tainted.add(tainted)
+    assert await sink.close_failed([tainted]) == {tainted: "aborted"}
+    assert fake_txn[-1].calls[-1] == "abort"

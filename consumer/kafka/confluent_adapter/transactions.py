@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -273,6 +273,32 @@ class ConfluentTransactionalSink:
                 reasons,
             )
         return committed
+
+    async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:
+        """Close each of ``tps`` whose producer failed (a fatal error from librdkafka: fenced,
+        or a send that failed without a verdict, which taints the transaction); returns each
+        one's :attr:`TransactionError.failed` reason (:data:`FENCED` or ``aborted``).
+
+        Such a partition's open transaction can never commit and its records stay unfinished,
+        so no :meth:`commit` would name it: the caller reports these as failed commits.
+        """
+        failed = {
+            tp: sink
+            for tp in tps
+            if (sink := self._sinks.get(tp)) is not None
+            and (sink.fatal_error is not None or tp in self._tainted)
+        }
+        reasons = {}
+        for tp, sink in failed.items():
+            reason = failure_reason(SinkClosedError(), sink.fatal_error)
+            reasons[tp] = FENCED if reason == FENCED else "aborted"
+            log.warning(
+                "the transactional producer of %s failed (%s): closed",
+                tp,
+                sink.fatal_error if sink.fatal_error is not None else "a send without a verdict",
+            )
+        await asyncio.gather(*(self.close(tp) for tp in failed))
+        return reasons
 
     async def _metadata(self) -> object:
         if self.group_metadata is not None:
