@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.confluent_adapter.source import BUFFERED_POLLS, ConfluentSource
 from consumer.kafka.errors import FencedInstanceError, KafkaUnavailableError
-from consumer.kafka.records import InRecord, TopicPartition
+from consumer.kafka.records import InRecord, Membership, TopicPartition
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transport import GroupProtocol, GroupSource
 from tests.conftest import TopicFactory, unique_group
@@ -245,9 +245,11 @@ async def test_a_handler_that_calls_the_source_inside_its_callbacks_does_not_dea
     group = unique_group()
     sources: list[GroupSource] = []
     positions: list[int | None] = []
+    memberships: list[tuple[str, Membership]] = []
 
     async def on_assign(tps: frozenset[TopicPartition]) -> None:  # as serve's set-up does
         source = sources[0]
+        memberships.append(("assigned", source.membership()))
         source.pause(tps)
         for tp in tps:
             committed, _ = await source.committed_metadata(tp)
@@ -256,6 +258,8 @@ async def test_a_handler_that_calls_the_source_inside_its_callbacks_does_not_dea
         source.resume(tps)
 
     async def on_revoke(tps: frozenset[TopicPartition]) -> None:  # as serve's revoke does
+        if tps:
+            memberships.append(("revoked", sources[0].membership()))
         await sources[0].commit({tp: 5 for tp in tps}, {tp: "revoked" for tp in tps})
 
     handler = Recorder(on_assign=on_assign, on_revoke=on_revoke)
@@ -276,6 +280,13 @@ async def test_a_handler_that_calls_the_source_inside_its_callbacks_does_not_dea
     assert positions[:2] == [2, 2]
     # aiokafka revokes nothing before its first join: the first revocation that holds some
     assert next(r for r in handler.revoked if r) == {(topic, 0), (topic, 1)}
+    # The revocation in generation G, the next assignment in G + 1 by the same member: the
+    # rebalance handover keeps the work of the partitions given back (consumer.serve.handover).
+    (_, first), (_, revoked), (_, again) = memberships[:3]
+    assert [kind for kind, _ in memberships[:3]] == ["assigned", "revoked", "assigned"]
+    assert first.member_id != "" and first.generation >= 0
+    assert revoked == first
+    assert again.member_id == revoked.member_id and again.generation == revoked.generation + 1
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -376,16 +387,15 @@ async def test_backpressure_bounds_what_waits_and_loses_nothing(
     await source.start()
     try:
         await until(lambda: source._sent >= 200, 30, "the first records handed over")
-        await drain(source, 0)  # nothing polled: the owner thread holds back
-        waited = time.monotonic() + 0.5
-        while time.monotonic() < waited:
-            await asyncio.sleep(0.05)
+        # Nothing polled: the owner waits, then pauses everything in librdkafka.
+        await until(lambda: source._held_back, 10, "the owner thread holding back")
         buffered = source._sent - source._taken
         got = await read(source, lambda rs: len(rs) >= 1000, 30)
         got += await drain(source, 0.3)
     finally:
         await source.stop()
     assert buffered <= (BUFFERED_POLLS + 1) * 100  # a consume() more at most
+    assert not source._held_back
     assert offsets(got, (topic, 0)) == list(range(1000))  # none lost, none twice
 
 

@@ -14,13 +14,15 @@ thread, the *owner*, does every call on it:
   ``call_soon_threadsafe``. A command waits at most ``WAKE_S`` for the ``consume`` under way.
 
 Backpressure. The owner stops taking records from librdkafka while
-``BUFFERED_POLLS × max_poll_records`` records wait for :meth:`ConfluentSource.poll`. It
-must still call ``consume`` (librdkafka drops a member that does not for
-``max.poll.interval.ms``, and rebalances are served only inside it), so it pauses every
-assigned partition in librdkafka instead (its own pause, apart from the loop's) and keeps
-calling ``consume``, which then returns nothing; the pauses are lifted once the loop has
-taken the records. librdkafka forgets what it prefetched for a paused partition and fetches
-again from the last record handed out: nothing is lost or read twice.
+``BUFFERED_POLLS × max_poll_records`` records wait for :meth:`ConfluentSource.poll`. For a
+short stall (up to ``HOLD_BACK_AFTER_S``) it only waits, running commands; librdkafka keeps
+what it prefetched (bounded by its ``queued.max.messages.kbytes``). After that it must call
+``consume`` again (rebalances are served only inside it, and librdkafka drops a member that
+does not call it for ``max.poll.interval.ms``), so it pauses every assigned partition in
+librdkafka (its own pause, apart from the loop's) and calls ``consume``, which then returns
+nothing; the pauses are lifted once the loop has taken the records. librdkafka forgets what
+it prefetched for a paused partition and fetches again from the last record handed out:
+nothing is lost or read twice.
 
 Pauses seen by the loop are exact: :meth:`ConfluentSource.pause` takes effect at once for
 :meth:`~ConfluentSource.poll` (records of the partition already handed over are *held* and
@@ -89,6 +91,12 @@ loop waits at most before the owner thread runs it."""
 
 BUFFERED_POLLS: Final = 2
 """The owner thread stops taking records while this many ``max_poll_records`` wait."""
+
+HOLD_BACK_AFTER_S: Final = 1.0
+"""How long the owner thread waits for the loop to take buffered records before it pauses
+every partition in librdkafka (seconds): a short stall costs nothing (librdkafka keeps what it
+prefetched) and delays a rebalance by this much at most; a long one would delay it past
+what a rebalance allows, so the owner goes back to ``consume`` with everything paused."""
 
 START_TIMEOUT_S: Final = 15.0
 """Longest wait at start for a broker's answer (seconds); a refused connection to every
@@ -236,6 +244,7 @@ class ConfluentSource:
         self._owned: set[TopicPartition] = set()
         self._app_paused: set[TopicPartition] = set()
         self._held_back = False  # every owned partition paused for backpressure
+        self._stalled = False  # waiting for the loop to take records (the loop reads it)
         self._pending_seeks: dict[TopicPartition, int] = {}
         self._sought: dict[TopicPartition, int] = {}
         self._closing = False
@@ -336,6 +345,9 @@ class ConfluentSource:
             elif tp in assigned and tp not in revoking:
                 out.append(r)
         self._taken += taken
+        if self._stalled and taken:
+            self._stalled = False
+            self._commands.put(_WAKE)  # the owner thread waits for room
         return out
 
     def _deliver(self, records: list[InRecord]) -> None:
@@ -623,6 +635,7 @@ class ConfluentSource:
         assert consumer is not None
         limit = BUFFERED_POLLS * self._max_poll_records
         n = self._max_poll_records
+        stalled_s = 0.0  # since when the buffer is full (monotonic s), 0 when it is not
         while not self._stopping:
             self._run_commands()
             if self._stopping:
@@ -630,9 +643,21 @@ class ConfluentSource:
             if self._fatal:  # nothing more to read; commands until stop()
                 self._run_command(self._commands.get())
                 continue
-            full = self._sent - self._taken >= limit
-            if full != self._held_back:
-                self._hold_back(full)
+            if self._sent - self._taken >= limit:  # the loop is behind: take nothing
+                now_s = time.monotonic()
+                stalled_s = stalled_s or now_s
+                if not self._held_back and now_s - stalled_s >= HOLD_BACK_AFTER_S:
+                    self._hold_back(True)
+                if not self._held_back:  # a short stall: librdkafka keeps what it prefetched
+                    self._stalled = True  # the loop wakes it once it has taken records
+                    with contextlib.suppress(queue.Empty):
+                        self._run_command(self._commands.get(timeout=WAKE_S))
+                    self._stalled = False
+                    continue
+            else:
+                stalled_s = 0.0
+                if self._held_back:
+                    self._hold_back(False)
             messages = consumer.consume(1, WAKE_S)
             if messages:
                 messages.extend(consumer.consume(n - 1, 0))
