@@ -42,7 +42,9 @@ still the owner's).
   the new set, pauses forgotten (the handler re-applies them, as with aiokafka).
 - ``group_protocol="consumer"`` (KIP-848): the broker assigns incrementally
   (``incremental_assign``/``incremental_unassign``): only partitions that move are revoked or
-  assigned, and a partition that stays keeps its pause. ``session.timeout.ms`` and
+  assigned, and a partition that stays keeps its pause; a revocation is followed by an
+  assignment, empty when nothing new comes (serve's handover then releases what it suspended).
+  ``session.timeout.ms`` and
   ``heartbeat.interval.ms`` are the broker's (``group.consumer.*``) and not set here.
 
 librdkafka cannot seek a partition it has just been assigned (``_STATE`` until its fetcher
@@ -103,7 +105,9 @@ START_TIMEOUT_S: Final = 15.0
 bootstrap broker fails sooner, as soon as librdkafka reports all brokers down."""
 
 REQUEST_TIMEOUT_S: Final = 10.0
-"""Longest wait of a committed-offset or commit request on the owner thread (seconds)."""
+"""Longest wait of a committed-offset request on the owner thread (seconds). A synchronous
+commit has no timeout in confluent-kafka: librdkafka's ``socket.timeout.ms`` (60 s) bounds
+it, and the owner runs no other command meanwhile."""
 
 END_OFFSETS_TIMEOUT_S: Final = 5.0
 """Longest wait for the end offsets of one :meth:`ConfluentSource.end_offsets` (seconds)."""
