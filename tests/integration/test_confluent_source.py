@@ -231,6 +231,8 @@ async def test_a_commit_with_metadata_is_read_back_by_a_new_member(
         assert await second.committed(tp) == 6
         assert await second.committed_metadata((topic, 7)) == (None, "")
         got = await read(second, lambda rs: len(rs) >= 4, 30)
+        if isinstance(second, ConfluentSource):  # for send_offsets_to_transaction
+            assert isinstance(await second.consumer_group_metadata(), bytes)
     finally:
         await second.stop()
     assert offsets(got, tp) == [6, 7, 8, 9]

@@ -501,6 +501,21 @@ class ConfluentSource:
             firsts.append(buffered)
         return min(firsts) if firsts else None
 
+    async def consumer_group_metadata(self) -> object:
+        """librdkafka's opaque group metadata of this member now (for a transactional
+        producer's ``send_offsets_to_transaction``).
+
+        Raises:
+            KafkaUnavailableError: the source is stopped.
+        """
+        return await self._call(
+            self._group_metadata_now, KafkaUnavailableError("the Kafka source is stopped")
+        )
+
+    def _group_metadata_now(self) -> object:
+        assert self._consumer is not None
+        return self._consumer.consumer_group_metadata()
+
     # ---- commands (loop → owner thread) ---------------------------------------------------------
 
     def _send(self, command: Callable[[], None]) -> None:
