@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.confluent_adapter.source import BUFFERED_POLLS, ConfluentSource
-from consumer.kafka.errors import FencedInstanceError, KafkaUnavailableError
+from consumer.kafka.errors import CommitError, FencedInstanceError, KafkaUnavailableError
 from consumer.kafka.records import InRecord, Membership, TopicPartition
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transport import GroupProtocol, GroupSource
@@ -206,6 +206,13 @@ async def test_seek_position_and_end_offsets(
         await source.stop()
     assert offsets(got, tp) == list(range(10))
     assert offsets(again, tp) == list(range(3, 10))
+    if isinstance(source, ConfluentSource):  # stopped: every call answers at once
+        assert source.assignment() == frozenset() and await source.position(tp) is None
+        assert await source.end_offsets([tp]) == {}
+        assert await source.committed_metadata(tp) == (None, "")
+        with pytest.raises(CommitError):
+            await source.commit({tp: 1})
+        assert await source.poll(10, 0) == []
 
 
 @pytest.mark.parametrize("kind", CLIENTS)

@@ -121,6 +121,31 @@ native order), then group id, member id and instance id (``rd_kafka_consumer_gro
 write``); the generation is read nowhere else."""
 
 _WAKE: Final = object()
+"""Queued to wake the owner thread (stop, a finished rebalance handler, room in the buffer)."""
+
+
+class _Command:
+    """A call for the owner thread: ``run`` there, or ``cancel`` once it has ended."""
+
+    __slots__ = ("cancel", "run")
+
+    def __init__(self, run: Callable[[], None], cancel: Callable[[], None] | None = None) -> None:
+        self.run = run if cancel is not None else _logged(run)
+        self.cancel = cancel or _nothing
+
+
+def _logged(command: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            command()
+        except Exception:
+            log.exception("Kafka client command failed")
+
+    return run
+
+
+def _nothing() -> None:
+    pass
 
 
 def consumer_config(
@@ -219,7 +244,6 @@ class ConfluentSource:
         self._topics = tuple(topics)
         self._max_poll_records = max_poll_records
         self._cooperative = group_protocol == "consumer"
-        self._protocol = group_protocol
         self._librdkafka_log = LibrdkafkaLog()
         self._config = consumer_config(
             client, group, group_id=group_id, group_protocol=group_protocol
@@ -228,7 +252,9 @@ class ConfluentSource:
         self._config["error_cb"] = self._on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._commands: queue.SimpleQueue[Callable[[], None] | object] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command | object] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # _done and the queue's last puts
+        self._done = False  # the owner thread has ended: nothing more is queued
         self._stopping = False  # set by stop(); read by the owner thread
         self._stopped: asyncio.Future[None] | None = None
         # ---- the loop's side (touched on the event loop only) ----
@@ -301,6 +327,11 @@ class ConfluentSource:
         self._stopping = True
         self._commands.put(_WAKE)
         await asyncio.shield(self._stopped)
+        self._assigned.clear()
+        self._paused.clear()
+        self._buffer.clear()
+        self._held.clear()
+        self._membership = Membership("", -1)
 
     # ---- reading (loop) -------------------------------------------------------------------------
 
@@ -518,41 +549,42 @@ class ConfluentSource:
 
     # ---- commands (loop → owner thread) ---------------------------------------------------------
 
+    def _enqueue(self, command: _Command) -> bool:
+        """Queue ``command`` for the owner thread; False once the thread has ended."""
+        with self._lock:
+            if self._done:
+                return False
+            self._commands.put(command)
+            return True
+
     def _send(self, command: Callable[[], None]) -> None:
         """Queue ``command`` for the owner thread, not waiting for it (errors logged)."""
-        if self._thread is None or self._stopping:
-            return
-
-        def run() -> None:
-            try:
-                command()
-            except Exception:
-                log.exception("Kafka client command failed")
-
-        self._commands.put(run)
+        if self._thread is not None and not self._stopping:
+            self._enqueue(_Command(command))
 
     def _call(self, fn: Callable[[], T], closed: T | BaseException) -> asyncio.Future[T]:
         """Run ``fn`` on the owner thread; its result or error on the loop. ``closed``: the
         result (or the error raised) once the source is stopped."""
-        loop = self._loop
-        if loop is None or self._thread is None or self._stopping:
-            fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            if isinstance(closed, BaseException):
-                fut.set_exception(closed)
-            else:
-                fut.set_result(closed)
-            return fut
-        fut = loop.create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def answer(result: Any, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_resolve, fut, result, error)
 
         def run() -> None:
             try:
                 result = fn()
             except BaseException as err:
-                loop.call_soon_threadsafe(_resolve, fut, None, err)
+                answer(None, err)
             else:
-                loop.call_soon_threadsafe(_resolve, fut, result, None)
+                answer(result, None)
 
-        self._commands.put(run)
+        def cancel() -> None:
+            answer(*((None, closed) if isinstance(closed, BaseException) else (closed, None)))
+
+        if self._thread is None or self._stopping or not self._enqueue(_Command(run, cancel)):
+            cancel()
         return fut
 
     # ---- the owner thread -----------------------------------------------------------------------
@@ -575,6 +607,15 @@ class ConfluentSource:
             )
         finally:
             self._close()
+            with self._lock:
+                self._done = True
+            while True:  # what was queued too late is answered as after stop()
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(command, _Command):
+                    command.cancel()
             with contextlib.suppress(RuntimeError):  # the loop is closed already
                 assert self._stopped is not None
                 loop.call_soon_threadsafe(_resolve, self._stopped, None, None)
@@ -677,9 +718,18 @@ class ConfluentSource:
                 stalled_s = 0.0
                 if self._held_back:
                     self._hold_back(False)
-            messages = consumer.consume(1, WAKE_S)
+            try:
+                messages = consumer.consume(1, WAKE_S)
+                if messages:
+                    messages.extend(consumer.consume(n - 1, 0))
+            except KafkaLayerError as err:  # raised by a callback (oauth_cb: the token file)
+                self._raise_on_loop(err, fatal=True)
+                continue
+            except KafkaException as err:
+                failure = self._layer_error(err.args[0]) or KafkaUnavailableError(str(err))
+                self._raise_on_loop(failure, fatal=True)
+                continue
             if messages:
-                messages.extend(consumer.consume(n - 1, 0))
                 self._hand_over(messages)
             if self._pending_seeks:
                 for tp, offset in list(self._pending_seeks.items()):
@@ -731,8 +781,8 @@ class ConfluentSource:
 
     @staticmethod
     def _run_command(command: object) -> None:
-        if command is not _WAKE:
-            command()  # type: ignore[operator]
+        if isinstance(command, _Command):
+            command.run()
 
     def _hold_back(self, hold: bool) -> None:
         """Pause every owned partition in librdkafka (``hold``) or lift that, keeping the
