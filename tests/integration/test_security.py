@@ -23,11 +23,14 @@ import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
+from pydantic import SecretStr
 
 from consumer.broker.secure import SecureBroker, make_ca
 from consumer.kafka.acls import Acl, create_acls
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.client_config import client_kwargs, security_kwargs
+from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
+from consumer.kafka.errors import KafkaSecurityError
 from schemas import headers as H
 from schemas.codec import Encoding, encode_request
 from schemas.models import Request
@@ -544,3 +547,51 @@ def test_confluent_sinks_report_a_refused_login_as_security(secured: Secured) ->
             await txn.open((EOS_REQUESTS, 0), timeout_s=5)
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["aiokafka", "confluent"])
+async def test_a_group_source_refused_by_the_broker_says_why_in_one_error(
+    secured: Secured, tmp_path: Path, kind: str
+) -> None:
+    """Both clients of the seam (consumer.kafka.transport.GroupSource): a wrong password and
+    an untrusted CA fail at start, a denied read at the first polls, each one error."""
+    from consumer.kafka.confluent_adapter.source import ConfluentSource
+    from consumer.kafka.source import KafkaSource
+
+    def source(settings: KafkaClientSettings, group: str = GROUP) -> Any:
+        cls = KafkaSource if kind == "aiokafka" else ConfluentSource
+        return cls(
+            settings, ConsumerGroupSettings(), _NoHandler(), group_id=group,
+            topics=[REQUESTS], max_poll_records=10,
+        )  # fmt: skip
+
+    kbatch = secured.broker.client_settings("kbatch")
+    untrusted = make_ca(tmp_path, "someone-else")[0]
+    refused = [
+        (kbatch.model_copy(update={"sasl_password": SecretStr("not-it")}), "SASL login refused"),
+        (kbatch.model_copy(update={"ssl_cafile": untrusted}), "TLS check of the broker's"),
+    ]
+    for settings, cause in refused:
+        member = source(settings)
+        with pytest.raises(KafkaSecurityError, match=cause) as raised:
+            await member.start()
+        await member.stop()
+        assert "the broker at 127.0.0.1:" in str(raised.value)
+        assert "not-it" not in str(raised.value)
+    member = source(secured.broker.client_settings("client"))  # may not read REQUESTS
+    await member.start()
+    try:
+        deadline = time.monotonic() + 30
+        with pytest.raises(KafkaSecurityError, match="AUTHORIZATION_FAILED"):
+            while time.monotonic() < deadline:
+                await member.poll(10, 100)
+    finally:
+        await member.stop()
+
+
+class _NoHandler:
+    async def on_assigned(self, tps: frozenset[tuple[str, int]]) -> None:
+        pass
+
+    async def on_revoked(self, tps: frozenset[tuple[str, int]]) -> None:
+        pass
