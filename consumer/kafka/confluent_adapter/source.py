@@ -284,6 +284,12 @@ class ConfluentSource:
 
     # ---- lifecycle (loop) -----------------------------------------------------------------------
 
+    @property
+    def incremental(self) -> bool:
+        """True under the consumer protocol: the handler gets only the partitions that move
+        (:attr:`consumer.kafka.transport.GroupSource.incremental`)."""
+        return self._cooperative
+
     async def start(self) -> None:
         """Connect and subscribe; partitions arrive through the rebalance handler.
 
