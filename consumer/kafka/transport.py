@@ -1,4 +1,5 @@
-"""The transport seam: what kbatch needs of a Kafka client, as Protocols that import none.
+"""The transport seam: what kbatch needs of a Kafka client, as Protocols, and the factories
+that build the chosen client's adapters (each imports its adapter when called).
 
 ::
 
@@ -259,3 +260,18 @@ def transactional_sink(
     return TransactionalSink(
         client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
     )
+
+
+def client_description(name: KafkaClientName) -> str:
+    """The client and its version, for the start-up line: ``aiokafka 0.14.0`` or
+    ``confluent-kafka 2.16.1 (librdkafka 2.16.0)``."""
+    if name == "confluent":
+        import confluent_kafka
+
+        return (
+            f"confluent-kafka {confluent_kafka.version()[0]} "
+            f"(librdkafka {confluent_kafka.libversion()[0]})"
+        )
+    import aiokafka
+
+    return f"aiokafka {aiokafka.__version__}"

@@ -35,7 +35,7 @@ from consumer.kafka.errors import (
     TransactionError,
 )
 from consumer.kafka.flow import FlowControl
-from consumer.kafka.transport import GroupSource, group_source
+from consumer.kafka.transport import GroupSource, client_description, group_source
 from consumer.lifecycle import (
     STOP_NOW_HINT,
     Lifecycle,
@@ -200,10 +200,11 @@ async def serve(settings: ServeSettings) -> int:
             await _start_jobs(settings, jobs_engine, flow, replies, stop, life, tracer)
         frozen = freeze_startup_heap()
         log.info(
-            "serving %s (%s) from %s",
+            "serving %s (%s) from %s on %s",
             parts.replies.model.name,
             settings.task,
             settings.request_topic,
+            client_description(settings.kafka_client),
         )
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
         failed, drained = await _run(parts.pipeline, stop, now, beat, life, wedge)

@@ -13,7 +13,12 @@ from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, Si
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
-from consumer.kafka.transport import group_source, reply_sink, transactional_sink
+from consumer.kafka.transport import (
+    client_description,
+    group_source,
+    reply_sink,
+    transactional_sink,
+)
 
 
 class _Handler:
@@ -73,3 +78,8 @@ async def test_the_factories_build_the_aiokafka_adapters() -> None:
             topics=("t",),
             max_poll_records=5,
         )
+
+
+def test_the_start_up_line_names_the_client_and_its_version() -> None:
+    assert client_description("aiokafka").startswith("aiokafka 0.")
+    assert "(librdkafka 2." in client_description("confluent")
