@@ -46,6 +46,12 @@ GROUP_CLASSES = [
     pytest.param(GroupRangeSource, id="aiokafka"),
     pytest.param(ConfluentGroupRangeSource, id="confluent"),
 ]
+GROUP_PAIRS = [
+    pytest.param((GroupRangeSource, GroupRangeSource), id="aiokafka"),
+    pytest.param((ConfluentGroupRangeSource, ConfluentGroupRangeSource), id="confluent"),
+    # one group, a member on each client: both speak the classic protocol's roundrobin
+    pytest.param((GroupRangeSource, ConfluentGroupRangeSource), id="mixed"),
+]
 
 
 def settings(bootstrap: str) -> KafkaClientSettings:
@@ -227,9 +233,9 @@ async def test_no_broker_is_the_same_error_on_both_clients(opened: Any) -> None:
             await opened(cls(client=client, topic="t", group_id=unique_group()))
 
 
-@pytest.mark.parametrize("cls", GROUP_CLASSES)
+@pytest.mark.parametrize("classes", GROUP_PAIRS)
 async def test_a_group_range_is_split_over_two_members(
-    cls: Any, kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
+    classes: tuple[Any, Any], kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
 ) -> None:
     topic = await new_topic("cfr", partitions=4)
     await produce(kafka_bootstrap, topic, 4, 6)
@@ -239,7 +245,7 @@ async def test_a_group_range_is_split_over_two_members(
         await opened(
             cls(client=settings(kafka_bootstrap), topic=topic, group_id=group, ranges=ranges)
         )
-        for _ in range(2)
+        for cls in classes
     ]
     held: list[list[int]] = [[], []]
 
@@ -267,3 +273,78 @@ async def test_a_group_range_is_split_over_two_members(
     await plans[0].commit({(topic, p): ranges[p][1] for p in held[0]})
     await plans[1].commit({(topic, p): ranges[p][1] for p in held[1]})
     assert await members[0].all_at_end()
+
+
+async def wait_assignment(member: Any, timeout_s: float = 30) -> list[int]:
+    """``member``'s next non-empty assignment; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline, "no assignment"
+        got = await member.next_assignment(timeout_s=0.2)
+        if got:
+            return got
+
+
+@pytest.mark.parametrize("cls", GROUP_CLASSES)
+async def test_a_revoked_member_commits_in_its_revoke_callback_and_the_next_resumes(
+    cls: Any, kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
+) -> None:
+    """The revoke callback runs before the partitions go and may commit (confluent: on the
+    loop while the owner thread waits inside librdkafka's callback, serving the commit)."""
+    topic = await new_topic("cfr", partitions=2)
+    await produce(kafka_bootstrap, topic, 2, 20)
+    group = unique_group()
+    ranges = {0: (0, 20), 1: (0, 20)}
+    client = settings(kafka_bootstrap)
+    first = await opened(cls(client=client, topic=topic, group_id=group, ranges=ranges))
+    assert sorted(await wait_assignment(first)) == [0, 1]
+    assigned = await first.plan([0, 1])
+    read: list[InRecord] = []
+    deadline = time.monotonic() + 10
+    while len(read) < 6:
+        assert time.monotonic() < deadline, "nothing read"
+        read.extend(await assigned.poll(3, 200))
+    upto = {
+        p: max(r.offset for r in read if r.partition == p) + 1 for p in {r.partition for r in read}
+    }
+    assert sum(upto.values()) < 40  # read part of the range only
+    revoked: list[dict[int, bool]] = []
+
+    async def on_revoke() -> None:
+        await assigned.commit({(topic, p): o for p, o in upto.items()})
+        revoked.append({p: p in assigned.finished for p in (0, 1)})
+
+    first.on_revoke = on_revoke
+    second = await opened(cls(client=client, topic=topic, group_id=group, ranges=ranges))
+    taken = await wait_assignment(second, timeout_s=45)
+    assert revoked, "the revoke callback did not run before the partitions moved"
+    assert await assigned.poll(100, 0) == []  # revoked: reading stopped
+    assert assigned.finished == {0, 1}
+    plan = (await second.plan(taken)).plan
+    assert {p: (r.start, r.resumed_from) for p, r in plan.items()} == {
+        p: (upto.get(p, 0), upto.get(p)) for p in taken
+    }
+
+
+@pytest.mark.parametrize("cls", GROUP_CLASSES)
+async def test_pause_reading_holds_the_records_back_until_it_turns_false(
+    cls: Any, kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
+) -> None:
+    topic = await new_topic("cfr", partitions=1)
+    await produce(kafka_bootstrap, topic, 1, 5)
+    member = await opened(
+        cls(
+            client=settings(kafka_bootstrap),
+            topic=topic,
+            group_id=unique_group(),
+            ranges={0: (0, 5)},
+        )
+    )
+    paused = True
+    member.pause_reading = lambda: paused
+    assigned = await member.plan(await wait_assignment(member))
+    for _ in range(3):
+        assert await assigned.poll(100, 100) == []
+    paused = False
+    got = await read_to_end(assigned)
+    assert offsets_read(got) == [(0, o) for o in range(5)]
