@@ -260,19 +260,34 @@ async def test_a_group_range_is_split_over_two_members(
         await asyncio.gather(follow(0), follow(1))
     assert not set(held[0]) & set(held[1])
     plans = [await m.plan(h) for m, h in zip(members, held, strict=True)]
-    got: list[list[InRecord]] = [[], []]
-    deadline = time.monotonic() + 20
-    while not all(set(pl.plan) <= pl.finished for pl in plans):
-        assert time.monotonic() < deadline, "the members did not read their ranges"
-        for i, pl in enumerate(plans):
-            got[i].extend(await pl.poll(100, 100))
-    for i in (0, 1):
-        assert offsets_read(got[i]) == sorted((p, o) for p in held[i] for o in range(*ranges[p])), (
+    read = await asyncio.gather(
+        *(read_group_to_end(m, pl, ranges) for m, pl in zip(members, plans, strict=True))
+    )
+    for i, (partitions, got) in enumerate(read):
+        held[i] = partitions
+        assert offsets_read(got) == sorted((p, o) for p in partitions for o in range(*ranges[p])), (
             f"member {i}"
         )
+    assert sorted(held[0] + held[1]) == [0, 1, 2, 3]
+    plans = [await m.plan(h) for m, h in zip(members, held, strict=True)]
     await plans[0].commit({(topic, p): ranges[p][1] for p in held[0]})
     await plans[1].commit({(topic, p): ranges[p][1] for p in held[1]})
     assert await members[0].all_at_end()
+
+
+async def read_group_to_end(
+    member: Any, assigned: Any, ranges: dict[int, tuple[int, int]], timeout_s: float = 30
+) -> tuple[list[int], list[InRecord]]:
+    """Read ``member``'s ``assigned`` plan to the end of its ranges: its partitions and the
+    records read. A rebalance meanwhile (a new topic's metadata settling) revokes the plan:
+    the new assignment is followed and read again from its start (nothing committed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        partitions = sorted(assigned.plan)
+        got = await read_to_end(assigned, deadline - time.monotonic())
+        if offsets_read(got) == sorted((p, o) for p in partitions for o in range(*ranges[p])):
+            return partitions, got
+        assigned = await member.plan(await wait_assignment(member, deadline - time.monotonic()))
 
 
 async def wait_assignment(member: Any, timeout_s: float = 30) -> list[int]:
@@ -346,5 +361,21 @@ async def test_pause_reading_holds_the_records_back_until_it_turns_false(
     for _ in range(3):
         assert await assigned.poll(100, 100) == []
     paused = False
-    got = await read_to_end(assigned)
+    _, got = await read_group_to_end(member, assigned, {0: (0, 5)})
     assert offsets_read(got) == [(0, o) for o in range(5)]
+
+
+@pytest.mark.parametrize("cls", GROUP_CLASSES)
+async def test_a_plan_reads_after_a_keepalive_paused_its_partitions(
+    cls: Any, kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
+) -> None:
+    topic = await new_topic("cfr", partitions=1)
+    await produce(kafka_bootstrap, topic, 1, 5)
+    ranges = {0: (1, 5)}
+    member = await opened(
+        cls(client=settings(kafka_bootstrap), topic=topic, group_id=unique_group(), ranges=ranges)
+    )
+    assigned = await member.plan(await wait_assignment(member))
+    await member.keepalive()  # pauses every assigned partition: the next poll resumes them
+    _, got = await read_group_to_end(member, assigned, ranges)
+    assert offsets_read(got) == [(0, o) for o in range(1, 5)]

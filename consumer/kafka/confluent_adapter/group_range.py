@@ -5,7 +5,8 @@ The classic group protocol with the ``roundrobin`` assignor (aiokafka's default,
 protocol name: aiokafka and confluent members can share a job's group). librdkafka runs the
 rebalance callbacks inside ``consume`` on the owner thread
 (:class:`~consumer.kafka.confluent_adapter.owner_thread.ConsumerThread`): an assignment is
-assigned there with every partition paused (nothing is read before the job's plan seeks it)
+assigned there at each range's start, every partition paused (nothing is read before the
+job's plan seeks it)
 and handed to the loop; a revocation (or a loss) runs :attr:`ConfluentGroupRangeSource.on_revoke`
 on the loop while the thread waits, serving the job's commits, and the partitions go only
 after it returned, as aiokafka awaits its rebalance listener.
@@ -18,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings
@@ -97,6 +98,7 @@ class ConfluentGroupRangeSource:
         self._assignment: list[int] | None = None  # a new generation not yet taken
         self._current: list[int] = []
         self._changed = asyncio.Event()
+        self._all_paused = False  # keepalive paused every assigned partition
         self._started = False
 
     async def start(self) -> None:
@@ -129,12 +131,21 @@ class ConfluentGroupRangeSource:
     # -- rebalance callbacks: on the owner thread, inside consume() or close() -------------------
 
     def _on_assign(self, consumer: Consumer, tps: list[KafkaTP]) -> None:
-        consumer.assign(tps)
-        if tps:
-            consumer.pause(tps)  # the plan seeks and resumes them
+        # At an explicit offset (the range's start), paused: the plan seeks and resumes them.
+        # Assigned without one, librdkafka would fetch the committed offset first and start
+        # the partition there when that answer comes, undoing a seek made meanwhile.
+        at = [
+            KafkaTP(tp.topic, tp.partition, self.ranges.get(tp.partition, (OFFSET_BEGINNING,))[0])
+            for tp in tps
+        ]
+        log.debug("group %s: assigned %s", self.group_id, sorted(tp.partition for tp in at))
+        consumer.assign(at)
+        if at:
+            consumer.pause(at)
         self._thread.to_loop(self._assigned, sorted(tp.partition for tp in tps))
 
     def _on_revoke(self, consumer: Consumer, tps: list[KafkaTP]) -> None:
+        log.debug("group %s: revoked %s", self.group_id, sorted(tp.partition for tp in tps))
         self._thread.await_on_loop(self._revoked)
         consumer.unassign()
 
@@ -212,6 +223,7 @@ class ConfluentGroupRangeSource:
         try:
             with map_confluent_errors(RangeSourceError, f"polling {self.topic}"):
                 await self._thread.call(_pause_all)
+            self._all_paused = True  # the next plan's poll resumes its partitions
         except RangeSourceError as err:
             log.debug("keepalive: %s", err)
 
@@ -298,9 +310,9 @@ class ConfluentAssignedRange(ConfluentPlannedRead):
                     self._paused = True
                 await asyncio.sleep(timeout_ms / 1000)  # a poll's wait: nothing comes paused
                 return []
-            if self._paused:
+            if self._paused or self._source._all_paused:
                 await self._thread.call(lambda c: c.resume(tps))
-                self._paused = False
+                self._paused = self._source._all_paused = False
             return await self._read(max_records, timeout_ms)
         except KafkaException:  # the assignment went away meanwhile?
             if self._source._holds(self._active):
