@@ -16,14 +16,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
 
+from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.confluent_adapter.group_range import ConfluentGroupRangeSource
 from consumer.kafka.confluent_adapter.range_source import ConfluentRangeSource
 from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.group_range import GroupRangeSource
-from consumer.kafka.offset_metadata import encode_completed
+from consumer.kafka.offset_metadata import MAX_METADATA_BYTES, decode_completed, encode_completed
 from consumer.kafka.range_source import (
     AtOffsets,
     AtTime,
@@ -379,3 +381,31 @@ async def test_a_plan_reads_after_a_keepalive_paused_its_partitions(
     await member.keepalive()  # pauses every assigned partition: the next poll resumes them
     _, got = await read_group_to_end(member, assigned, ranges)
     assert offsets_read(got) == [(0, o) for o in range(1, 5)]
+
+
+@pytest.mark.parametrize("cls", RANGE_CLASSES)
+async def test_commit_metadata_at_the_brokers_limit_is_accepted(
+    cls: Any, kafka_bootstrap: str, new_topic: TopicFactory, opened: Any
+) -> None:
+    """A ``kb1`` text of the broker's whole ``offset.metadata.max.bytes`` (confluent-kafka
+    sends one byte more, its NUL: the text is encoded again one byte shorter)."""
+    topic = await new_topic("cfr", partitions=1)
+    await produce(kafka_bootstrap, topic, 1, 3)
+    group = unique_group()
+    client = settings(kafka_bootstrap)
+    writer = await opened(cls(client=client, topic=topic, group_id=group))
+    await writer.resolve(Earliest(), Latest())
+    meta = encode_completed(0, range(1, 200_000, 3))
+    assert meta.truncated and len(meta.text) > MAX_METADATA_BYTES - 8
+    await writer.commit({(topic, 0): 0}, {(topic, 0): meta.text})
+    await writer.stop()
+    probe = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group)
+    await probe.start()
+    try:
+        points = await committed_with_metadata(probe, [KafkaTP(topic, 0)])
+    finally:
+        await probe.stop()
+    offset, text = points[(topic, 0)]
+    base, done = decode_completed(text)
+    _, sent = decode_completed(meta.text)
+    assert (offset, base) == (0, 0) and done and done <= sent
