@@ -144,3 +144,17 @@ async def test_commands_run_on_the_owner_thread_and_errors_come_back() -> None:
             await thread.call(fail)
     finally:
         await thread.close()
+
+
+async def test_a_failed_thread_is_an_error_of_take_not_an_endless_empty_poll() -> None:
+    thread = ConsumerThread({"group.id": "unit", "bootstrap.servers": "127.0.0.1:1"}, name="u")
+
+    def boom() -> None:  # as an exception out of consume(), e.g. from a rebalance callback
+        raise RuntimeError("boom")
+
+    thread._consume_once = boom  # type: ignore[method-assign]
+    thread.start()
+    thread.consuming = True
+    with pytest.raises(KafkaUnavailableError, match="the consumer failed: RuntimeError"):
+        await thread.take(10, 5.0)
+    assert not thread.alive

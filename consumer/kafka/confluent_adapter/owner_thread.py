@@ -100,6 +100,8 @@ class ConsumerThread:
         positions: bool = True,
     ) -> None:
         self.errors: deque[KafkaError] = deque(maxlen=32)
+        self.failure: BaseException | None = None
+        """What ended the thread other than :meth:`close` (None while it runs)."""
         self.consuming = False
         """Set by the loop: the thread calls ``consume`` between commands (an assignment or
         a subscription exists)."""
@@ -189,12 +191,21 @@ class ConsumerThread:
 
     async def take(self, max_messages: int, timeout_s: float) -> Chunk:
         """At most ``max_messages`` buffered messages, in the order consumed; waits at most
-        ``timeout_s`` for the first (empty chunk when none came)."""
+        ``timeout_s`` for the first (empty chunk when none came).
+
+        Raises:
+            KafkaUnavailableError: the buffer is empty and the thread failed (an exception
+                out of ``consume``, e.g. one raised by a rebalance callback).
+        """
         assert self._arrived is not None
+        if not self._chunks and self.failure is not None:
+            raise KafkaUnavailableError(f"{self._name}: the consumer failed: {self.failure!r}")
         if not self._chunks and timeout_s > 0 and self.alive:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout_s)
+            if not self._chunks and self.failure is not None:
+                raise KafkaUnavailableError(f"{self._name}: the consumer failed: {self.failure!r}")
         out = Chunk([])
         while self._chunks and len(out.messages) < max_messages:
             head = self._chunks[0]
@@ -365,12 +376,17 @@ class ConsumerThread:
                 if self._wants_consume(last_consume):
                     self._consume_once()
                     last_consume = time.monotonic()
-        except BaseException:
+        except BaseException as err:
             log.exception("%s: the consumer thread failed", self._name)
+            self.failure = err
+            with contextlib.suppress(Exception):
+                self._consumer.close()
         finally:
             with self._lock:
                 self._closed = True
             self._fail_pending()
+            if self.failure is not None and self._arrived is not None:
+                self.to_loop(self._arrived.set)  # wakes a take() waiting
 
     def _fail_pending(self) -> None:
         while True:

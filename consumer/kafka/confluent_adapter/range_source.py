@@ -280,7 +280,10 @@ class ConfluentPlannedRead:
         Raises:
             RangeSourceError: a non-retriable fetch error (librdkafka retries the others).
         """
-        chunk = await self._thread.take(max_records, timeout_ms / 1000)
+        try:
+            chunk = await self._thread.take(max_records, timeout_ms / 1000)
+        except KafkaUnavailableError as err:
+            raise RangeSourceError(f"fetching {self.topic}: {err}") from err
         out, reached = self._absorb(chunk)
         done = sorted(p for p in self._active if reached.get(p, -1) >= self._plan[p].end)
         if done:
