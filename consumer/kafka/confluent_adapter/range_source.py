@@ -471,7 +471,10 @@ class ConfluentRangeSource(ConfluentPlannedRead):
         """
         if not self._active:
             return []
-        return await self._read(max_records, timeout_ms)
+        records = await self._read(max_records, timeout_ms)
+        if not self._active:  # every partition at its end: the thread only serves commits now
+            self._thread.consuming = False
+        return records
 
 
 async def start_thread(thread: ConsumerThread) -> None:
