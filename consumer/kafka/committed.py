@@ -4,6 +4,10 @@ aiokafka's ``AIOKafkaConsumer.committed`` returns the offset only; the metadata 
 :mod:`consumer.kafka.offset_metadata` keeps the offsets finished above it) comes back in the
 same OffsetFetch response, which the consumer's group coordinator returns whole as
 ``{TopicPartition: OffsetAndMetadata}`` (``fetch_committed_offsets``, aiokafka 0.8–0.14).
+
+confluent-kafka (2.16) commits a metadata string with its C string's terminating NUL byte
+(``kb1:…\x00``; it reads its own back without it): one trailing NUL is dropped here, so a
+group committed by either client reads the same.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ async def committed_with_metadata(
         return {}
     found = await consumer._coordinator.fetch_committed_offsets(list(tps))
     return {
-        (tp.topic, tp.partition): (int(om.offset), om.metadata or "")
+        (tp.topic, tp.partition): (int(om.offset), (om.metadata or "").removesuffix("\x00"))
         for tp, om in found.items()
         if om.offset >= 0
     }

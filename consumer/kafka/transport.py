@@ -23,12 +23,15 @@ offsets are ints, "the next offset to read"; a record read is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.records import InRecord, Membership, TopicPartition
 from schemas.records import OutRecord
+
+if TYPE_CHECKING:  # the pure range types; their module imports aiokafka at run time
+    from consumer.kafka.range_source import PartitionRange, RangeBound
 
 KafkaClientName = Literal["aiokafka", "confluent"]
 """The Kafka client under the seam: ``aiokafka`` (pure Python on asyncio) or ``confluent``
@@ -184,6 +187,126 @@ class TransactionalReplySink(Protocol):
         Raises:
             TypeError: always (:meth:`send_from`).
         """
+
+
+class RangeReader(Protocol):
+    """``kbatch backfill``'s bounded source: one topic over a fixed range per partition,
+    committing under the job's group without joining it (manual assignment)
+    (:class:`consumer.kafka.range_source.RangeSource`, :class:`consumer.kafka.
+    confluent_adapter.range_source.ConfluentRangeSource`).
+
+    Call :meth:`start`, then :meth:`resolve` once, then :meth:`poll` until :attr:`finished`
+    covers every partition of :attr:`plan`; :meth:`commit` progress as records finish.
+
+    Errors: :class:`consumer.kafka.errors.RangeSourceError` (topic missing, broker down, a
+    commit refused), :class:`~consumer.kafka.errors.RangeSpecError` (a bound that does not fit
+    the topic), :class:`~consumer.kafka.errors.KafkaSecurityError` (a TLS/SASL refusal or an
+    ACL denial).
+    """
+
+    topic: str
+    group_id: str
+
+    async def start(self) -> None:
+        """Connect."""
+
+    async def stop(self) -> None:
+        """Close (idempotent; commits nothing)."""
+
+    async def partitions(self) -> list[int]:
+        """The source topic's partitions, sorted (asked of the broker)."""
+
+    async def resolve(
+        self, from_bound: RangeBound, to_bound: RangeBound
+    ) -> dict[int, PartitionRange]:
+        """Fix each partition's range now (log bounds, offsets by time, the group's committed
+        offset and its metadata) and start reading the non-empty ones at their starts."""
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]:
+        """At most ``max_records`` records inside the ranges, in offset order per partition;
+        a partition whose position reached its end joins :attr:`finished`."""
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]:
+        """The per-partition ranges (empty before :meth:`resolve`)."""
+
+    @property
+    def finished(self) -> frozenset[int]:
+        """Partitions whose read position reached their end."""
+
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
+    ) -> None:
+        """Commit ``offsets`` for the job's group, each with its metadata string."""
+
+
+class AssignedRangeReader(Protocol):
+    """One assignment's fixed plan of a :class:`GroupRangeReader`: the partitions the group
+    gave this member, each resumed from the group's committed offset
+    (:class:`consumer.kafka.group_range.AssignedRange`, :class:`consumer.kafka.
+    confluent_adapter.group_range.ConfluentAssignedRange`). Reading stops once the assignment
+    is revoked (every partition reported finished)."""
+
+    topic: str
+
+    @property
+    def plan(self) -> Mapping[int, PartitionRange]: ...
+
+    @property
+    def finished(self) -> frozenset[int]: ...
+
+    def positions(self) -> dict[int, int]:
+        """Partition → where reading stands (for progress records)."""
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[InRecord]: ...
+
+    async def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        metadata: Mapping[TopicPartition, str] | None = None,
+    ) -> None:
+        """As :meth:`RangeReader.commit`; refused once the partitions moved."""
+
+
+class GroupRangeReader(Protocol):
+    """A backfill job's source read through the job's own consumer group: members share the
+    topic's partitions, each assignment a fixed plan (:class:`consumer.kafka.group_range.
+    GroupRangeSource`, :class:`consumer.kafka.confluent_adapter.group_range.
+    ConfluentGroupRangeSource`).
+
+    Errors: :class:`consumer.kafka.errors.RangeSourceError`,
+    :class:`~consumer.kafka.errors.KafkaSecurityError`.
+    """
+
+    topic: str
+    group_id: str
+    ranges: dict[int, tuple[int, int]]
+    on_revoke: Callable[[], Awaitable[None]] | None
+    """Awaited before an assignment's partitions go (the job finishes and commits there)."""
+    pause_reading: Callable[[], bool]
+    """Asked before each poll: True pauses the assigned partitions (the member stays in the
+    group)."""
+
+    async def start(self) -> None:
+        """Connect and subscribe."""
+
+    async def stop(self) -> None:
+        """Leave the group and close (idempotent; commits nothing itself)."""
+
+    async def next_assignment(self, timeout_s: float) -> list[int] | None:
+        """The job's partitions of a new assignment (maybe none), or None when none came
+        within ``timeout_s``."""
+
+    async def plan(self, partitions: list[int]) -> AssignedRangeReader:
+        """The plan of an assignment's ``partitions``, reading positioned at their starts."""
+
+    async def keepalive(self) -> None:
+        """Keep the member in the group while it reads nothing (every partition paused)."""
+
+    async def all_at_end(self) -> bool:
+        """Whether the group's committed offset of every partition is at its range's end."""
 
 
 def group_source(
