@@ -37,7 +37,8 @@ from consumer.kafka.errors import (
     TopicCreationError,
     map_kafka_errors,
 )
-from consumer.kafka.range_source import PartitionRange, RangeSource
+from consumer.kafka.range_source import PartitionRange
+from consumer.kafka.transport import RangeReader, range_reader
 from consumer.lifecycle import Lifecycle, stop_on_signals, unless_stopped_now
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
@@ -98,9 +99,7 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     client = project(KafkaClientSettings, settings)
     security_kwargs(client)  # an unreadable CA, key or password file: KafkaSecurityError now
     await refuse_live_group(client, settings.effective_group_id)
-    source = RangeSource(
-        client=client, topic=settings.source_topic, group_id=settings.effective_group_id
-    )
+    source = range_reader(client, topic=settings.source_topic, group_id=settings.effective_group_id)
     mode = DeliveryMode.build(
         client,
         project(SinkSettings, settings),
@@ -162,9 +161,9 @@ async def refuse_live_group(client: KafkaClientSettings, group_id: str) -> None:
 
 
 async def _resolve(
-    settings: BackfillSettings, source: RangeSource, mode: DeliveryMode
+    settings: BackfillSettings, source: RangeReader, mode: DeliveryMode
 ) -> dict[int, PartitionRange]:
-    """Fix the range (:meth:`RangeSource.resolve`) once the committed offsets are final:
+    """Fix the range (:meth:`RangeReader.resolve`) once the committed offsets are final:
     ``--exactly-once`` opens every partition's producer first (fences a zombie)."""
     topic = settings.source_topic
     tps = [(topic, p) for p in await source.partitions()]
@@ -185,7 +184,7 @@ async def _resolve(
 
 async def _start_job(
     settings: BackfillSettings,
-    source: RangeSource,
+    source: RangeReader,
     mode: DeliveryMode,
     plan: Mapping[int, PartitionRange],
     life: Lifecycle,

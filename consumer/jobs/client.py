@@ -20,7 +20,7 @@ from consumer.jobs.records import (
 from consumer.jobs.spec import job_record
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.jobs_topic import ensure_jobs_topic, read_jobs_topic, write_jobs_record
-from consumer.kafka.range_source import RangeSource
+from consumer.kafka.transport import range_reader
 
 __all__ = ["JobNotFoundError", "cancel_job", "job_statuses", "submit_job"]
 
@@ -45,7 +45,7 @@ async def submit_job(
     client = project(KafkaClientSettings, settings)
     job_id = new_job_id()
     group = settings.group_id or f"kbatch-job.{job_id}"
-    source = RangeSource(client=client, topic=settings.source_topic, group_id=group)
+    source = range_reader(client, topic=settings.source_topic, group_id=group)
     await source.start()
     try:
         plan = await source.resolve(settings.from_bound, settings.to_bound)

@@ -31,8 +31,8 @@ from consumer.jobs.job_engine import JobEngine
 from consumer.jobs.records import JobCounts, JobRecord, JobState, MemberProgress, MemberState
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import KafkaLayerError
-from consumer.kafka.group_range import AssignedRange, GroupRangeSource
 from consumer.kafka.records import TopicPartition
+from consumer.kafka.transport import AssignedRangeReader, group_range_reader
 from consumer.replies.builder import ReplyBuilder
 
 __all__ = ["JobBus", "JobWorker"]
@@ -96,8 +96,8 @@ class JobWorker:
             group_id=job.group_id,
             id_prefix="kbatch-job",
         )
-        self._source = GroupRangeSource(
-            client=client,
+        self._source = group_range_reader(
+            client,
             topic=job.source_topic,
             group_id=job.group_id,
             ranges=job.ranges,
@@ -111,7 +111,7 @@ class JobWorker:
         self._run_stop = asyncio.Event()
         self._running: asyncio.Task[BackfillSummary] | None = None
         self._current: BackfillJob | None = None
-        self._assigned: AssignedRange | None = None
+        self._assigned: AssignedRangeReader | None = None
         self._positions: dict[int, int] = {}
         self._counts = JobCounts()
         self.state: MemberState = "idle"
@@ -168,7 +168,7 @@ class JobWorker:
 
     # -- one assignment ------------------------------------------------------------------------
 
-    async def _run_assignment(self, assigned: AssignedRange) -> None:
+    async def _run_assignment(self, assigned: AssignedRangeReader) -> None:
         self._run_stop = asyncio.Event()
         if self._stop.is_set():
             self._run_stop.set()
@@ -255,7 +255,7 @@ class JobWorker:
             await self._finish_run()
         await self._mode.close_partitions()  # committed: what is open now is empty
 
-    async def _plan(self, partitions: list[int]) -> AssignedRange:
+    async def _plan(self, partitions: list[int]) -> AssignedRangeReader:
         """The plan of the assigned ``partitions``, read once ``--exactly-once`` opened their
         producers (fencing the previous owner)."""
         tps = [(self.job.source_topic, p) for p in partitions]

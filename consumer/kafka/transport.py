@@ -398,3 +398,54 @@ def client_description(name: KafkaClientName) -> str:
     import aiokafka
 
     return f"aiokafka {aiokafka.__version__}"
+
+
+def range_reader(client: KafkaClientSettings, *, topic: str, group_id: str) -> RangeReader:
+    """``kbatch backfill``'s reader of offset ranges on ``client.kafka_client``
+    (:class:`consumer.kafka.range_source.RangeSource` or
+    :class:`consumer.kafka.confluent_adapter.range_source.ConfluentRangeSource`)."""
+    if client.kafka_client == "confluent":
+        from consumer.kafka.confluent_adapter.range_source import ConfluentRangeSource
+
+        return ConfluentRangeSource(client=client, topic=topic, group_id=group_id)
+    from consumer.kafka.range_source import RangeSource
+
+    return RangeSource(client=client, topic=topic, group_id=group_id)
+
+
+def group_range_reader(
+    client: KafkaClientSettings,
+    *,
+    topic: str,
+    group_id: str,
+    ranges: Mapping[int, tuple[int, int]],
+    session_timeout_ms: int,
+    heartbeat_interval_ms: int,
+    client_id: str,
+) -> GroupRangeReader:
+    """A backfill job member's reader on ``client.kafka_client``
+    (:class:`consumer.kafka.group_range.GroupRangeSource` or
+    :class:`consumer.kafka.confluent_adapter.group_range.ConfluentGroupRangeSource`)."""
+    if client.kafka_client == "confluent":
+        from consumer.kafka.confluent_adapter.group_range import ConfluentGroupRangeSource
+
+        return ConfluentGroupRangeSource(
+            client=client,
+            topic=topic,
+            group_id=group_id,
+            ranges=ranges,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            client_id=client_id,
+        )
+    from consumer.kafka.group_range import GroupRangeSource
+
+    return GroupRangeSource(
+        client=client,
+        topic=topic,
+        group_id=group_id,
+        ranges=ranges,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        client_id=client_id,
+    )
