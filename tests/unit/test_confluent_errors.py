@@ -1,4 +1,5 @@
-"""librdkafka's errors and log lines in kbatch's terms (consumer.kafka.confluent_adapter.errors)."""
+"""librdkafka's errors and log lines in kbatch's terms (consumer.kafka.confluent_adapter.errors,
+.logs)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 import pytest
 from confluent_kafka import KafkaError
 
-from consumer.kafka.confluent_adapter.errors import LibrdkafkaLog, RepeatLimiter, layer_error
+from consumer.kafka.confluent_adapter.errors import layer_error
+from consumer.kafka.confluent_adapter.logs import LIBRDKAFKA_FORMAT, LibrdkafkaLogFilter
 from consumer.kafka.errors import FencedInstanceError, KafkaSecurityError, KafkaUnavailableError
 
 LINE = "[thrd:127.0.0.1:9092/bootstrap]: 127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused (after {}ms in state CONNECT)"  # noqa: E501
@@ -34,28 +36,36 @@ def test_a_retried_connection_failure_is_one_warning_a_minute(
 ) -> None:
     clock = Clock()
     logger = logging.getLogger("test.confluent.log")
-    sink = LibrdkafkaLog(logger, RepeatLimiter(clock))
+    logger.addFilter(LibrdkafkaLogFilter(clock))
     with caplog.at_level(logging.DEBUG, logger="test.confluent.log"):
         for i in range(50):  # librdkafka's level for FAIL lines is ERROR
             clock.now = i * 0.1
-            sink.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", LINE.format(i))
+            logger.log(logging.ERROR, LIBRDKAFKA_FORMAT, "FAIL", "rdkafka#c-1", LINE.format(i))
         clock.now = 61.0
-        sink.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", LINE.format(3))
+        logger.log(logging.ERROR, LIBRDKAFKA_FORMAT, "FAIL", "rdkafka#c-1", LINE.format(3))
     levels = [r.levelno for r in caplog.records]
     assert levels.count(logging.WARNING) == 2 and logging.ERROR not in levels
     assert levels.count(logging.DEBUG) == 49
-    assert caplog.records[0].getMessage().startswith("librdkafka FAIL: 127.0.0.1:9092/bootstrap:")
+    assert (
+        caplog.records[0]
+        .getMessage()
+        .startswith(
+            "FAIL [rdkafka#c-1] 127.0.0.1:9092/bootstrap:"  # the [thrd:…] prefix stripped
+        )
+    )
 
 
 def test_another_error_line_stays_an_error_once_a_minute(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sink = LibrdkafkaLog(logging.getLogger("test.confluent.log2"), RepeatLimiter(Clock()))
+    logger = logging.getLogger("test.confluent.log2")
+    logger.addFilter(LibrdkafkaLogFilter(Clock()))
     with caplog.at_level(logging.INFO, logger="test.confluent.log2"):
         for _ in range(3):
-            sink.log(logging.ERROR, "%s [%s] %s", "ASSIGN", "c", "something odd")
-        sink.log(logging.INFO, "%s [%s] %s", "INFO", "c", "hello")
-    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.INFO]
+            logger.log(logging.ERROR, LIBRDKAFKA_FORMAT, "ASSIGN", "c", "something odd")
+        logger.log(logging.CRITICAL, LIBRDKAFKA_FORMAT, "FATAL", "c", "fenced")  # error_cb has it
+        logger.log(logging.INFO, LIBRDKAFKA_FORMAT, "INFO", "c", "hello")
+    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.INFO, logging.INFO]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from consumer.kafka.confluent_adapter.error_map import connect_failure, map_confluent_errors
+from consumer.kafka.confluent_adapter.errors import connect_failure, map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import Chunk, ConsumerThread
 from consumer.kafka.confluent_adapter.range_source import _fit, bound_offsets, record_of
 from consumer.kafka.errors import (
@@ -91,8 +91,8 @@ def test_connect_failure_names_a_refusal_or_the_transport_error() -> None:
     err = connect_failure([tls, down], "cannot connect to Kafka")
     assert isinstance(err, KafkaSecurityError)
     assert str(err) == (
-        "the broker at 127.0.0.1:9093 refused the client: "
-        "SSL handshake failed: certificate verify failed"
+        "the broker at 127.0.0.1:9093 refused the client: TLS check of the broker's "
+        "certificate failed: SSL handshake failed: certificate verify failed"
     )
     err = connect_failure([refused, down], "cannot connect to Kafka")
     assert type(err) is KafkaUnavailableError

@@ -1,11 +1,15 @@
-"""librdkafka's errors in the Kafka layer's terms (:mod:`consumer.kafka.errors`), and its log
-lines in the Python logger ``consumer.kafka.confluent_adapter``.
+"""librdkafka's errors in the Kafka layer's terms (:mod:`consumer.kafka.errors`): the one
+translation every confluent-kafka module uses. Its log lines: :mod:`.logs`.
+
+A ``KafkaException`` raised by a call is mapped at the adapter edge by
+:func:`map_confluent_errors`, as :func:`consumer.kafka.aiokafka_errors.map_kafka_errors` maps
+aiokafka's: the same classes, the same message shapes (``f"{context}: {error}"``,
+``f"{context}: the broker denies it: {denial}"``); only the text of the error itself is
+librdkafka's (``UNKNOWN_TOPIC_OR_PART: Broker: Unknown topic or partition``).
 
 librdkafka retries what it can on its own (a broker down, a request timed out) and reports
-each failure to ``error_cb`` and to its log, many times a second while a broker is down. The
-rule of the aiokafka side (:mod:`consumer.kafka.log_levels`) holds here too: a retried error
-is a WARNING at most once a minute per line, the repeats DEBUG. What librdkafka cannot retry
-becomes one of the layer's errors, raised once by the source (:func:`layer_error`):
+each failure to ``error_cb``. What it cannot retry is one of the layer's errors
+(:func:`layer_error`, :func:`connect_failure`):
 
 ==============================================  =====================================
 librdkafka error                                raised as
@@ -13,24 +17,29 @@ librdkafka error                                raised as
 ``FENCED_INSTANCE_ID`` (classic: another member  :class:`~consumer.kafka.errors.
 took this static id), ``UNRELEASED_INSTANCE_ID``  FencedInstanceError`
 (consumer protocol: the id is in use), ``_FENCED``
-``_SSL``, ``_AUTHENTICATION``,                  :class:`~consumer.kafka.errors.
-``SASL_AUTHENTICATION_FAILED``, the ACL denials  KafkaSecurityError`
-(``TOPIC_``/``GROUP_``/``CLUSTER_AUTHORIZATION_
-FAILED``)
+:data:`LOGIN_CODES` (a TLS check, the SASL      :class:`~consumer.kafka.errors.
+login)                                          KafkaSecurityError` ``the broker at
+                                                host:port refused the client: <cause>``
+:data:`DENIAL_CODES` (the ACL denials)          :class:`~consumer.kafka.errors.
+                                                KafkaSecurityError` ``<context>: the
+                                                broker denies it: <denial>``
 any other fatal error                           :class:`~consumer.kafka.errors.
                                                 KafkaUnavailableError`
 ==============================================  =====================================
+
+A refused connection is worded as :func:`consumer.kafka.client_config.start_client` words
+aiokafka's (:func:`consumer.kafka.client_config.describe_connect_failure`), so an operator
+reads the same line whichever ``--kafka-client`` is in use.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import re
-import time
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from consumer.kafka.errors import (
     FencedInstanceError,
@@ -39,9 +48,19 @@ from consumer.kafka.errors import (
     KafkaUnavailableError,
 )
 
-__all__ = ["LibrdkafkaLog", "RepeatLimiter", "connect_refusal", "layer_error"]
-
-log = logging.getLogger("consumer.kafka.confluent_adapter")
+__all__ = [
+    "DENIAL_CODES",
+    "FENCED_CODES",
+    "LOGIN_CODES",
+    "SECURITY_CODES",
+    "connect_failure",
+    "connect_refusal",
+    "describe",
+    "kafka_error",
+    "layer_error",
+    "map_confluent_errors",
+    "security_error",
+]
 
 FENCED_CODES: Final = frozenset(
     {KafkaError.FENCED_INSTANCE_ID, KafkaError.UNRELEASED_INSTANCE_ID, KafkaError._FENCED}
@@ -49,7 +68,13 @@ FENCED_CODES: Final = frozenset(
 """A static member whose ``group.instance.id`` another member holds."""
 
 LOGIN_CODES: Final = frozenset(
-    {KafkaError._SSL, KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+    {
+        KafkaError._SSL,
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.UNSUPPORTED_SASL_MECHANISM,
+        KafkaError.ILLEGAL_SASL_STATE,
+    }
 )
 """The broker answered but refused the connection: a TLS check or the SASL login."""
 
@@ -58,87 +83,30 @@ DENIAL_CODES: Final = frozenset(
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError.GROUP_AUTHORIZATION_FAILED,
         KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
-"""The broker's ACLs refuse reading a topic or joining the group."""
+"""The broker's ACLs refuse an operation (reading a topic, joining the group, a transactional
+id), as :data:`consumer.kafka.aiokafka_errors.DENIALS` for aiokafka."""
 
-REPEAT_AFTER_S: Final = 60.0
-"""The same line is a WARNING (or ERROR) again after this many seconds; DEBUG in between."""
-
-RETRIED_FACILITIES: Final = frozenset({"FAIL", "REQTMOUT", "BROKERFAIL", "ERROR"})
-"""librdkafka log facilities of failures it retries by itself (a connection refused or cut,
-a request timed out): a WARNING at most, never an ERROR, whatever librdkafka's level."""
+SECURITY_CODES: Final = LOGIN_CODES | DENIAL_CODES
+"""Every code that is a :class:`KafkaSecurityError`: never retried."""
 
 _ADDRESS = re.compile(r"^(?:\w+://)?(?P<address>[^/\s]+)/[^:\s]*: (?P<text>.*)$", re.DOTALL)
-_THREAD = re.compile(r"^\[thrd:[^\]]*\]: ")
-_NUMBERS = re.compile(r"\d+")
+"""librdkafka's broker-thread messages: ``sasl_ssl://host:9093/bootstrap: <text>``."""
 _AFTER = re.compile(r" \(after \d+ms in state \w+\)")
 
 
-class RepeatLimiter:
-    """Says whether a line (any hashable key) is shown now: once per ``repeat_after_s``.
-
-    Args:
-        clock: monotonic seconds (``time.monotonic``; a fake clock in tests).
-        repeat_after_s: seconds before the same key is shown again.
-    """
-
-    MAX_KEYS: Final = 1024
-
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, repeat_after_s: float = REPEAT_AFTER_S
-    ) -> None:
-        self._clock = clock
-        self._repeat_after_s = repeat_after_s
-        self._shown_s: dict[object, float] = {}
-
-    def show(self, key: object) -> bool:
-        now_s = self._clock()
-        last_s = self._shown_s.get(key)
-        if last_s is not None and now_s - last_s < self._repeat_after_s:
-            return False
-        if len(self._shown_s) >= self.MAX_KEYS:
-            self._shown_s.clear()
-        self._shown_s[key] = now_s
-        return True
+def kafka_error(err: BaseException | None) -> KafkaError | None:
+    """The ``KafkaError`` a ``KafkaException`` carries (its first argument), else None."""
+    if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
+        return err.args[0]
+    return None
 
 
-class LibrdkafkaLog:
-    """librdkafka's ``logger``: confluent-kafka calls ``log(level, "%s [%s] %s", facility,
-    client name, text)`` on the polling thread, ``level`` a Python level mapped from syslog's
-    (0-2 CRITICAL, 3 ERROR, 4 WARNING, 5-6 INFO, 7 DEBUG).
-
-    A WARNING or ERROR line is shown once per :data:`REPEAT_AFTER_S` (its facility and its
-    text with the numbers masked), the repeats DEBUG; a line of :data:`RETRIED_FACILITIES` is
-    at most a WARNING. INFO and DEBUG lines pass unchanged.
-    """
-
-    def __init__(self, logger: logging.Logger = log, limiter: RepeatLimiter | None = None) -> None:
-        self._logger = logger
-        self._limiter = limiter or RepeatLimiter()
-
-    def log(self, level: int, fmt: str, *args: object) -> None:
-        facility = str(args[0]) if args else ""
-        text = _THREAD.sub("", str(args[2])) if len(args) >= 3 else fmt % args
-        if facility == "FATAL":  # error_cb has it too: the source raises it (layer_error)
-            level = logging.INFO
-        elif level >= logging.WARNING:
-            if facility in RETRIED_FACILITIES:
-                level = logging.WARNING
-            key = (facility, _NUMBERS.sub("N", _AFTER.sub("", text))[:160])
-            if not self._limiter.show(key):
-                level = logging.DEBUG
-        if self._logger.isEnabledFor(level):
-            self._logger.log(level, "librdkafka %s: %s", facility, text)
-
-    def error(self, err: KafkaError) -> None:
-        """An ``error_cb`` error librdkafka retries itself (the source raises the others):
-        a WARNING once a minute per error and text pattern, else DEBUG."""
-        text = _AFTER.sub("", err.str())
-        key = (err.code(), _NUMBERS.sub("N", text)[:160])
-        level = logging.WARNING if self._limiter.show(key) else logging.DEBUG
-        if self._logger.isEnabledFor(level):
-            self._logger.log(level, "Kafka client: %s (%s, retried)", text, err.name())
+def describe(err: KafkaError) -> str:
+    """One line: ``UNKNOWN_TOPIC_OR_PART: Broker: Unknown topic or partition``."""
+    return f"{err.name()}: {err.str()}"
 
 
 def connect_refusal(err: KafkaError) -> tuple[str, str]:
@@ -149,17 +117,69 @@ def connect_refusal(err: KafkaError) -> tuple[str, str]:
     found = _ADDRESS.match(raw)
     address, reason = (found["address"], found["text"]) if found else ("?", raw)
     if err.code() == KafkaError._SSL:
-        if "certificate verify failed" in reason or "verify" in reason.lower():
+        if "verify" in reason.lower():
             return address, f"TLS check of the broker's certificate failed: {reason}"
         return address, f"TLS handshake failed: {reason}"
     return address, f"SASL login refused: {reason}"
 
 
+def security_error(err: KafkaError, context: str) -> KafkaSecurityError | None:
+    """The :class:`KafkaSecurityError` for a code of :data:`SECURITY_CODES`, else None: a
+    login refusal ``the broker at host:port refused the client: <cause>``
+    (:func:`connect_refusal`), an ACL denial ``f"{context}: the broker denies it: <denial>"``."""
+    code = err.code()
+    if code in LOGIN_CODES:
+        address, text = connect_refusal(err)
+        return KafkaSecurityError(f"the broker at {address} refused the client: {text}")
+    if code in DENIAL_CODES:
+        return KafkaSecurityError(f"{context}: the broker denies it: {err.name()} ({err.str()})")
+    return None
+
+
+@contextlib.contextmanager
+def map_confluent_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
+    """Raise ``to(f"{context}: {error}")`` from a ``KafkaException`` raised inside
+    (:class:`KafkaSecurityError` for a code of :data:`SECURITY_CODES`: :func:`security_error`);
+    the layer's own errors and everything else pass unchanged.
+
+    Raises:
+        KafkaLayerError: ``to``, or :class:`KafkaSecurityError`, for a ``KafkaException``.
+    """
+    try:
+        yield
+    except KafkaException as exc:
+        err = kafka_error(exc)
+        refused = security_error(err, context) if err is not None else None
+        if refused is not None:
+            raise refused from exc
+        raise to(f"{context}: {describe(err) if err is not None else exc}") from exc
+
+
+def connect_failure(errors: Iterable[KafkaError], context: str) -> KafkaUnavailableError:
+    """The start-up error for the errors ``error_cb`` reported while no broker answered.
+
+    A TLS or SASL failure or an ACL denial (the broker answered and refused) is a
+    :class:`KafkaSecurityError` (:func:`security_error`); anything else a
+    :class:`KafkaUnavailableError` ``f"{context}: <the last error's text>"`` (``context``
+    alone when none was reported).
+    """
+    seen = list(errors)
+    for err in seen:
+        refused = security_error(err, context)
+        if refused is not None:
+            return refused
+    transport = [e for e in seen if e.code() != KafkaError._ALL_BROKERS_DOWN] or seen
+    if not transport:
+        return KafkaUnavailableError(context)
+    return KafkaUnavailableError(f"{context}: {_AFTER.sub('', transport[-1].str())}")
+
+
 def layer_error(
     err: KafkaError, *, group_id: str, instance_id: str | None, topics: tuple[str, ...]
 ) -> KafkaLayerError | None:
-    """The layer's error for ``err`` when the source must raise it (module docstring); None
-    for an error librdkafka retries on its own (log it: :meth:`LibrdkafkaLog.error`)."""
+    """The layer's error for an ``error_cb`` error of a group member when it must raise it
+    (module docstring); None for an error librdkafka retries on its own (log it:
+    :func:`consumer.kafka.confluent_adapter.logs.log_retried_error`)."""
     code = err.code()
     fatal = code == KafkaError._FATAL or err.fatal()
     # error_cb reports a fatal error as _FATAL, the cause only in its text (classic: "Static
@@ -177,14 +197,9 @@ def layer_error(
             f"another member of group {group_id!r} uses --group-instance-id {instance_id!r} "
             f"and took this one's place: {remedy}"
         )
-    if code in LOGIN_CODES:
-        address, text = connect_refusal(err)
-        return KafkaSecurityError(f"the broker at {address} refused the client: {text}")
-    if code in DENIAL_CODES:
-        return KafkaSecurityError(
-            f"reading {', '.join(topics)} as group {group_id}: the broker denies it: "
-            f"{err.name()} ({err.str()})"
-        )
+    refused = security_error(err, f"reading {', '.join(topics)} as group {group_id}")
+    if refused is not None:
+        return refused
     if fatal:
         return KafkaUnavailableError(f"the Kafka client failed for good: {err.str()}")
     return None

@@ -24,7 +24,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
-from consumer.kafka.confluent_adapter.error_map import map_confluent_errors
+from consumer.kafka.confluent_adapter.errors import map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import ConsumerThread
 from consumer.kafka.confluent_adapter.range_source import (
     ConfluentPlannedRead,

@@ -35,7 +35,8 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
-from consumer.kafka.confluent_adapter.error_map import DENIAL_CODES, connect_failure, kafka_error
+from consumer.kafka.confluent_adapter.errors import SECURITY_CODES, connect_failure, kafka_error
+from consumer.kafka.confluent_adapter.logs import librdkafka_logger
 from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.records import TopicPartition
 
@@ -75,7 +76,7 @@ class ConsumerThread:
     Args:
         config: librdkafka properties (and confluent-kafka's callables). ``error_cb`` and
             ``logger`` are set here: errors are kept in :attr:`errors` (the last 32) and
-            logged at DEBUG; librdkafka's log lines go to the ``kbatch.librdkafka`` logger.
+            logged at DEBUG; librdkafka's log lines go to the ``kbatch.librdkafka.range`` logger.
         name: the thread's name.
         max_chunk: most messages one ``consume`` call returns.
         max_buffered: most messages handed to the loop and not yet taken before the thread
@@ -114,7 +115,7 @@ class ConsumerThread:
             {
                 **config,
                 "error_cb": self._on_error,
-                "logger": logging.getLogger("kbatch.librdkafka"),
+                "logger": librdkafka_logger("range"),
             }
         )
         self._name = name
@@ -166,7 +167,7 @@ class ConsumerThread:
 
         Raises:
             KafkaSecurityError: a TLS check or the SASL login failed
-                (:func:`~consumer.kafka.confluent_adapter.error_map.connect_failure`).
+                (:func:`~consumer.kafka.confluent_adapter.errors.connect_failure`).
             KafkaUnavailableError: ``f"{context}: <librdkafka's text>"``: every broker is down,
                 or none answered within ``timeout_s``.
         """
@@ -182,7 +183,7 @@ class ConsumerThread:
                     last = kafka_error(exc)
                 consumer.poll(0.05)  # serves error_cb: no assignment yet, so no message
                 seen = list(self.errors)
-                denied = any(e.code() in DENIAL_CODES for e in seen)
+                denied = any(e.code() in SECURITY_CODES for e in seen)
                 down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in seen)
                 if denied or down or time.monotonic() >= deadline:
                     raise connect_failure(seen or ([last] if last is not None else []), context)

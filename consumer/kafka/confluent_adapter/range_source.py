@@ -15,7 +15,7 @@ auto offset store off.
 
 Errors raised: as :class:`~consumer.kafka.range_source.RangeSource`: :class:`RangeSpecError`,
 :class:`RangeSourceError`, :class:`KafkaSecurityError` (librdkafka's errors translated by
-:func:`~consumer.kafka.confluent_adapter.error_map.map_confluent_errors`; messages share
+:func:`~consumer.kafka.confluent_adapter.errors.map_confluent_errors`; messages share
 aiokafka's context, the cause is librdkafka's text).
 """
 
@@ -31,7 +31,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
-from consumer.kafka.confluent_adapter.error_map import map_confluent_errors
+from consumer.kafka.confluent_adapter.errors import map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import Chunk, ConsumerThread
 from consumer.kafka.errors import (
     KafkaSecurityError,

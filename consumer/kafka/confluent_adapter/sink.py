@@ -54,12 +54,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
+from consumer.kafka.confluent_adapter.errors import security_error
 from consumer.kafka.confluent_adapter.logs import error_callback, librdkafka_logger
 from consumer.kafka.errors import (
     DeliveryDeniedError,
     DeliveryError,
     DeliveryTopicMissingError,
-    KafkaSecurityError,
     KafkaUnavailableError,
     SinkClosedError,
 )
@@ -101,19 +101,6 @@ _CLOSED: Final = frozenset(
     }
 )
 """Codes after which a record's fate is unknown or the producer unusable: SinkClosedError."""
-
-REFUSALS: Final = frozenset(
-    {
-        KafkaError._AUTHENTICATION,
-        KafkaError._SSL,
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
-)
-"""librdkafka's codes for a broker that answered but refused the client (a TLS check, the SASL
-login, an ACL): :class:`KafkaSecurityError` at start, not retriable."""
 
 
 CLOSE_TIMEOUT_S: Final = 5.0
@@ -366,10 +353,12 @@ class ConfluentSink:
     def unavailable(self, context: str, err: BaseException) -> KafkaUnavailableError:
         """The error to raise when the producer got nowhere (``err``): a
         :class:`KafkaSecurityError` when librdkafka's last error (or ``err``) is a refusal
-        (:data:`REFUSALS`), else :class:`KafkaUnavailableError`; both ``context: cause``."""
+        (:func:`~consumer.kafka.confluent_adapter.errors.security_error`), else
+        :class:`KafkaUnavailableError` ``context: cause``."""
         for cause in (self.last_error, err.args[0] if err.args else None):
-            if isinstance(cause, KafkaError) and cause.code() in REFUSALS:
-                return KafkaSecurityError(f"{context}: the broker refused it: {cause.str()}")
+            refused = security_error(cause, context) if isinstance(cause, KafkaError) else None
+            if refused is not None:
+                return refused
         cause = self.last_error if isinstance(self.last_error, KafkaError) else err
         text = cause.str() if isinstance(cause, KafkaError) else str(cause)
         return KafkaUnavailableError(f"{context}: {text}")

@@ -70,7 +70,12 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
-from consumer.kafka.confluent_adapter.errors import LibrdkafkaLog, layer_error
+from consumer.kafka.confluent_adapter.errors import layer_error
+from consumer.kafka.confluent_adapter.logs import (
+    RepeatLimiter,
+    librdkafka_logger,
+    log_retried_error,
+)
 from consumer.kafka.errors import (
     CommitError,
     FencedInstanceError,
@@ -244,7 +249,8 @@ class ConfluentSource:
         self._topics = tuple(topics)
         self._max_poll_records = max_poll_records
         self._cooperative = group_protocol == "consumer"
-        self._librdkafka_log = LibrdkafkaLog()
+        self._librdkafka_log = librdkafka_logger("source")
+        self._retried = RepeatLimiter()  # error_cb's retried errors, once a minute each
         self._config = consumer_config(
             client, group, group_id=group_id, group_protocol=group_protocol
         )
@@ -685,7 +691,7 @@ class ConfluentSource:
             return
         failure = self._layer_error(err)
         if failure is None:
-            self._librdkafka_log.error(err)
+            log_retried_error(self._librdkafka_log, err, self._retried)
             return
         self._raise_on_loop(failure, fatal=err.fatal())
 
@@ -775,7 +781,7 @@ class ConfluentSource:
         if failure is not None:
             self._raise_on_loop(failure, fatal=err.fatal())
         else:
-            self._librdkafka_log.error(err)
+            log_retried_error(self._librdkafka_log, err, self._retried)
 
     def _run_commands(self) -> None:
         while True:

@@ -41,6 +41,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
+from consumer.kafka.confluent_adapter.errors import kafka_error
 from consumer.kafka.confluent_adapter.logs import librdkafka_logger
 from consumer.kafka.confluent_adapter.sink import ConfluentSink, blocking
 from consumer.kafka.confluent_adapter.write_verdicts import AdminWriteVerdicts
@@ -70,23 +71,17 @@ GroupMetadata = Callable[[], Awaitable[object]]
 """An async callable returning the consumer's ``consumer_group_metadata()``."""
 
 
-def _kafka_error(err: BaseException | None) -> KafkaError | None:
-    if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
-        return err.args[0]
-    return None
-
-
 def failure_reason(err: BaseException, fatal: object = None) -> str:
     """The :attr:`TransactionError.failed` reason of one partition's failed commit: ``err``,
     or ``fatal`` (the producer's fatal error from librdkafka's ``error_cb``) first."""
-    for candidate in (fatal, _kafka_error(err)):
+    for candidate in (fatal, kafka_error(err)):
         if isinstance(candidate, KafkaError) and (
             candidate.fatal() or candidate.code() in _FENCED_CODES
         ):
             return FENCED
     if isinstance(err, SinkClosedError):
         return "unacknowledged_send"
-    kafka_err = _kafka_error(err)
+    kafka_err = kafka_error(err)
     if kafka_err is not None and kafka_err.txn_requires_abort():
         return "aborted"
     return "unknown_outcome"
@@ -189,7 +184,7 @@ class ConfluentTransactionalSink:
                 await blocking(sink.producer.init_transactions, attempt_s)
                 break
             except KafkaException as err:
-                kafka_err = _kafka_error(err)
+                kafka_err = kafka_error(err)
                 late = give_up is not None and loop.time() >= give_up
                 if kafka_err is not None and kafka_err.retriable() and not late:
                     continue
