@@ -56,8 +56,9 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from consumer.kafka.admin import denied_topics
+from consumer.kafka.aiokafka_errors import DENIALS, describe_denial
 from consumer.kafka.client_config import start_client
-from consumer.kafka.errors import DENIALS, KafkaUnavailableError, describe_denial
+from consumer.kafka.errors import KafkaUnavailableError
 from producer_tools.tracing import current_trace_headers, reply_context, reply_traceparent
 from schemas import headers as H
 from schemas.codec import Encoding, decode_reply, encode_request

@@ -11,7 +11,7 @@ from typing import Protocol
 from consumer.batching.routes import OutcomeCallback
 from consumer.batching.types import InferenceItem, ItemOutcome
 from consumer.kafka.errors import DeliveryError, TransactionError
-from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.kafka.ranges import PartitionRange, plan_partition
 from consumer.kafka.records import InRecord, Membership, TopicPartition
 from schemas.records import OutRecord
 

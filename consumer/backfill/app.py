@@ -29,15 +29,11 @@ from consumer.batching.stats import EngineStats
 from consumer.config import project
 from consumer.finish.checkpoint import DeliveryMode
 from consumer.kafka.admin import ensure_topics, live_group_members
+from consumer.kafka.aiokafka_errors import map_kafka_errors
 from consumer.kafka.client_config import security_kwargs
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
-from consumer.kafka.errors import (
-    KafkaUnavailableError,
-    RangeSourceError,
-    TopicCreationError,
-    map_kafka_errors,
-)
-from consumer.kafka.range_source import PartitionRange
+from consumer.kafka.errors import KafkaUnavailableError, RangeSourceError, TopicCreationError
+from consumer.kafka.ranges import PartitionRange
 from consumer.kafka.transport import RangeReader, range_reader
 from consumer.lifecycle import Lifecycle, stop_on_signals, unless_stopped_now
 from consumer.model.loader import load_model

@@ -35,7 +35,7 @@ from consumer.config import (
     project,
 )
 from consumer.kafka.config import KafkaClientSettings, PollSettings, SinkSettings
-from consumer.kafka.range_source import AtOffsets, AtTime, RangeBound, parse_bound
+from consumer.kafka.ranges import AtOffsets, AtTime, RangeBound, parse_bound
 from consumer.options import EmbedOptions
 from consumer.replies.task_options import TaskOptions
 from consumer.tracing.settings import TracingSettings

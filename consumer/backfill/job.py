@@ -50,7 +50,7 @@ from consumer.finish.checkpoint import TransactionalSinkLike, checkpoint_for
 from consumer.finish.delivery import Delivery, SinkLike
 from consumer.finish.exactly_once import BeforeCommit
 from consumer.kafka.offsets import OffsetTracker
-from consumer.kafka.range_source import PartitionRange
+from consumer.kafka.ranges import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
 from consumer.lifecycle import STOP_NOW_HINT
 from consumer.replies.builder import ReplyBuilder

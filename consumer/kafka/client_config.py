@@ -13,14 +13,9 @@ from typing import Any
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.helpers import create_ssl_context
 
+from consumer.kafka.aiokafka_errors import DENIALS, describe_denial, map_kafka_errors
 from consumer.kafka.config import KafkaClientSettings
-from consumer.kafka.errors import (
-    DENIALS,
-    KafkaSecurityError,
-    KafkaUnavailableError,
-    describe_denial,
-    map_kafka_errors,
-)
+from consumer.kafka.errors import KafkaSecurityError, KafkaUnavailableError
 from consumer.kafka.log_levels import quiet_retriable_errors
 
 

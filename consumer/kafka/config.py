@@ -35,6 +35,15 @@ __all__ = ["ConsumerGroupSettings", "KafkaClientSettings", "PollSettings", "Sink
 _GROUP = ConfigDict(frozen=True, extra="forbid")
 
 
+KafkaClientName = Literal["aiokafka", "confluent"]
+"""The Kafka client under the seam (:mod:`consumer.kafka.transport`): ``aiokafka`` (pure
+Python on asyncio) or ``confluent`` (confluent-kafka on librdkafka, C threads)."""
+
+GroupProtocol = Literal["classic", "consumer"]
+"""The consumer group protocol: ``classic`` (JoinGroup/SyncGroup, eager revocation) or
+``consumer`` (KIP-848: the broker assigns incrementally; confluent-kafka only)."""
+
+
 class KafkaClientSettings(BaseModel):
     """Where the brokers are and how to reach them: TLS, SASL, mutual TLS (docs/SECURITY.md).
 
@@ -47,7 +56,7 @@ class KafkaClientSettings(BaseModel):
     bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
     )
-    kafka_client: Literal["aiokafka", "confluent"] = Field(
+    kafka_client: KafkaClientName = Field(
         "aiokafka",
         description="The Kafka client: aiokafka (pure Python on asyncio) or confluent "
         "(confluent-kafka on librdkafka: less CPU per record; the kbatch[serve] extra). "
@@ -135,7 +144,7 @@ class ConsumerGroupSettings(BaseModel):
         "ids that never come back (a Deployment's pod names, a scale-down); off where the "
         "same id restarts (a StatefulSet). Dynamic members always leave.",
     )
-    group_protocol: Literal["classic", "consumer"] = Field(
+    group_protocol: GroupProtocol = Field(
         "classic",
         description="The group protocol: classic (JoinGroup/SyncGroup; every broker) or "
         "consumer (KIP-848: the broker assigns and moves only the partitions that move; Kafka "

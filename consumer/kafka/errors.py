@@ -33,29 +33,18 @@
 ``retriable`` means "the same operation may succeed if tried again later", as in
 ``schemas.errors`` and ``consumer.model.errors``.
 
-aiokafka's errors are translated at the layer edge by :func:`map_kafka_errors` (httpx's
-``map_httpcore_exceptions``: one place, the most specific own class, chained with ``from``);
-none of them leaves an adapter's public method except the sink's, whose retry loop reads
+This module imports no Kafka client: each adapter translates its client's errors at the
+layer edge (httpx's ``map_httpcore_exceptions``: one place, the most specific own class,
+chained with ``from``): aiokafka's by :func:`consumer.kafka.aiokafka_errors.map_kafka_errors`,
+librdkafka's by :func:`consumer.kafka.confluent_adapter.errors.map_confluent_errors`. None of
+them leaves an adapter's public method except the aiokafka sink's, whose retry loop reads
 aiokafka's own ``retriable`` flag before settling on :class:`DeliveryError` or
 :class:`SinkClosedError`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import ClassVar
-
-from aiokafka.errors import (
-    AuthenticationFailedError,
-    ClusterAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    KafkaError,
-    SaslAuthenticationFailed,
-    TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-    UnsupportedSaslMechanismError,
-)
 
 __all__ = [
     "FENCED",
@@ -73,7 +62,6 @@ __all__ = [
     "TopicCreationError",
     "TopicMissingError",
     "TransactionError",
-    "map_kafka_errors",
 ]
 
 
@@ -180,45 +168,6 @@ class RangeSourceError(KafkaLayerError):
 
 class RangeSpecError(KafkaLayerError, ValueError):
     """A ``--from``/``--to`` value that cannot be parsed or does not fit the topic."""
-
-
-DENIALS: tuple[type[KafkaError], ...] = (
-    AuthenticationFailedError,
-    SaslAuthenticationFailed,
-    UnsupportedSaslMechanismError,
-    TopicAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    ClusterAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-)
-"""aiokafka's errors for a refused login or an ACL denial (:class:`KafkaSecurityError`)."""
-
-
-def describe_denial(err: BaseException) -> str:
-    """One line naming a denial: ``TOPIC_AUTHORIZATION_FAILED (the topic: kbatch.requests)``.
-
-    aiokafka's authorization errors carry the topics or the group as their arguments."""
-    name = getattr(err, "message", None) or type(err).__name__
-    detail = ", ".join(str(a) for a in err.args if a) if err.args else ""
-    return f"{name} ({detail})" if detail else str(name)
-
-
-@contextlib.contextmanager
-def map_kafka_errors(to: type[KafkaLayerError], context: str) -> Iterator[None]:
-    """Raise ``to(f"{context}: {error}")`` from an aiokafka ``KafkaError`` raised inside
-    (:class:`KafkaSecurityError` for a refused login or an ACL denial, :data:`DENIALS`); the
-    layer's own errors and everything else pass unchanged.
-
-    Raises:
-        KafkaLayerError: ``to``, or :class:`KafkaSecurityError`, for an aiokafka error.
-    """
-    try:
-        yield
-    except DENIALS as err:
-        denial = describe_denial(err)
-        raise KafkaSecurityError(f"{context}: the broker denies it: {denial}") from err
-    except KafkaError as err:
-        raise to(f"{context}: {err}") from err
 
 
 class JobsTopicError(KafkaLayerError):

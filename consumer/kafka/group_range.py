@@ -21,18 +21,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import IllegalStateError
 
+from consumer.kafka.aiokafka_errors import map_kafka_errors
 from consumer.kafka.client_config import client_kwargs
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import KafkaClientSettings
-from consumer.kafka.errors import RangeSourceError, map_kafka_errors
+from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.offset_metadata import read_completed
-from consumer.kafka.range_source import (
-    PartitionRange,
-    PlannedRead,
-    fetch_in_range,
-    plan_partition,
-    start_range_consumer,
-)
+from consumer.kafka.range_source import PlannedRead, fetch_in_range, start_range_consumer
+from consumer.kafka.ranges import PartitionRange, plan_partition
 from consumer.kafka.records import InRecord
 
 __all__ = ["AssignedRange", "GroupRangeSource"]

@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from consumer.kafka.aiokafka_errors import map_kafka_errors
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import (
@@ -27,7 +28,7 @@ from consumer.kafka.durability import (
     read_config,
     topic_durability,
 )
-from consumer.kafka.errors import JobsTopicError, KafkaUnavailableError, map_kafka_errors
+from consumer.kafka.errors import JobsTopicError, KafkaUnavailableError
 
 __all__ = ["JobsTopicReader", "ensure_jobs_topic", "read_jobs_topic", "write_jobs_record"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 TopicPartition = tuple[str, int]
 """A partition as ``(topic, partition)``: hashable, printable, free of aiokafka (whose
@@ -48,3 +48,14 @@ class Membership:
 
     member_id: str
     generation: int
+
+
+class RebalanceHandler(Protocol):
+    """What the owner of a group source does when partitions move; awaited before the client
+    goes on (before it rejoins under the classic protocol, before it acknowledges the
+    assignment change under the consumer protocol). Both adapters call it
+    (:mod:`consumer.kafka.transport` re-exports it)."""
+
+    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None: ...
+
+    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None: ...

@@ -50,6 +50,7 @@ from aiokafka.errors import (
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from consumer.kafka.admin import denied_topics
+from consumer.kafka.aiokafka_errors import describe_denial
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings, SinkSettings
 from consumer.kafka.errors import (
@@ -57,9 +58,9 @@ from consumer.kafka.errors import (
     DeliveryError,
     DeliveryTopicMissingError,
     SinkClosedError,
-    describe_denial,
 )
 from consumer.kafka.partitioner import partition_by_key
+from consumer.kafka.sink_timing import LATE_LOG_EVERY_S, MISSING_TOPIC_GRACE_S
 from consumer.kafka.topic_operations import WriteVerdicts
 from schemas.records import OutRecord
 
@@ -69,16 +70,6 @@ BATCH_VALUE_LIMIT = 64 * 1024
 """Value bytes above which a record is sent alone (``producer.send`` checks its size against
 ``max_request_size``; a batch does not, and one refused record would fail its whole batch)."""
 
-
-MISSING_TOPIC_GRACE_S = 2.0
-"""How long the broker is asked again about a topic it does not know before a record for it is
-refused (a topic a client created a moment ago may take that long to reach every broker's
-metadata). aiokafka's own wait for a topic's metadata is the whole ``send_timeout_ms`` (30 s by
-default), during which the record's partition could not commit."""
-
-LATE_LOG_EVERY_S = 10.0
-"""At most one warning per this many seconds about records not acknowledged in time (a broker
-that stalls makes every send call late)."""
 
 MISSING_TOPIC_TTL_S = 10.0
 """How long a topic found missing is refused at once, without asking the broker again."""

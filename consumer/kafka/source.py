@@ -12,35 +12,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from consumer.kafka.aiokafka_errors import DENIALS, describe_denial, map_kafka_errors
 from consumer.kafka.client_config import client_kwargs, start_client
 from consumer.kafka.committed import committed_with_metadata
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
-from consumer.kafka.errors import (
-    DENIALS,
-    CommitError,
-    FencedInstanceError,
-    KafkaSecurityError,
-    describe_denial,
-    map_kafka_errors,
-)
-from consumer.kafka.records import InRecord, Membership, TopicPartition
+from consumer.kafka.errors import CommitError, FencedInstanceError, KafkaSecurityError
+from consumer.kafka.records import InRecord, Membership, RebalanceHandler, TopicPartition
 from consumer.kafka.static_fence import StaticFenceDetector
 
 log = logging.getLogger(__name__)
-
-
-class RebalanceHandler(Protocol):
-    """What the owner of the source does when partitions move (awaited before rejoining)."""
-
-    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None: ...
-
-    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None: ...
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

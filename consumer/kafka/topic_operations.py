@@ -27,6 +27,8 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
+from consumer.kafka.sink_timing import VERDICT_TTL_S
+
 __all__ = ["VERDICT_TTL_S", "WRITE", "WriteVerdicts", "write_verdicts"]
 
 WRITE = 4
@@ -34,11 +36,6 @@ WRITE = 4
 
 NOT_REQUESTED = -(2**31)
 """``topic_authorized_operations`` when the broker did not compute it."""
-
-VERDICT_TTL_S = 10.0
-"""How long a topic's verdict is kept before the broker is asked again (an ACL granted or
-revoked meanwhile is seen within this time; a WRITE revoked before then aborts one
-transaction, which serve recovers from)."""
 
 
 class _MetadataResponseV8(Response):  # type: ignore[misc]

@@ -78,17 +78,12 @@ from consumer.kafka.errors import (
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.topic_operations import WriteVerdicts
+from consumer.kafka.transactional_ids import CLOSE_TIMEOUT_S, transactional_id
 from schemas.records import OutRecord
 
-__all__ = ["TransactionalSink", "transactional_id"]
+__all__ = ["TransactionalSink"]
 
 log = logging.getLogger(__name__)
-
-CLOSE_TIMEOUT_S = 5.0
-"""At most this long to abort a closing partition's open transaction (a zombie's is aborted
-by the broker anyway when the next owner starts, or at ``transaction.timeout.ms``), and again
-at most this long to stop its producer (one whose broker does not answer is abandoned: its
-late sends carry the old epoch, which the next producer's start fenced)."""
 
 
 class NotBegunError(RuntimeError):
@@ -113,13 +108,6 @@ def failure_reason(err: BaseException, producer: AIOKafkaProducer | None = None)
     if isinstance(err, SinkClosedError):
         return "unacknowledged_send"
     return "aborted"
-
-
-def transactional_id(prefix: str, group_id: str, tp: TopicPartition) -> str:
-    """The transactional id of input partition ``tp``'s producer:
-    ``<prefix>-<group>-<topic>-<partition>`` (stable across restarts and owners: that is what
-    fences a zombie)."""
-    return f"{prefix}-{group_id}-{tp[0]}-{tp[1]}"
 
 
 @dataclass(eq=False)

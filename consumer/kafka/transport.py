@@ -24,32 +24,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Protocol
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
+from consumer.kafka.config import GroupProtocol as GroupProtocol  # the seam's names, defined
+from consumer.kafka.config import KafkaClientName as KafkaClientName  # with what they type
+from consumer.kafka.ranges import PartitionRange, RangeBound
 from consumer.kafka.records import InRecord, Membership, TopicPartition
+from consumer.kafka.records import RebalanceHandler as RebalanceHandler
 from schemas.records import OutRecord
-
-if TYPE_CHECKING:  # the pure range types; their module imports aiokafka at run time
-    from consumer.kafka.range_source import PartitionRange, RangeBound
-
-KafkaClientName = Literal["aiokafka", "confluent"]
-"""The Kafka client under the seam: ``aiokafka`` (pure Python on asyncio) or ``confluent``
-(confluent-kafka on librdkafka, C threads)."""
-
-GroupProtocol = Literal["classic", "consumer"]
-"""The consumer group protocol: ``classic`` (JoinGroup/SyncGroup, eager revocation) or
-``consumer`` (KIP-848: the broker assigns incrementally; confluent-kafka only)."""
-
-
-class RebalanceHandler(Protocol):
-    """What the owner of a group source does when partitions move; awaited before the client
-    goes on (before it rejoins under the classic protocol, before it acknowledges the
-    assignment change under the consumer protocol)."""
-
-    async def on_revoked(self, tps: frozenset[TopicPartition]) -> None: ...
-
-    async def on_assigned(self, tps: frozenset[TopicPartition]) -> None: ...
 
 
 class GroupSource(Protocol):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.kafka.transactions import transactional_id
+from consumer.kafka.transactional_ids import transactional_id
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.nodes import (
     freeze,

@@ -26,13 +26,8 @@ from consumer.kafka.confluent_adapter.range_source import ConfluentRangeSource
 from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.group_range import GroupRangeSource
 from consumer.kafka.offset_metadata import MAX_METADATA_BYTES, decode_completed, encode_completed
-from consumer.kafka.range_source import (
-    AtOffsets,
-    AtTime,
-    Earliest,
-    Latest,
-    RangeSource,
-)
+from consumer.kafka.range_source import RangeSource
+from consumer.kafka.ranges import AtOffsets, AtTime, Earliest, Latest
 from consumer.kafka.records import InRecord
 from tests.conftest import TopicFactory, unique_group
 

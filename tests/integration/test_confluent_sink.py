@@ -27,7 +27,8 @@ from consumer.kafka.errors import (
     KafkaUnavailableError,
     TransactionError,
 )
-from consumer.kafka.sink import MISSING_TOPIC_GRACE_S, KafkaSink
+from consumer.kafka.sink import KafkaSink
+from consumer.kafka.sink_timing import MISSING_TOPIC_GRACE_S
 from schemas.records import OutRecord
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (

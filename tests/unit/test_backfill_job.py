@@ -14,7 +14,7 @@ from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.batching.types import InferenceItem
 from consumer.kafka.offset_metadata import decode_completed
-from consumer.kafka.range_source import plan_partition
+from consumer.kafka.ranges import plan_partition
 from consumer.kafka.records import InRecord
 from consumer.replies.builder import ReplyBuilder
 from schemas.codec import Encoding, decode_reply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.kafka.range_source import (
+from consumer.kafka.ranges import (
     AtOffsets,
     AtTime,
     Earliest,

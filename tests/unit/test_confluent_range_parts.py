@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from consumer.kafka.confluent_adapter.errors import connect_failure, map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import Chunk, ConsumerThread
-from consumer.kafka.confluent_adapter.range_source import _fit, bound_offsets, record_of
+from consumer.kafka.confluent_adapter.range_source import _fit, record_of
 from consumer.kafka.errors import (
     KafkaSecurityError,
     KafkaUnavailableError,
@@ -18,7 +18,7 @@ from consumer.kafka.errors import (
     RangeSpecError,
 )
 from consumer.kafka.offset_metadata import MAX_METADATA_BYTES, decode_completed, encode_completed
-from consumer.kafka.range_source import AtOffsets, AtTime, Earliest, Latest
+from consumer.kafka.ranges import AtOffsets, AtTime, Earliest, Latest, bound_offsets
 
 START = {0: 5, 1: 0}
 END = {0: 50, 1: 20}

@@ -12,6 +12,7 @@ import consumer.batching.errors as batching_errors
 import consumer.kafka.errors as kafka_errors
 import consumer.model.errors as model_errors
 import schemas.errors as schema_errors
+from consumer.kafka.aiokafka_errors import map_kafka_errors
 from consumer.kafka.client_config import start_client
 from consumer.kafka.errors import (
     CommitError,
@@ -21,7 +22,6 @@ from consumer.kafka.errors import (
     RangeSourceError,
     RangeSpecError,
     SinkClosedError,
-    map_kafka_errors,
 )
 from consumer.model.errors import (
     DeviceOutOfMemoryError,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
@@ -34,11 +34,8 @@ from consumer.kafka.confluent_adapter.range_source import (
 )
 from consumer.kafka.errors import RangeSourceError
 from consumer.kafka.offset_metadata import read_completed
-from consumer.kafka.range_source import PartitionRange, plan_partition
+from consumer.kafka.ranges import PartitionRange, plan_partition
 from consumer.kafka.records import InRecord
-
-if TYPE_CHECKING:
-    from consumer.kafka.transport import AssignedRangeReader, GroupRangeReader
 
 __all__ = ["ConfluentAssignedRange", "ConfluentGroupRangeSource"]
 
@@ -320,12 +317,3 @@ class ConfluentAssignedRange(ConfluentPlannedRead):
                     raise
             self._active.clear()
             return []
-
-
-if TYPE_CHECKING:  # the classes keep the seam's contract (mypy checks it)
-
-    def _is_reader(source: ConfluentGroupRangeSource) -> GroupRangeReader:
-        return source
-
-    def _is_assigned(assigned: ConfluentAssignedRange) -> AssignedRangeReader:
-        return assigned

@@ -1,6 +1,6 @@
 """``kbatch backfill``'s bounded source on confluent-kafka: the drop-in of
 :class:`consumer.kafka.range_source.RangeSource` (same methods, semantics and errors; the pure
-parts, bounds and :func:`~consumer.kafka.range_source.plan_partition`, are that module's).
+parts, bounds and :func:`~consumer.kafka.ranges.plan_partition`, are :mod:`consumer.kafka.ranges`).
 
 One :class:`~consumer.kafka.confluent_adapter.owner_thread.ConsumerThread` owns the
 ``Consumer``. :meth:`ConfluentRangeSource.resolve` asks everything in one command on that
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
@@ -37,7 +37,6 @@ from consumer.kafka.errors import (
     KafkaSecurityError,
     KafkaUnavailableError,
     RangeSourceError,
-    RangeSpecError,
 )
 from consumer.kafka.offset_metadata import (
     MAX_METADATA_BYTES,
@@ -46,27 +45,21 @@ from consumer.kafka.offset_metadata import (
     encode_completed,
     read_completed,
 )
-from consumer.kafka.range_source import (
-    AtOffsets,
+from consumer.kafka.ranges import (
     AtTime,
-    Earliest,
-    Latest,
     PartitionRange,
     RangeBound,
     Side,
+    bound_offsets,
     plan_partition,
 )
 from consumer.kafka.records import InRecord, TopicPartition
-
-if TYPE_CHECKING:
-    from consumer.kafka.transport import RangeReader
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "ConfluentPlannedRead",
     "ConfluentRangeSource",
-    "bound_offsets",
     "record_of",
 ]
 
@@ -98,41 +91,6 @@ def record_of(msg: Message) -> InRecord:
         headers,
         msg.timestamp()[1],
     )
-
-
-def bound_offsets(
-    bound: RangeBound,
-    side: Side,
-    topic: str,
-    log_start: Mapping[int, int],
-    log_end: Mapping[int, int],
-    by_time: Mapping[int, int | None],
-) -> dict[int, int]:
-    """Partition → the offset one side's ``bound`` resolves to (pure): ``log_start`` /
-    ``log_end`` per partition (their keys are the topic's partitions); ``by_time`` the first
-    offset at or after an :class:`AtTime` bound's time (None: none, the log end).
-
-    Raises:
-        RangeSpecError: an :class:`AtOffsets` bound names a partition the topic does not have.
-    """
-    parts = sorted(log_start)
-    default = log_start if side == "from" else log_end
-    if isinstance(bound, Earliest):
-        return {p: log_start[p] for p in parts}
-    if isinstance(bound, Latest):
-        return {p: log_end[p] for p in parts}
-    if isinstance(bound, AtOffsets):
-        unknown = sorted(set(bound.offsets) - set(parts))
-        if unknown:
-            raise RangeSpecError(
-                f"--{side}: topic {topic!r} has no partition(s) {unknown} (it has {len(parts)})"
-            )
-        return {p: bound.offsets.get(p, default[p]) for p in parts}
-    out: dict[int, int] = {}
-    for p in parts:
-        hit = by_time.get(p)
-        out[p] = log_end[p] if hit is None else hit
-    return out
 
 
 def partitions_of(consumer: Consumer, topic: str) -> list[int]:
@@ -494,9 +452,3 @@ async def start_thread(thread: ConsumerThread) -> None:
     except KafkaUnavailableError as err:
         await thread.close()
         raise RangeSourceError(str(err)) from err
-
-
-if TYPE_CHECKING:  # the class keeps the seam's contract (mypy checks it)
-
-    def _is_reader(source: ConfluentRangeSource) -> RangeReader:
-        return source

@@ -15,7 +15,7 @@ Semantics as :class:`~consumer.kafka.sink.KafkaSink` (its module docstring says 
   (never a second copy). A finite timeout would fail in-flight records with
   ``_MSG_TIMED_OUT`` although they may be written, and make librdkafka bump the idempotent
   epoch to go on; re-sending those could write them twice. The deadline ``send_timeout_ms``
-  then only logs a warning (at most one per :data:`~consumer.kafka.sink.LATE_LOG_EVERY_S`).
+  then only logs a warning (at most one per :data:`~consumer.kafka.sink_timing.LATE_LOG_EVERY_S`).
   A record whose delivery report fails retriably anyway is produced again with exponential
   backoff until the sink closes.
 - Transactional (``transactional_id``, driven by
@@ -25,7 +25,8 @@ Semantics as :class:`~consumer.kafka.sink.KafkaSink` (its module docstring says 
   aborts the transaction). A timed-out in-flight record makes librdkafka's transaction
   abortable, which is what the owner does.
 - A topic the broker does not list fails its records with :class:`DeliveryTopicMissingError`
-  after :data:`~consumer.kafka.sink.MISSING_TOPIC_GRACE_S` (``topic.metadata.propagation.max.ms``;
+  after :data:`~consumer.kafka.sink_timing.MISSING_TOPIC_GRACE_S`
+  (``topic.metadata.propagation.max.ms``;
   ``allow.auto.create.topics=false``: kbatch writes only where its operator made a topic), and
   at once while librdkafka knows it missing (``produce`` raises ``_UNKNOWN_TOPIC``); librdkafka
   asks the broker again as records for it come, so a topic created meanwhile is written
@@ -63,7 +64,7 @@ from consumer.kafka.errors import (
     KafkaUnavailableError,
     SinkClosedError,
 )
-from consumer.kafka.sink import LATE_LOG_EVERY_S, MISSING_TOPIC_GRACE_S
+from consumer.kafka.sink_timing import LATE_LOG_EVERY_S, MISSING_TOPIC_GRACE_S
 from schemas.records import OutRecord
 
 __all__ = ["ConfluentSink", "TopicVerdicts", "blocking", "delivery_error", "producer_config"]

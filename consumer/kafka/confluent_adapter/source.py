@@ -68,7 +68,7 @@ from typing import Any, Final, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
 
-from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
+from consumer.kafka.config import ConsumerGroupSettings, GroupProtocol, KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
 from consumer.kafka.confluent_adapter.errors import layer_error
 from consumer.kafka.confluent_adapter.logs import (
@@ -83,8 +83,7 @@ from consumer.kafka.errors import (
     KafkaSecurityError,
     KafkaUnavailableError,
 )
-from consumer.kafka.records import InRecord, Membership, TopicPartition
-from consumer.kafka.transport import GroupProtocol, RebalanceHandler
+from consumer.kafka.records import InRecord, Membership, RebalanceHandler, TopicPartition
 
 __all__ = ["ConfluentSource", "consumer_config"]
 

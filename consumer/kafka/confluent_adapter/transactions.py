@@ -47,7 +47,7 @@ from consumer.kafka.confluent_adapter.sink import ConfluentSink, blocking
 from consumer.kafka.confluent_adapter.write_verdicts import AdminWriteVerdicts
 from consumer.kafka.errors import FENCED, SinkClosedError, TransactionError
 from consumer.kafka.records import TopicPartition
-from consumer.kafka.transactions import CLOSE_TIMEOUT_S, transactional_id
+from consumer.kafka.transactional_ids import CLOSE_TIMEOUT_S, transactional_id
 from schemas.records import OutRecord
 
 __all__ = ["ConfluentTransactionalSink", "failure_reason", "group_only_metadata"]

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AclOperation, AdminClient  # type: ignore[attr
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
 from consumer.kafka.confluent_adapter.logs import librdkafka_logger
-from consumer.kafka.topic_operations import VERDICT_TTL_S
+from consumer.kafka.sink_timing import VERDICT_TTL_S
 
 __all__ = ["AdminWriteVerdicts"]
 
@@ -30,7 +30,7 @@ _WRITERS: Final = frozenset({AclOperation.WRITE, AclOperation.ALL})
 
 
 class AdminWriteVerdicts:
-    """Write verdicts kept :data:`~consumer.kafka.topic_operations.VERDICT_TTL_S` seconds per
+    """Write verdicts kept :data:`~consumer.kafka.sink_timing.VERDICT_TTL_S` seconds per
     topic, shared by the producers of one transactional sink; a topic without a verdict counts
     as writable for as long. Loop thread only; the admin client is made at the first ask.
 
