@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,3 +279,23 @@ def test_the_walk_follows_imports_through_other_modules(tmp_path: Path) -> None:
     assert {"consumer.kafka", "consumer.kafka.admin"} <= lazy and "aiokafka" not in lazy
     chain = _loaded("consumer.kafka.admin", module_level=False)["aiokafka"]
     assert chain[0] == "consumer.kafka.admin" and chain[-1] == "aiokafka"
+
+
+def test_the_confluent_adapter_imports_with_aiokafka_missing() -> None:
+    """The run-time check of the walk above: with aiokafka made unimportable, every confluent
+    module and the seam still import."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'aiokafka':\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import importlib\n"
+        f"for m in {[*CONFLUENT_ADAPTER, *SEAM_AND_PURE]!r}:\n"
+        "    importlib.import_module(m)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
