@@ -12,6 +12,8 @@ reentrancy gate), and librdkafka runs the rebalance, error and log callbacks onl
     a handler task  ◄── call_soon_threadsafe ── a rebalance callback (await_on_loop): the
                                                 thread serves commands until the task is done
 
+The command queue is :class:`OwnerCommands`, shared with the group source
+(:mod:`consumer.kafka.confluent_adapter.source`, which has its own loop around ``consume``).
 Commands wait at most one consume slice (:attr:`ConsumerThread.slice_s`) for the thread;
 while :attr:`ConsumerThread.consuming` is False the thread only waits for commands, so a
 burst of set-up calls (metadata, offsets) answers at once. What it consumed waits in a buffer
@@ -23,15 +25,16 @@ serves rebalances only there), so a paused reader stays in its group.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
@@ -40,11 +43,171 @@ from consumer.kafka.confluent_adapter.logs import librdkafka_logger
 from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.records import TopicPartition
 
-__all__ = ["Chunk", "ConsumerThread"]
+__all__ = ["WAKE", "Chunk", "ConsumerThread", "OwnerCommands", "resolve"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+WAKE: Final = object()
+"""Queued to wake an owner thread waiting for commands (a stop, a finished handler)."""
+
+
+class OwnerCommands:
+    """The command queue from the asyncio loop to the one thread that owns a ``Consumer``
+    (:class:`ConsumerThread`, :class:`~consumer.kafka.confluent_adapter.source.ConfluentSource`).
+
+    Loop side: :meth:`call` (a future for ``fn()``'s result or exception), :meth:`send` (no
+    answer; an exception is logged), :meth:`wake`. Owner side: :meth:`serve` runs what is
+    queued, :meth:`await_on_loop` runs a coroutine on the loop and serves commands until it is
+    done (inside a rebalance callback: the handler commits through :meth:`call`), :meth:`end`
+    answers everything still queued, and later calls at once, with their ``closed`` value.
+
+    Args:
+        name: the owner's name, in log lines.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop that answers: set before the first command."""
+        self._queue: queue.SimpleQueue[_Command | object] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # ended and the queue's last puts
+        self._ended = False
+
+    # -- loop side -----------------------------------------------------------------------------
+
+    def call(self, fn: Callable[[], T], closed: T | BaseException) -> asyncio.Future[T]:
+        """Run ``fn()`` on the owner thread; its result or exception on the loop. ``closed``:
+        the result (or the exception raised) once the owner has ended."""
+        loop = self.loop or asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def answer(result: Any, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(resolve, fut, result, error)
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as err:  # handed to the caller
+                answer(None, err)
+            else:
+                answer(result, None)
+
+        def cancel() -> None:
+            answer(*((None, closed) if isinstance(closed, BaseException) else (closed, None)))
+
+        if not self._put(_Command(run, cancel)):
+            cancel()
+        return fut
+
+    def send(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the owner thread, not waiting for it (an exception is logged;
+        dropped once the owner has ended)."""
+        self._put(_Command(_logged(fn), _nothing))
+
+    def wake(self) -> None:
+        """Make a :meth:`serve` that waits return."""
+        self._queue.put(WAKE)
+
+    def _put(self, command: _Command) -> bool:
+        with self._lock:
+            if self._ended:
+                return False
+            self._queue.put(command)
+            return True
+
+    # -- owner side ----------------------------------------------------------------------------
+
+    def serve(self, wait_s: float | None = 0.0) -> None:
+        """Run the queued commands, waiting up to ``wait_s`` seconds for the first (None: until
+        one comes or :meth:`wake`; 0: not at all)."""
+        try:
+            item = self._queue.get_nowait() if wait_s == 0 else self._queue.get(timeout=wait_s)
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, _Command):
+                item.run()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def await_on_loop(self, coro: Coroutine[Any, Any, object]) -> None:
+        """Run ``coro`` as a task on the loop and return once it is done, serving commands
+        meanwhile (never ``consume``). Its exception is logged, not raised; returns at once
+        when the loop has closed."""
+        loop = self.loop
+        assert loop is not None
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            return
+
+        def finished(done: concurrent.futures.Future[object]) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.error("%s: handler failed", self.name, exc_info=done.exception())
+            self.wake()
+
+        fut.add_done_callback(finished)
+        while not fut.done() and not loop.is_closed():
+            self.serve(_AWAIT_SLICE_S)
+        self.serve()
+
+    def end(self) -> None:
+        """No more commands: answer what is queued, and every later one at once, as closed."""
+        with self._lock:
+            self._ended = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Command):
+                item.cancel()
+
+
+_AWAIT_SLICE_S: Final = 0.1
+"""How often :meth:`OwnerCommands.await_on_loop` looks whether the loop has closed (seconds;
+a finished handler wakes it at once)."""
+
+
+class _Command:
+    """A call for the owner thread: ``run`` there, or ``cancel`` once it has ended."""
+
+    __slots__ = ("cancel", "run")
+
+    def __init__(self, run: Callable[[], None], cancel: Callable[[], None]) -> None:
+        self.run = run
+        self.cancel = cancel
+
+
+def _logged(command: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            command()
+        except Exception:
+            log.exception("Kafka client command failed")
+
+    return run
+
+
+def _nothing() -> None:
+    pass
+
+
+def resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Settle ``fut`` (on its loop) unless it is settled already."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
 
 
 @dataclass(slots=True)
@@ -61,13 +224,6 @@ class Chunk:
 
     messages: list[Message]
     positions: dict[TopicPartition, int] = field(default_factory=dict)
-
-
-class _Close:
-    """The command that closes the consumer and ends the thread."""
-
-
-_Command = tuple[Callable[[Consumer], Any] | _Close, "asyncio.Future[Any]"]
 
 
 class ConsumerThread:
@@ -119,7 +275,7 @@ class ConsumerThread:
             }
         )
         self._name = name
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._commands = OwnerCommands(name)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._chunks: deque[Chunk] = deque()
@@ -127,8 +283,7 @@ class ConsumerThread:
         self._delivered = 0  # written by the thread only
         self._taken = 0  # written by the loop only
         self._closed = False
-        self._lock = threading.Lock()  # closed and the queue, for call()
-        self._closing: asyncio.Future[Any] | None = None  # a close asked while in a callback
+        self._closing: asyncio.Future[None] | None = None  # asked; done between two consumes
 
     # -- loop side -------------------------------------------------------------------------------
 
@@ -136,7 +291,7 @@ class ConsumerThread:
         """Start the thread; the running loop is the one it answers (idempotent)."""
         if self._thread is not None:
             return
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._commands.loop = asyncio.get_running_loop()
         self._arrived = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
@@ -153,13 +308,10 @@ class ConsumerThread:
             KafkaUnavailableError: the thread is not running (not started, or closed).
             BaseException: what ``fn`` raised (``KafkaException`` unmapped: callers map it).
         """
-        with self._lock:
-            if not self.alive:
-                raise KafkaUnavailableError(f"{self._name}: the consumer is closed")
-            assert self._loop is not None
-            fut: asyncio.Future[T] = self._loop.create_future()
-            self._commands.put((fn, fut))
-        return await fut
+        closed = KafkaUnavailableError(f"{self._name}: the consumer is closed")
+        if not self.alive:
+            raise closed
+        return await self._commands.call(lambda: fn(self._consumer), closed)
 
     async def connect(self, context: str, timeout_s: float) -> None:
         """Wait until a broker answers a metadata request (librdkafka connects lazily, and
@@ -244,10 +396,15 @@ class ConsumerThread:
         if not self.alive:
             return
         assert self._loop is not None
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._commands.put((_Close(), fut))
+        closed: asyncio.Future[None] = self._loop.create_future()
+
+        def ask() -> bool:  # inside a callback too: the thread closes once it has returned
+            self._closing = closed
+            return True
+
         try:
-            await fut
+            if await self._commands.call(ask, False):
+                await closed
         finally:
             self._closed = True
 
@@ -267,24 +424,11 @@ class ConsumerThread:
         meanwhile (from the owner thread, e.g. inside a rebalance callback: the handler may
         commit through :meth:`call`). Its exception is logged, not raised; returns at once
         when the loop has closed."""
-        loop = self._loop
-        assert loop is not None
-        done = threading.Event()
 
-        def finished(task: asyncio.Future[object]) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("%s: handler failed", self._name, exc_info=task.exception())
-            done.set()
+        async def run() -> None:
+            await fn()
 
-        def begin() -> None:
-            asyncio.ensure_future(fn()).add_done_callback(finished)
-
-        try:
-            loop.call_soon_threadsafe(begin)
-        except RuntimeError:
-            return
-        while not done.is_set() and not loop.is_closed():
-            self._serve(block=True, nested=True)
+        self._commands.await_on_loop(run())
 
     # -- the thread ------------------------------------------------------------------------------
 
@@ -292,53 +436,13 @@ class ConsumerThread:
         self.errors.append(err)
         log.debug("%s: librdkafka error %s: %s", self._name, err.name(), err.str())
 
-    def _answer(self, fut: asyncio.Future[Any], result: object, exc: BaseException | None) -> None:
-        def settle() -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-
-        self.to_loop(settle)
-
-    def _serve(self, *, block: bool, nested: bool = False) -> bool:
-        """Run the queued commands (waiting up to one slice for the first when ``block``);
-        False once the close command ran."""
-        try:
-            item = (
-                self._commands.get(timeout=self.slice_s) if block else self._commands.get_nowait()
-            )
-        except queue.Empty:
-            return True
-        while True:
-            fn, fut = item
-            if isinstance(fn, _Close):
-                if nested:  # inside a callback: close once it returned
-                    self._closing = fut
-                else:
-                    self._close(fut)
-                    return False
-            else:
-                try:
-                    result = fn(self._consumer)
-                except BaseException as err:  # handed to the caller
-                    self._answer(fut, None, err)
-                else:
-                    self._answer(fut, result, None)
-            try:
-                item = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-
-    def _close(self, fut: asyncio.Future[Any]) -> None:
+    def _close(self, fut: asyncio.Future[None]) -> None:
         try:
             self._consumer.close()
         except BaseException as err:
-            self._answer(fut, None, err)
+            self.to_loop(resolve, fut, None, err)
         else:
-            self._answer(fut, None, None)
+            self.to_loop(resolve, fut, None, None)
 
     def _wants_consume(self, last_consume: float) -> bool:
         if not self.consuming:
@@ -369,8 +473,7 @@ class ConsumerThread:
         try:
             while True:
                 wants = self._wants_consume(last_consume)
-                if not self._serve(block=not wants):
-                    return
+                self._commands.serve(0 if wants else self.slice_s)
                 if self._closing is not None:
                     self._close(self._closing)
                     return
@@ -383,16 +486,9 @@ class ConsumerThread:
             with contextlib.suppress(Exception):
                 self._consumer.close()
         finally:
-            with self._lock:
-                self._closed = True
-            self._fail_pending()
+            self._closed = True
+            self._commands.end()
+            if self._closing is not None:  # asked, then consume failed: closed all the same
+                self.to_loop(resolve, self._closing, None, None)
             if self.failure is not None and self._arrived is not None:
                 self.to_loop(self._arrived.set)  # wakes a take() waiting
-
-    def _fail_pending(self) -> None:
-        while True:
-            try:
-                _, fut = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            self._answer(fut, None, KafkaUnavailableError(f"{self._name}: the consumer is closed"))

@@ -12,6 +12,10 @@ thread, the *owner*, does every call on it:
 - between two such calls it runs the commands the loop queued (pause, resume, seek, commit,
   committed, end offsets, position); each answers its asyncio future through
   ``call_soon_threadsafe``. A command waits at most ``WAKE_S`` for the ``consume`` under way.
+  The queue is :class:`~consumer.kafka.confluent_adapter.owner_thread.OwnerCommands`, the
+  range readers' too; the loop around ``consume`` is this module's (the range readers'
+  :class:`~consumer.kafka.confluent_adapter.owner_thread.ConsumerThread` neither wakes on the
+  first record nor pauses librdkafka under backpressure).
 
 Backpressure. The owner stops taking records from librdkafka while
 ``BUFFERED_POLLS × max_poll_records`` records wait for :meth:`ConfluentSource.poll`. For a
@@ -57,13 +61,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
@@ -76,6 +79,7 @@ from consumer.kafka.confluent_adapter.logs import (
     librdkafka_logger,
     log_retried_error,
 )
+from consumer.kafka.confluent_adapter.owner_thread import OwnerCommands, resolve
 from consumer.kafka.errors import (
     CommitError,
     FencedInstanceError,
@@ -123,33 +127,6 @@ _CGMD_MAGIC: Final = b"CGMDv2:"
 """librdkafka's serialized consumer group metadata: this magic, the generation (int32,
 native order), then group id, member id and instance id (``rd_kafka_consumer_group_metadata_
 write``); the generation is read nowhere else."""
-
-_WAKE: Final = object()
-"""Queued to wake the owner thread (stop, a finished rebalance handler, room in the buffer)."""
-
-
-class _Command:
-    """A call for the owner thread: ``run`` there, or ``cancel`` once it has ended."""
-
-    __slots__ = ("cancel", "run")
-
-    def __init__(self, run: Callable[[], None], cancel: Callable[[], None] | None = None) -> None:
-        self.run = run if cancel is not None else _logged(run)
-        self.cancel = cancel or _nothing
-
-
-def _logged(command: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            command()
-        except Exception:
-            log.exception("Kafka client command failed")
-
-    return run
-
-
-def _nothing() -> None:
-    pass
 
 
 def consumer_config(
@@ -204,15 +181,6 @@ def _record(m: Message) -> InRecord:
     )
 
 
-def _resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
-
 class ConfluentSource:
     """The consumer side of ``kbatch serve`` on confluent-kafka (module docstring).
 
@@ -257,9 +225,7 @@ class ConfluentSource:
         self._config["error_cb"] = self._on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._commands: queue.SimpleQueue[_Command | object] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # _done and the queue's last puts
-        self._done = False  # the owner thread has ended: nothing more is queued
+        self._commands = OwnerCommands("kbatch-confluent-source")  # woken: stop, buffer room
         self._stopping = False  # set by stop(); read by the owner thread
         self._stopped: asyncio.Future[None] | None = None
         # ---- the loop's side (touched on the event loop only) ----
@@ -304,7 +270,7 @@ class ConfluentSource:
             KafkaSecurityError: a TLS check or the SASL login failed (``the broker at
                 host:port refused the client: <cause>``).
         """
-        loop = self._loop = asyncio.get_running_loop()
+        loop = self._loop = self._commands.loop = asyncio.get_running_loop()
         started: asyncio.Future[None] = loop.create_future()
         self._stopped = loop.create_future()
         self._thread = threading.Thread(
@@ -336,7 +302,7 @@ class ConfluentSource:
         if self._thread is None or self._stopped is None:
             return
         self._stopping = True
-        self._commands.put(_WAKE)
+        self._commands.wake()
         await asyncio.shield(self._stopped)
         self._assigned.clear()
         self._paused.clear()
@@ -393,7 +359,7 @@ class ConfluentSource:
         self._taken += taken
         if self._stalled and taken:
             self._stalled = False
-            self._commands.put(_WAKE)  # the owner thread waits for room
+            self._commands.wake()  # the owner thread waits for room
         return out
 
     def _deliver(self, records: list[InRecord]) -> None:
@@ -560,42 +526,18 @@ class ConfluentSource:
 
     # ---- commands (loop → owner thread) ---------------------------------------------------------
 
-    def _enqueue(self, command: _Command) -> bool:
-        """Queue ``command`` for the owner thread; False once the thread has ended."""
-        with self._lock:
-            if self._done:
-                return False
-            self._commands.put(command)
-            return True
-
     def _send(self, command: Callable[[], None]) -> None:
         """Queue ``command`` for the owner thread, not waiting for it (errors logged)."""
         if self._thread is not None and not self._stopping:
-            self._enqueue(_Command(command))
+            self._commands.send(command)
 
     def _call(self, fn: Callable[[], T], closed: T | BaseException) -> asyncio.Future[T]:
         """Run ``fn`` on the owner thread; its result or error on the loop. ``closed``: the
         result (or the error raised) once the source is stopped."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-
-        def answer(result: Any, error: BaseException | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(_resolve, fut, result, error)
-
-        def run() -> None:
-            try:
-                result = fn()
-            except BaseException as err:
-                answer(None, err)
-            else:
-                answer(result, None)
-
-        def cancel() -> None:
-            answer(*((None, closed) if isinstance(closed, BaseException) else (closed, None)))
-
-        if self._thread is None or self._stopping or not self._enqueue(_Command(run, cancel)):
-            cancel()
+        if self._thread is not None and not self._stopping:
+            return self._commands.call(fn, closed)
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        resolve(fut, *((None, closed) if isinstance(closed, BaseException) else (closed, None)))
         return fut
 
     # ---- the owner thread -----------------------------------------------------------------------
@@ -607,9 +549,9 @@ class ConfluentSource:
             try:
                 self._consumer = self._connect()
             except BaseException as err:
-                loop.call_soon_threadsafe(_resolve, started, None, err)
+                loop.call_soon_threadsafe(resolve, started, None, err)
                 return
-            loop.call_soon_threadsafe(_resolve, started, None, None)
+            loop.call_soon_threadsafe(resolve, started, None, None)
             self._consume_until_stopped()
         except Exception:
             log.exception("the Kafka consumer thread failed")
@@ -618,18 +560,10 @@ class ConfluentSource:
             )
         finally:
             self._close()
-            with self._lock:
-                self._done = True
-            while True:  # what was queued too late is answered as after stop()
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(command, _Command):
-                    command.cancel()
+            self._commands.end()  # what was queued too late is answered as after stop()
             with contextlib.suppress(RuntimeError):  # the loop is closed already
                 assert self._stopped is not None
-                loop.call_soon_threadsafe(_resolve, self._stopped, None, None)
+                loop.call_soon_threadsafe(resolve, self._stopped, None, None)
 
     def _connect(self) -> Consumer:
         """Create the consumer, wait for a broker's answer, subscribe.
@@ -708,11 +642,11 @@ class ConfluentSource:
         n = self._max_poll_records
         stalled_s = 0.0  # since when the buffer is full (monotonic s), 0 when it is not
         while not self._stopping:
-            self._run_commands()
+            self._commands.serve()
             if self._stopping:
                 break
             if self._fatal:  # nothing more to read; commands until stop()
-                self._run_command(self._commands.get())
+                self._commands.serve(None)
                 continue
             if self._sent - self._taken >= limit:  # the loop is behind: take nothing
                 now_s = time.monotonic()
@@ -721,8 +655,7 @@ class ConfluentSource:
                     self._hold_back(True)
                 if not self._held_back:  # a short stall: librdkafka keeps what it prefetched
                     self._stalled = True  # the loop wakes it once it has taken records
-                    with contextlib.suppress(queue.Empty):
-                        self._run_command(self._commands.get(timeout=WAKE_S))
+                    self._commands.serve(WAKE_S)
                     self._stalled = False
                     continue
             else:
@@ -781,19 +714,6 @@ class ConfluentSource:
             self._raise_on_loop(failure, fatal=err.fatal())
         else:
             log_retried_error(self._librdkafka_log, err, self._retried)
-
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            self._run_command(command)
-
-    @staticmethod
-    def _run_command(command: object) -> None:
-        if isinstance(command, _Command):
-            command.run()
 
     def _hold_back(self, hold: bool) -> None:
         """Pause every owned partition in librdkafka (``hold``) or lift that, keeping the
@@ -922,7 +842,7 @@ class ConfluentSource:
             self._owned = (self._owned | tps) if self._cooperative else set(tps)
             self._app_paused -= tps
             if not self._closing:
-                self._await_on_loop(self._assigned_on_loop(tps, self._membership_now()))
+                self._commands.await_on_loop(self._assigned_on_loop(tps, self._membership_now()))
         except Exception:
             log.exception("assignment of %s failed", sorted(tps))
 
@@ -938,7 +858,7 @@ class ConfluentSource:
             if lost:
                 log.warning("partitions %s lost (the group dropped this member)", sorted(tps))
             if not self._closing:
-                self._await_on_loop(self._revoked_on_loop(tps, self._membership_now()))
+                self._commands.await_on_loop(self._revoked_on_loop(tps, self._membership_now()))
             if self._cooperative:
                 consumer.incremental_unassign(partitions)
             else:
@@ -951,19 +871,6 @@ class ConfluentSource:
             for tp in tps:
                 self._pending_seeks.pop(tp, None)
                 self._sought.pop(tp, None)
-
-    def _await_on_loop(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` on the loop; meanwhile run the commands it sends (never ``consume``)."""
-        assert self._loop is not None
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            return
-        fut.add_done_callback(lambda _: self._commands.put(_WAKE))
-        while not fut.done():
-            self._run_command(self._commands.get())
-        self._run_commands()
 
     async def _assigned_on_loop(self, tps: frozenset[TopicPartition], member: Membership) -> None:
         self._membership = member
