@@ -70,6 +70,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
+from consumer.kafka.confluent_adapter.commit_points import commit_point
 from consumer.kafka.confluent_adapter.errors import LibrdkafkaLog, layer_error
 from consumer.kafka.errors import (
     CommitError,
@@ -482,9 +483,7 @@ class ConfluentSource:
         if not offsets:
             return
         meta = metadata or {}
-        targets = [
-            KafkaTP(t, p, off, metadata=meta.get((t, p), "")) for (t, p), off in offsets.items()
-        ]
+        targets = [commit_point(t, p, off, meta.get((t, p), "")) for (t, p), off in offsets.items()]
         context = f"commit of {dict(offsets)} failed"
         await self._call(
             lambda: self._commit_now(targets, context), CommitError(f"{context}: closed")
