@@ -242,6 +242,7 @@ class ConfluentSource:
         self._handler = handler
         self._instance_id = group.group_instance_id
         self._leave_on_stop = group.leave_group_on_shutdown
+        self._start_at_earliest = group.auto_offset_reset == "earliest"
         self._topics = tuple(topics)
         self._max_poll_records = max_poll_records
         self._cooperative = group_protocol == "consumer"
@@ -886,7 +887,17 @@ class ConfluentSource:
         if tp in self._sought:
             return self._sought[tp]
         [at] = self._consumer.position([KafkaTP(*tp)])
-        return int(at.offset) if at.offset >= 0 else None
+        if at.offset >= 0:
+            return int(at.offset)
+        # Nothing fetched yet (an idle partition): where the first fetch will start, as
+        # aiokafka's position() answers — the committed offset, else the reset policy's end.
+        [committed] = self._consumer.committed([KafkaTP(*tp)], timeout=REQUEST_TIMEOUT_S)
+        if committed.offset >= 0:
+            return int(committed.offset)
+        low, high = self._consumer.get_watermark_offsets(
+            KafkaTP(*tp), timeout=REQUEST_TIMEOUT_S, cached=False
+        )
+        return int(low if self._start_at_earliest else high)
 
     def _membership_now(self) -> Membership:
         assert self._consumer is not None
