@@ -30,10 +30,10 @@ LOGGER_PREFIX: Final = "kbatch.librdkafka"
 """Parent of every librdkafka client's logger (``kbatch.librdkafka.<client name>``)."""
 
 RETRIED_FACILITIES: Final = frozenset(
-    {"FAIL", "REQTMOUT", "GETPID", "TXNCOORD", "COORDFAIL", "BROKERFAIL", "METADATA", "ERROR"}
+    {"FAIL", "REQTMOUT", "GETPID", "TXNCOORD", "COORDFAIL", "BROKERFAIL", "METADATA", "CLIENT"}
 )
 """librdkafka log facilities whose ERROR/WARNING lines report a fault librdkafka retries on
-its own (a broker unreachable, a request timed out, a coordinator not ready); ``ERROR`` is
+its own (a broker unreachable, a request timed out, a coordinator not ready); ``CLIENT`` is
 what :func:`error_callback` logs for an error that is not fatal."""
 
 _DIGITS = re.compile(r"\d+")
@@ -96,15 +96,18 @@ def error_callback(
     """librdkafka's ``error_cb`` (called inside ``poll``): a fatal error (``err.fatal()``: the
     client is unusable, e.g. a fenced or failed idempotent producer) is an ERROR line (facility
     ``FATAL``) and is handed to ``on_fatal``; any other (all brokers down, a transport error,
-    which librdkafka retries) a rate-limited WARNING (facility ``ERROR``)."""
+    which librdkafka retries) a rate-limited WARNING (facility ``CLIENT``): the error's text and
+    its code's name."""
 
     def report(err: object) -> None:
         fatal = bool(getattr(err, "fatal", lambda: False)())
+        text = getattr(err, "str", lambda: str(err))()
+        name = getattr(err, "name", lambda: "")()
         if fatal:
-            logger.error("%s [%s] %s", "FATAL", logger.name, err)
+            logger.error("%s [%s] %s", "FATAL", logger.name, f"{text} ({name})")
             if on_fatal is not None:
                 on_fatal(err)
         else:
-            logger.warning("%s [%s] %s", "ERROR", logger.name, err)
+            logger.warning("%s [%s] %s", "CLIENT", logger.name, f"{text} ({name}, retried)")
 
     return report
