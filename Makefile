@@ -55,8 +55,17 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# The integration tests of Kafka semantics (delivery, rebalances, exactly-once, commit
+# metadata, backfill, faults) once more on confluent-kafka: every kbatch process a test starts
+# inherits KBATCH_KAFKA_CLIENT. The adapters' own contract suites (tests/integration/
+# test_confluent_*.py) run both clients in the first pass.
+CONFLUENT_TESTS := tests/integration/test_serve_contract.py tests/integration/test_exactly_once.py \
+	tests/integration/test_no_replay.py tests/integration/test_static_membership.py \
+	tests/integration/test_backfill.py tests/integration/test_serve_faults.py
+
 test: setup tools broker lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+	KBATCH_KAFKA_CLIENT=confluent $(VENV)/bin/pytest -q -p no:cacheprovider $(CONFLUENT_TESTS)
 
 # The long cluster fault scenarios (docs/CLUSTER.md): a three-node cluster of their own,
 # ~10 minutes on two cores.

@@ -176,12 +176,15 @@ def encode_completed(
 
 
 def decode_completed(text: str) -> tuple[int, frozenset[int]]:
-    """The base offset and the done offsets (absolute) of a ``kb1`` text.
+    """The base offset and the done offsets (absolute) of a ``kb1`` text. One trailing NUL
+    byte is ignored: confluent-kafka commits a metadata string with its C terminator, and
+    other readers (aiokafka, Java's admin client) return it.
 
     Raises:
         MetadataError: ``text`` is not a well-formed ``kb1`` text (wrong prefix, bad base64,
             unknown kind, truncated varints, an empty run).
     """
+    text = text.removesuffix("\x00")
     if not text.startswith(PREFIX):
         raise MetadataError(f"not {PREFIX!r} metadata")
     try:

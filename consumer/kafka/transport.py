@@ -375,7 +375,7 @@ def client_description(name: KafkaClientName) -> str:
         import confluent_kafka
 
         return (
-            f"confluent-kafka {confluent_kafka.version()[0]} "
+            f"confluent-kafka {confluent_kafka.__version__} "
             f"(librdkafka {confluent_kafka.libversion()[0]})"
         )
     import aiokafka

@@ -29,6 +29,9 @@ from schemas.codec import Encoding, decode_reply, encode_request
 from schemas.models import Reply, Request
 
 KBATCH = str(Path(sys.executable).with_name("kbatch"))
+KAFKA_CLIENT = os.environ.get("KBATCH_KAFKA_CLIENT", "aiokafka")
+"""The Kafka client the kbatch processes of a test run use (``KBATCH_KAFKA_CLIENT``, which
+they inherit; ``make test`` runs the Kafka-semantics tests once per client)."""
 
 
 def free_port() -> int:

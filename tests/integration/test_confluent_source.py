@@ -185,6 +185,26 @@ async def test_pause_stops_a_partition_and_resume_brings_it_back_in_order(
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
+async def test_an_idle_partition_has_a_position_before_any_fetch(
+    kind: str, kafka_bootstrap: str, new_topic: TopicFactory
+) -> None:
+    # serve's lag gauge reads it before the first record (Rebalancer.refresh_lag): an empty
+    # partition starts at its end, one with records at the reset policy's end (earliest).
+    topic = await new_topic("cfsrc", partitions=2)
+    empty, full = (topic, 0), (topic, 1)
+    await produce(kafka_bootstrap, topic, [(1, f"k{i}".encode(), []) for i in range(5)])
+    source = make_source(kind, kafka_bootstrap, unique_group(), [topic], Recorder())
+    await source.start()
+    try:
+        await until(lambda: source.assignment() == {empty, full}, 30, "the assignment")
+        source.pause([empty, full])  # nothing is fetched
+        assert await source.position(empty) == 0
+        assert await source.position(full) == 0
+    finally:
+        await source.stop()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
 async def test_seek_position_and_end_offsets(
     kind: str, kafka_bootstrap: str, new_topic: TopicFactory
 ) -> None:

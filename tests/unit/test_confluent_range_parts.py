@@ -8,9 +8,10 @@ import asyncio
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from consumer.kafka.confluent_adapter.commit_points import fit_metadata as _fit
 from consumer.kafka.confluent_adapter.errors import connect_failure, map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import Chunk, ConsumerThread
-from consumer.kafka.confluent_adapter.range_source import _fit, record_of
+from consumer.kafka.confluent_adapter.range_source import record_of
 from consumer.kafka.errors import (
     KafkaSecurityError,
     KafkaUnavailableError,

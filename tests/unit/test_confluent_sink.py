@@ -349,3 +349,15 @@ async def test_close_failed_closes_a_fenced_or_tainted_partition_and_says_why(
     sink._tainted.add(tainted)
     assert await sink.close_failed([tainted]) == {tainted: "aborted"}
     assert fake_txn[-1].calls[-1] == "abort"
+
+
+async def test_close_failed_tells_a_fenced_producer_by_its_abort(
+    fake_txn: list[FakeTxnProducer],
+) -> None:
+    # librdkafka fails the sends of a fenced producer before error_cb reports the fence: the
+    # partition is only tainted, and reopening it would fence the partition's new owner.
+    sink = txn_sink()
+    await sink.open(TP, timeout_s=5)
+    sink._tainted.add(TP)
+    fake_txn[0].fail["abort"] = KafkaError(KafkaError._FENCED, fatal=True)
+    assert await sink.close_failed([TP]) == {TP: FENCED}

@@ -130,4 +130,6 @@ def test_error_callback_levels(caplog: pytest.LogCaptureFixture) -> None:
         fenced = KafkaError(KafkaError._FENCED, fatal=True)
         report(fenced)
     assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+    assert "ERROR" not in caplog.records[0].getMessage()  # a WARNING line says no ERROR
+    assert "_ALL_BROKERS_DOWN, retried" in caplog.records[0].getMessage()
     assert fatal == [fenced]

@@ -158,3 +158,11 @@ def test_metadata_written_for_another_offset_is_ignored(caplog: pytest.LogCaptur
 def test_any_string_is_read_without_raising(text: str) -> None:
     done = read_completed(0, text)
     assert all(o > 0 for o in done)
+
+
+def test_a_trailing_nul_from_confluent_kafka_is_ignored() -> None:
+    # confluent-kafka 2.16 commits "kb1:…" with its C string's NUL; aiokafka and Java read it.
+    text = encode_completed(10, frozenset({12, 13}), MAX_METADATA_BYTES).text
+    assert decode_completed(text + "\x00") == (10, frozenset({12, 13}))
+    with pytest.raises(MetadataError):
+        decode_completed(text + "\x00\x00")  # one terminator only

@@ -82,4 +82,5 @@ async def test_the_factories_build_the_aiokafka_adapters() -> None:
 
 def test_the_start_up_line_names_the_client_and_its_version() -> None:
     assert client_description("aiokafka").startswith("aiokafka 0.")
+    assert client_description("confluent").startswith("confluent-kafka 2.16.")
     assert "(librdkafka 2." in client_description("confluent")

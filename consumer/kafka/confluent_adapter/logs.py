@@ -175,7 +175,9 @@ def error_callback(
 
     def report(err: object) -> None:
         if bool(getattr(err, "fatal", lambda: False)()):
-            logger.error("Kafka client failed for good: %s", err)
+            text = getattr(err, "str", lambda: str(err))()
+            name = getattr(err, "name", lambda: type(err).__name__)()
+            logger.error("Kafka client failed for good: %s (%s)", text, name)
             if on_fatal is not None:
                 on_fatal(err)
         else:

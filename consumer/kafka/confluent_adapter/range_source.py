@@ -31,6 +31,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
+from consumer.kafka.confluent_adapter.commit_points import commit_point
 from consumer.kafka.confluent_adapter.errors import map_confluent_errors
 from consumer.kafka.confluent_adapter.owner_thread import Chunk, ConsumerThread
 from consumer.kafka.errors import (
@@ -39,10 +40,6 @@ from consumer.kafka.errors import (
     RangeSourceError,
 )
 from consumer.kafka.offset_metadata import (
-    MAX_METADATA_BYTES,
-    MetadataError,
-    decode_completed,
-    encode_completed,
     read_completed,
 )
 from consumer.kafka.ranges import (
@@ -152,29 +149,6 @@ def committed_points(
     return out
 
 
-def _offset(topic: str, partition: int, offset: int, metadata: str) -> KafkaTP:
-    text = _fit(metadata)
-    if text is None:
-        return KafkaTP(topic, partition, offset)
-    return KafkaTP(topic, partition, offset, metadata=text)
-
-
-def _fit(text: str) -> str | None:
-    """Commit metadata as confluent-kafka sends it: with a terminating NUL byte (one byte more
-    than the text, :mod:`consumer.kafka.committed`), so a ``kb1`` text of
-    :data:`MAX_METADATA_BYTES` is encoded again one byte shorter (its lowest done offsets kept);
-    "" is None (no metadata, not a lone NUL)."""
-    if not text:
-        return None
-    if len(text) < MAX_METADATA_BYTES:
-        return text
-    try:
-        base, done = decode_completed(text)
-    except MetadataError:
-        return text[: MAX_METADATA_BYTES - 1]  # not kb1: the broker refuses it whole anyway
-    return encode_completed(base, done, MAX_METADATA_BYTES - 1).text or None
-
-
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     """What :meth:`ConfluentRangeSource.resolve` asks of the broker, in one command."""
@@ -220,7 +194,7 @@ class ConfluentPlannedRead:
         if not offsets:
             return
         meta = metadata or {}
-        tps = [_offset(t, p, off, meta.get((t, p), "")) for (t, p), off in offsets.items()]
+        tps = [commit_point(t, p, off, meta.get((t, p), "")) for (t, p), off in offsets.items()]
 
         def commit(consumer: Consumer) -> None:
             for tp in consumer.commit(offsets=tps, asynchronous=False):

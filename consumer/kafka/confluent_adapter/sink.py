@@ -539,6 +539,8 @@ class ConfluentSink:
                     waiting.release()
                 continue
             topic = record.topic or self._default_topic
+            if err.fatal() and self.fatal_error is None:  # before error_cb may say so
+                self.fatal_error = err
             failure = delivery_error(err, topic)
             if failure is None and (self._transactional or self._closed):
                 failure = SinkClosedError(f"not acknowledged: {err.str()}")

@@ -73,6 +73,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.config import ConsumerGroupSettings, GroupProtocol, KafkaClientSettings
 from consumer.kafka.confluent_adapter.client_config import client_config
+from consumer.kafka.confluent_adapter.commit_points import commit_point
 from consumer.kafka.confluent_adapter.errors import layer_error
 from consumer.kafka.confluent_adapter.logs import (
     RepeatLimiter,
@@ -213,6 +214,7 @@ class ConfluentSource:
         self._handler = handler
         self._instance_id = group.group_instance_id
         self._leave_on_stop = group.leave_group_on_shutdown
+        self._start_at_earliest = group.auto_offset_reset == "earliest"
         self._topics = tuple(topics)
         self._max_poll_records = max_poll_records
         self._cooperative = group_protocol == "consumer"
@@ -453,9 +455,7 @@ class ConfluentSource:
         if not offsets:
             return
         meta = metadata or {}
-        targets = [
-            KafkaTP(t, p, off, metadata=meta.get((t, p), "")) for (t, p), off in offsets.items()
-        ]
+        targets = [commit_point(t, p, off, meta.get((t, p), "")) for (t, p), off in offsets.items()]
         context = f"commit of {dict(offsets)} failed"
         await self._call(
             lambda: self._commit_now(targets, context), CommitError(f"{context}: closed")
@@ -812,7 +812,17 @@ class ConfluentSource:
         if tp in self._sought:
             return self._sought[tp]
         [at] = self._consumer.position([KafkaTP(*tp)])
-        return int(at.offset) if at.offset >= 0 else None
+        if at.offset >= 0:
+            return int(at.offset)
+        # Nothing fetched yet (an idle partition): where the first fetch will start, as
+        # aiokafka's position() answers — the committed offset, else the reset policy's end.
+        [committed] = self._consumer.committed([KafkaTP(*tp)], timeout=REQUEST_TIMEOUT_S)
+        if committed.offset >= 0:
+            return int(committed.offset)
+        low, high = self._consumer.get_watermark_offsets(
+            KafkaTP(*tp), timeout=REQUEST_TIMEOUT_S, cached=False
+        )
+        return int(low if self._start_at_earliest else high)
 
     def _membership_now(self) -> Membership:
         assert self._consumer is not None

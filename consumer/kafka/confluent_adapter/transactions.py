@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -65,6 +66,12 @@ _FENCED_CODES: Final = frozenset(
         KafkaError.INVALID_PRODUCER_EPOCH,
         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
+)
+
+# confluent-kafka's Producer.close() aborts an open transaction and warns when that fails;
+# a closing partition's transaction was aborted (or found fenced) here first.
+warnings.filterwarnings(
+    "ignore", message="Producer abort_transaction failed during close", category=RuntimeWarning
 )
 
 GroupMetadata = Callable[[], Awaitable[object]]
@@ -285,7 +292,10 @@ class ConfluentTransactionalSink:
         }
         reasons = {}
         for tp, sink in failed.items():
-            reason = failure_reason(SinkClosedError(), sink.fatal_error)
+            fatal = sink.fatal_error
+            if fatal is None:  # a send without a verdict: the abort says whether it was fenced
+                fatal = await self._abort_error(sink)
+            reason = failure_reason(SinkClosedError(), fatal)
             reasons[tp] = FENCED if reason == FENCED else "aborted"
             log.warning(
                 "the transactional producer of %s failed (%s): closed",
@@ -294,6 +304,20 @@ class ConfluentTransactionalSink:
             )
         await asyncio.gather(*(self.close(tp) for tp in failed))
         return reasons
+
+    @staticmethod
+    async def _abort_error(sink: ConfluentSink) -> KafkaError | None:
+        """Abort ``sink``'s open transaction; librdkafka's error when it refused (a fenced
+        producer's abort fails with its fatal error), else None."""
+        try:
+            await asyncio.wait_for(
+                blocking(sink.producer.abort_transaction, CLOSE_TIMEOUT_S), CLOSE_TIMEOUT_S + 1
+            )
+        except KafkaException as err:
+            return kafka_error(err)
+        except TimeoutError:
+            return None
+        return None
 
     async def _metadata(self) -> object:
         if self.group_metadata is not None:
