@@ -21,7 +21,13 @@ from consumer.kafka.confluent_adapter import sink as confluent_sink
 from consumer.kafka.confluent_adapter import transactions
 from consumer.kafka.confluent_adapter.sink import ConfluentSink
 from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
-from consumer.kafka.errors import FENCED, KafkaUnavailableError, SinkClosedError, TransactionError
+from consumer.kafka.errors import (
+    FENCED,
+    KafkaSecurityError,
+    KafkaUnavailableError,
+    SinkClosedError,
+    TransactionError,
+)
 from schemas.records import OutRecord
 
 
@@ -361,3 +367,26 @@ async def test_close_failed_tells_a_fenced_producer_by_its_abort(
     sink._tainted.add(TP)
     fake_txn[0].fail["abort"] = KafkaError(KafkaError._FENCED, fatal=True)
     assert await sink.close_failed([TP]) == {TP: FENCED}
+
+
+def test_a_refused_login_reads_as_on_aiokafka(fake: list[FakeProducer]) -> None:
+    """The sink's start-up error for a TLS/SASL refusal is worded as start_client words
+    aiokafka's (``the broker at host:port refused the client: <cause>``), an ACL denial as
+    map_kafka_errors does; anything else is KafkaUnavailableError with librdkafka's text."""
+    sink = make()
+    sink.last_error = KafkaError(
+        KafkaError._AUTHENTICATION,
+        "sasl_ssl://b1:9093/bootstrap: SASL authentication error: invalid credentials",
+    )
+    err = sink.unavailable("the reply producer cannot connect", KafkaException("x"))
+    assert type(err) is KafkaSecurityError
+    assert str(err) == (
+        "the broker at b1:9093 refused the client: SASL login refused: "
+        "SASL authentication error: invalid credentials"
+    )
+    sink.last_error = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: denied")
+    err = sink.unavailable("the reply producer cannot connect", KafkaException("x"))
+    assert str(err).startswith("the reply producer cannot connect: the broker denies it: TOPIC_")
+    sink.last_error = KafkaError(KafkaError._TRANSPORT, "b1:9093/bootstrap: Connection refused")
+    err = sink.unavailable("the reply producer cannot connect", KafkaException("x"))
+    assert type(err) is KafkaUnavailableError
