@@ -332,7 +332,7 @@ class ServeSettings(  # fields in --help: the last base's first, the class's own
                 raise ValueError(f"{name}=None: kbatch serve needs one")
         if self.group_protocol == "consumer" and self.kafka_client != "confluent":
             raise ValueError(
-                "group_protocol=consumer needs kafka_client=confluent (aiokafka speaks the "
+                "--group-protocol consumer needs --kafka-client confluent (aiokafka speaks the "
                 "classic protocol only)"
             )
         if self.allowed_reply_topics is not None:

@@ -17,8 +17,12 @@ from consumer.kafka.config import KafkaClientSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-SECURITY_FIELDS: frozenset[str] = frozenset(KafkaClientSettings.model_fields) - {"bootstrap"}
-"""The security fields (``bootstrap`` comes with the topic options)."""
+SECURITY_FIELDS: frozenset[str] = frozenset(KafkaClientSettings.model_fields) - {
+    "bootstrap",
+    "kafka_client",
+}
+"""The security fields (``bootstrap`` comes with the topic options; the client tools run on
+aiokafka, the light install's client, so ``kafka_client`` is not theirs)."""
 
 
 class ClientCommandSettings(KafkaClientSettings, SettingsBase):
@@ -30,7 +34,9 @@ class ClientCommandSettings(KafkaClientSettings, SettingsBase):
 def security_options(func: F) -> F:
     """Add one flag per non-secret security field; the callback gets them as keyword arguments
     (pass them to :func:`client_settings`)."""
-    options = settings_options(ClientCommandSettings, exclude=frozenset({"bootstrap"}))
+    options = settings_options(
+        ClientCommandSettings, exclude=frozenset({"bootstrap", "kafka_client"})
+    )
     params: list[click.Parameter] = getattr(func, "__click_params__", [])
     params.extend(reversed(options))  # click reverses decorator-added parameters
     func.__click_params__ = params  # type: ignore[attr-defined]

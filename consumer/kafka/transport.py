@@ -23,12 +23,14 @@ offsets are ints, "the next offset to read"; a record read is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
 from consumer.kafka.config import GroupProtocol as GroupProtocol  # the seam's names, defined
 from consumer.kafka.config import KafkaClientName as KafkaClientName  # with what they type
+from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.ranges import PartitionRange, RangeBound
 from consumer.kafka.records import InRecord, Membership, TopicPartition
 from consumer.kafka.records import RebalanceHandler as RebalanceHandler
@@ -292,6 +294,24 @@ class GroupRangeReader(Protocol):
         """Whether the group's committed offset of every partition is at its range's end."""
 
 
+@contextlib.contextmanager
+def needs_confluent() -> Iterator[None]:
+    """Import the confluent adapter inside: without confluent-kafka installed (the light
+    client install), one clear error instead of an import traceback.
+
+    Raises:
+        KafkaUnavailableError: confluent-kafka is not installed.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as err:
+        if err.name != "confluent_kafka":
+            raise
+        raise KafkaUnavailableError(
+            "--kafka-client confluent needs confluent-kafka: pip install 'kbatch[serve]'"
+        ) from None
+
+
 def group_source(
     client: KafkaClientSettings,
     group: ConsumerGroupSettings,
@@ -309,7 +329,8 @@ def group_source(
         ValueError: ``group_protocol="consumer"`` on aiokafka.
     """
     if client.kafka_client == "confluent":
-        from consumer.kafka.confluent_adapter.source import ConfluentSource
+        with needs_confluent():
+            from consumer.kafka.confluent_adapter.source import ConfluentSource
 
         return ConfluentSource(
             client,
@@ -336,7 +357,8 @@ def reply_sink(
     (:class:`consumer.kafka.sink.KafkaSink` or
     :class:`consumer.kafka.confluent_adapter.sink.ConfluentSink`)."""
     if client.kafka_client == "confluent":
-        from consumer.kafka.confluent_adapter.sink import ConfluentSink
+        with needs_confluent():
+            from consumer.kafka.confluent_adapter.sink import ConfluentSink
 
         return ConfluentSink(client, settings, default_topic=default_topic)
     from consumer.kafka.sink import KafkaSink
@@ -356,7 +378,8 @@ def transactional_sink(
     (:class:`consumer.kafka.transactions.TransactionalSink` or
     :class:`consumer.kafka.confluent_adapter.transactions.ConfluentTransactionalSink`)."""
     if client.kafka_client == "confluent":
-        from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
+        with needs_confluent():
+            from consumer.kafka.confluent_adapter.transactions import ConfluentTransactionalSink
 
         return ConfluentTransactionalSink(
             client, settings, default_topic=default_topic, group_id=group_id, id_prefix=id_prefix
@@ -388,7 +411,8 @@ def range_reader(client: KafkaClientSettings, *, topic: str, group_id: str) -> R
     (:class:`consumer.kafka.range_source.RangeSource` or
     :class:`consumer.kafka.confluent_adapter.range_source.ConfluentRangeSource`)."""
     if client.kafka_client == "confluent":
-        from consumer.kafka.confluent_adapter.range_source import ConfluentRangeSource
+        with needs_confluent():
+            from consumer.kafka.confluent_adapter.range_source import ConfluentRangeSource
 
         return ConfluentRangeSource(client=client, topic=topic, group_id=group_id)
     from consumer.kafka.range_source import RangeSource
@@ -410,7 +434,8 @@ def group_range_reader(
     (:class:`consumer.kafka.group_range.GroupRangeSource` or
     :class:`consumer.kafka.confluent_adapter.group_range.ConfluentGroupRangeSource`)."""
     if client.kafka_client == "confluent":
-        from consumer.kafka.confluent_adapter.group_range import ConfluentGroupRangeSource
+        with needs_confluent():
+            from consumer.kafka.confluent_adapter.group_range import ConfluentGroupRangeSource
 
         return ConfluentGroupRangeSource(
             client=client,

@@ -10,12 +10,14 @@ from pydantic import ValidationError
 from consumer.backfill.config import BackfillSettings
 from consumer.config import ServeSettings, load_settings
 from consumer.kafka.config import ConsumerGroupSettings, KafkaClientSettings, SinkSettings
+from consumer.kafka.errors import KafkaUnavailableError
 from consumer.kafka.sink import KafkaSink
 from consumer.kafka.source import KafkaSource
 from consumer.kafka.transactions import TransactionalSink
 from consumer.kafka.transport import (
     client_description,
     group_source,
+    needs_confluent,
     reply_sink,
     transactional_sink,
 )
@@ -45,7 +47,9 @@ def test_the_client_comes_from_the_environment_for_serve_and_backfill(
 
 
 def test_the_consumer_protocol_on_aiokafka_is_refused_with_one_reason() -> None:
-    with pytest.raises(ValidationError, match="group_protocol=consumer needs kafka_client"):
+    with pytest.raises(
+        ValidationError, match="--group-protocol consumer needs --kafka-client confluent"
+    ):
         ServeSettings(group_protocol="consumer")
     assert ServeSettings(group_protocol="consumer", kafka_client="confluent").group_protocol == (
         "consumer"
@@ -84,3 +88,11 @@ def test_the_start_up_line_names_the_client_and_its_version() -> None:
     assert client_description("aiokafka").startswith("aiokafka 0.")
     assert client_description("confluent").startswith("confluent-kafka 2.16.")
     assert "(librdkafka 2." in client_description("confluent")
+
+
+def test_without_confluent_kafka_installed_the_choice_is_one_clear_error() -> None:
+    missing = pytest.raises(KafkaUnavailableError, match=r"pip install 'kbatch\[serve\]'")
+    with missing, needs_confluent():
+        raise ModuleNotFoundError("No module named 'confluent_kafka'", name="confluent_kafka")
+    with pytest.raises(ModuleNotFoundError), needs_confluent():  # another module: not this one
+        raise ModuleNotFoundError("No module named 'x'", name="x")
