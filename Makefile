@@ -12,7 +12,7 @@ LOCK_FLAGS ?=
 # promtool (Debian package prometheus) and kcat: the alert-rule and docs tests run them.
 DEB_TOOLS := promtool:prometheus kcat:kcat
 
-.PHONY: setup lock tools broker test chaos lint typecheck unit integration demo bench docs clean
+.PHONY: setup lock tools broker test test-confluent chaos lint typecheck unit integration demo bench docs clean
 
 # Exactly the locked versions, then the project itself without resolving anything again.
 $(VENV)/.installed: $(LOCK) pyproject.toml
@@ -55,17 +55,23 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-# The integration tests of Kafka semantics (delivery, rebalances, exactly-once, commit
-# metadata, backfill, faults) once more on confluent-kafka: every kbatch process a test starts
-# inherits KBATCH_KAFKA_CLIENT. The adapters' own contract suites (tests/integration/
-# test_confluent_*.py) run both clients in the first pass.
+# The integration tests of Kafka semantics (delivery, exactly-once, commit metadata, static
+# membership, rebalances and faults) once more on confluent-kafka: every kbatch process a test
+# starts inherits KBATCH_KAFKA_CLIENT. The adapters' own contract suites (tests/integration/
+# test_confluent_*.py) run both clients in the first pass. `make test-confluent` runs every
+# integration test on confluent-kafka (~25 minutes).
 CONFLUENT_TESTS := tests/integration/test_serve_contract.py tests/integration/test_exactly_once.py \
 	tests/integration/test_no_replay.py tests/integration/test_static_membership.py \
-	tests/integration/test_backfill.py tests/integration/test_serve_faults.py
+	tests/integration/test_serve_faults.py
+CONFLUENT_FAULTS := rebalance_under_load or two_members or sigkill or broker_restart or burst
 
 test: setup tools broker lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider
-	KBATCH_KAFKA_CLIENT=confluent $(VENV)/bin/pytest -q -p no:cacheprovider $(CONFLUENT_TESTS)
+	KBATCH_KAFKA_CLIENT=confluent $(VENV)/bin/pytest -q -p no:cacheprovider $(CONFLUENT_TESTS) \
+		-k "not test_serve_faults or $(CONFLUENT_FAULTS)"
+
+test-confluent: setup tools broker
+	KBATCH_KAFKA_CLIENT=confluent $(VENV)/bin/pytest -q -p no:cacheprovider tests/integration
 
 # The long cluster fault scenarios (docs/CLUSTER.md): a three-node cluster of their own,
 # ~10 minutes on two cores.
