@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import TopicFactory, unique_group
 from tests.integration.harness import (
+    KAFKA_CLIENT,
     committed_offsets,
     kill,
     poll_until,
@@ -175,6 +176,67 @@ async def test_a_member_joining_mid_stream_hands_over_and_each_key_is_committed_
         f"\nexactly-once join: {produced} requests, {sum(counts.values())} committed replies; "
         f"first member: {handover}"
     )
+    assert set(counts) == {f"r-{i}".encode() for i in range(produced)}
+    assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c != 1][:5]
+
+
+@pytest.mark.skipif(
+    KAFKA_CLIENT != "confluent", reason="the consumer group protocol (KIP-848) is confluent-kafka's"
+)
+async def test_under_the_consumer_protocol_a_member_joining_and_leaving_moves_only_its_share(
+    tmp_path: Path, kafka_bootstrap: str, new_topic: TopicFactory, tiny_embed_dir: Path
+) -> None:
+    """``--group-protocol consumer`` (KIP-848) with ``--exactly-once`` while ~200 requests/s
+    flow: a second member joins, then leaves. The first member's revokes name only the
+    partitions the second took (its others never stop), those come back when it leaves, and a
+    ``read_committed`` reader sees every key once."""
+    req, rep, dlq = await new_topic("req", 4), await new_topic("rep"), await new_topic("dlq")
+    group = unique_group("eos-848")
+    topics = (req, rep, dlq)
+    extra = [*EOS, "--group-protocol", "consumer"]
+    first = start(tmp_path, kafka_bootstrap, topics, group, str(tiny_embed_dir), extra=extra)
+    second = None
+    produced = 0
+    done = asyncio.Event()
+
+    async def feed() -> None:
+        nonlocal produced
+        while not done.is_set():
+            chunk = [request(f"r-{produced + i}", f"text {i} " * (1 + i % 20)) for i in range(100)]
+            await produce(kafka_bootstrap, req, chunk)
+            produced += len(chunk)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.5)
+
+    def revoked_lines() -> list[str]:
+        log = first.log_path.read_text(errors="replace").splitlines()
+        return [line for line in log if "consumer.serve.rebalance: revoked" in line]
+
+    try:
+        first.wait_ready()
+        feeding = asyncio.create_task(feed())
+        second = start(
+            tmp_path, kafka_bootstrap, topics, group, str(tiny_embed_dir), name="b", extra=extra
+        )
+        await asyncio.to_thread(second.wait_ready)
+        await asyncio.to_thread(poll_until, lambda: bool(revoked_lines()), 60, "a revoke")
+        second.stop()  # leaves: its partitions come back to the first member
+        await asyncio.sleep(2)  # the load runs on after the second one left
+        done.set()
+        await feeding
+        await wait_committed(kafka_bootstrap, group, req, produced, 240, partitions=4)
+        assert first.proc is not None and first.proc.poll() is None, first.log_tail()
+    finally:
+        done.set()
+        first.stop()
+        if second is not None:
+            second.stop()
+    revokes = revoked_lines()
+    print(f"\nKIP-848 join and leave: {produced} requests; first member: {revokes}")
+    assert len(revokes) == 1, revokes  # once, when the second member joined
+    moved = revokes[0].split("revoked ")[1].split(" in ")[0]
+    assert 0 < moved.count("(") < 4, moved  # a share, never the whole assignment
+    counts = Counter(r.key for r in await read_committed(kafka_bootstrap, rep, 1))
     assert set(counts) == {f"r-{i}".encode() for i in range(produced)}
     assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c != 1][:5]
 
