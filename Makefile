@@ -55,15 +55,14 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-# The integration tests of Kafka semantics (delivery, exactly-once, commit metadata, static
-# membership, rebalances and faults) once more on confluent-kafka: every kbatch process a test
-# starts inherits KBATCH_KAFKA_CLIENT. The adapters' own contract suites (tests/integration/
-# test_confluent_*.py) run both clients in the first pass. `make test-confluent` runs every
-# integration test on confluent-kafka (~25 minutes).
-CONFLUENT_TESTS := tests/integration/test_serve_contract.py tests/integration/test_exactly_once.py \
-	tests/integration/test_no_replay.py tests/integration/test_static_membership.py \
-	tests/integration/test_serve_faults.py
-CONFLUENT_FAULTS := rebalance_under_load or two_members or sigkill or broker_restart or burst
+# The integration tests of Kafka semantics (exactly-once with fencing and the consumer group
+# protocol, commit metadata, static membership, kill -9, bursts and a member leaving) once more
+# on confluent-kafka: every kbatch process a test starts inherits KBATCH_KAFKA_CLIENT. The
+# adapters' own contract suites (tests/integration/test_confluent_*.py) run both clients in the
+# first pass. `make test-confluent` runs every integration test on confluent-kafka (~25 min).
+CONFLUENT_TESTS := tests/integration/test_exactly_once.py tests/integration/test_no_replay.py \
+	tests/integration/test_static_membership.py tests/integration/test_serve_faults.py
+CONFLUENT_FAULTS := two_members or sigkill or burst
 
 test: setup tools broker lint typecheck
 	$(VENV)/bin/pytest -q -p no:cacheprovider
