@@ -44,6 +44,7 @@ aiokafka's own ``retriable`` flag before settling on :class:`DeliveryError` or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 __all__ = [
@@ -150,6 +151,22 @@ class TransactionError(KafkaLayerError):
         super().__init__(message)
         self.committed = committed or {}
         self.failed = failed or {}
+
+    @classmethod
+    def not_committed(
+        cls,
+        errors: Mapping[tuple[str, int], BaseException],
+        committed: dict[tuple[str, int], int],
+        reasons: dict[tuple[str, int], str],
+    ) -> TransactionError:
+        """The error of one commit call whose partitions in ``errors`` failed (each with its
+        client's error, named in the message); ``committed`` the others."""
+        return cls(
+            f"transaction of {sorted(errors)} not committed: "
+            + "; ".join(f"{tp}: {err!r}" for tp, err in errors.items()),
+            committed,
+            reasons,
+        )
 
     @property
     def recoverable(self) -> bool:

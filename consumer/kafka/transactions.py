@@ -261,12 +261,7 @@ class TransactionalSink:
         if failed:
             reasons = {tp: failure_reason(r, sinks[tp].producer) for tp, r in failed.items()}
             await asyncio.gather(*(self._close_if_open(tp, sinks[tp]) for tp in failed))
-            raise TransactionError(
-                f"transaction of {sorted(failed)} not committed: "
-                + "; ".join(f"{tp}: {r!r}" for tp, r in failed.items()),
-                committed,
-                reasons,
-            )
+            raise TransactionError.not_committed(failed, committed, reasons)
         return committed
 
     async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:

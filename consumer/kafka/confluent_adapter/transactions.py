@@ -253,27 +253,27 @@ class ConfluentTransactionalSink:
             TransactionError: a partition's transaction was not committed; that partition is
                 closed, the others are committed (``err.committed``).
         """
-        targets = [tp for tp in offsets if tp in self._sinks]
-        if not targets:
+        # The sinks as the call found them: a revoke may close a partition meanwhile.
+        sinks = {tp: self._sinks[tp] for tp in offsets if tp in self._sinks}
+        if not sinks:
             return {}
         group = await self._metadata()
         results = await asyncio.gather(
-            *(self._commit_one(tp, offsets[tp], metadata.get(tp, ""), group) for tp in targets),
+            *(
+                self._commit_one(tp, sink, offsets[tp], metadata.get(tp, ""), group)
+                for tp, sink in sinks.items()
+            ),
             return_exceptions=True,
         )
-        committed = {tp: offsets[tp] for tp, r in zip(targets, results, strict=True) if r is None}
-        failed = {tp: r for tp, r in zip(targets, results, strict=True) if r is not None}
+        outcome = dict(zip(sinks, results, strict=True))
+        committed = {tp: offsets[tp] for tp, r in outcome.items() if r is None}
+        failed = {tp: r for tp, r in outcome.items() if r is not None}
         if failed:
-            reasons = {
-                tp: failure_reason(r, self._sinks[tp].fatal_error) for tp, r in failed.items()
-            }
-            await asyncio.gather(*(self.close(tp) for tp in failed))
-            raise TransactionError(
-                f"transaction of {sorted(failed)} not committed: "
-                + "; ".join(f"{tp}: {r!r}" for tp, r in failed.items()),
-                committed,
-                reasons,
+            reasons = {tp: failure_reason(r, sinks[tp].fatal_error) for tp, r in failed.items()}
+            await asyncio.gather(
+                *(self.close(tp) for tp in failed if self._sinks.get(tp) is sinks[tp])
             )
+            raise TransactionError.not_committed(failed, committed, reasons)
         return committed
 
     async def close_failed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, str]:
@@ -339,7 +339,7 @@ class ConfluentTransactionalSink:
             self._tainted.add(tp)
 
     async def _commit_one(
-        self, tp: TopicPartition, offset: int, metadata: str, group: object
+        self, tp: TopicPartition, sink: ConfluentSink, offset: int, metadata: str, group: object
     ) -> None:
         """Commit ``tp``'s transaction within the send deadline (twice over: the offsets, then
         the commit, which first flushes the transaction's records).
@@ -351,7 +351,7 @@ class ConfluentTransactionalSink:
         """
         if tp in self._tainted:
             raise SinkClosedError(f"a send of {tp}'s transaction was not acknowledged")
-        producer = self._sinks[tp].producer
+        producer = sink.producer
         timeout_s = self._timeout_s
         position = KafkaTP(tp[0], tp[1], offset, metadata=metadata)
         await asyncio.wait_for(
