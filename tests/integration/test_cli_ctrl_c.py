@@ -82,7 +82,8 @@ def test_c_load_interrupted_prints_the_report_of_what_it_sent(
              "--corpus", str(corpus), "--no-progress", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        poll_until(lambda: consumed(server) >= 10, 90, "10 load requests consumed")
+        # The probe request and then 10 of the run's (the probe is not in the report's "sent").
+        poll_until(lambda: consumed(server) >= 11, 90, "the probe and 10 load requests consumed")
         load.send_signal(signal.SIGINT)
         out, err = load.communicate(timeout=60)
     finally:
