@@ -303,6 +303,27 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+JSON_WITHOUT_HEADER_HINT = (
+    "it reads as JSON: send it with the header content-type: application/json "
+    "(msgpack is the default)"
+)
+"""Appended to a msgpack error whose value is a JSON object or array."""
+
+
+def _reads_as_json(data: bytes) -> bool:
+    """True when ``data`` is a JSON object or array (what a JSON client sends without the
+    ``content-type`` header). A msgpack value never parses so: ``{`` and ``[`` are a msgpack
+    positive fixint and JSON requires the rest of the bytes to close them."""
+    head = data.lstrip()[:1]
+    if head not in (b"{", b"["):
+        return False
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return False
+    return True
+
+
 def _load(value: bytes, encoding: Encoding, *, what: str, max_bytes: int, max_items: int) -> object:
     """Parse ``value`` into plain Python objects under every limit; see the module docstring."""
     data = bytes(value)
@@ -311,7 +332,12 @@ def _load(value: bytes, encoding: Encoding, *, what: str, max_bytes: int, max_it
     if not data:
         _fail(what, "is empty")
     if encoding is Encoding.MSGPACK:
-        _scan_msgpack(data, what=what, max_depth=MAX_DEPTH, max_items=max_items)
+        try:
+            _scan_msgpack(data, what=what, max_depth=MAX_DEPTH, max_items=max_items)
+        except DecodeError as exc:
+            if _reads_as_json(data):  # the commonest cause: a JSON value sent without the header
+                raise DecodeError(exc.code, f"{exc.message}; {JSON_WITHOUT_HEADER_HINT}") from None
+            raise
         try:
             return msgpack.unpackb(
                 data,

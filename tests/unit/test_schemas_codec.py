@@ -505,6 +505,25 @@ def test_malformed_msgpack_is_rejected(value: bytes) -> None:
     rejects(value)
 
 
+@pytest.mark.parametrize(
+    "value", [b'{"v": 1, "text": "hi"}', b'  [{"text": "hi"}]'], ids=["object", "array"]
+)
+def test_json_sent_without_content_type_says_which_header_is_missing(value: bytes) -> None:
+    """The value is JSON; without the header it is read as msgpack (the default)."""
+    with pytest.raises(DecodeError) as info:
+        decode_request(value)
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    assert "not valid msgpack" in info.value.message
+    assert "content-type: application/json" in info.value.message
+
+
+@pytest.mark.parametrize("value", [b"hello", b"{not json", b"[" * 20_000])
+def test_a_msgpack_error_that_is_not_json_gets_no_json_hint(value: bytes) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_request(value)
+    assert "content-type" not in info.value.message
+
+
 def test_msgpack_malformed_timestamp_ext_is_rejected() -> None:
     # ext type -1 (timestamp) with a 3-byte payload is not a valid timestamp.
     rejects(b"\x82\xa4text\xa1x\xa4meta\x81\xa1t\xc7\x03\xff\x00\x00\x00")
