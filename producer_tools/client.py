@@ -405,9 +405,10 @@ class RequestReplyClient:
                 if isinstance(exc, KafkaUnavailableError)  # a refused login names its cause
                 else repr(exc)
             )
+            within = f" within {self._start_timeout_s:g} s" if isinstance(exc, TimeoutError) else ""
             raise ClientError(
                 f"cannot start the client on {self.bootstrap} (reply topic "
-                f"{self.reply_topic!r}) within {self._start_timeout_s:g} s: {reason}"
+                f"{self.reply_topic!r}){within}: {reason}"
             ) from exc
         except BaseException:
             await self.close()

@@ -53,3 +53,14 @@ def test_a_timeout_names_the_allow_list_only_for_a_reply_topic_serve_may_refuse(
     assert "--allowed-reply-topics" not in str(default)
     assert "is a kbatch serve consuming that topic?" in str(default)
     assert "does it allow replies to 'my.replies' (--allowed-reply-topics" in str(own)
+
+
+def test_a_refused_connection_is_not_reported_as_a_timeout() -> None:
+    """No broker listens on port 1: the refusal comes at once, and the line says what happened
+    instead of "within 30 s"."""
+    result = CliRunner().invoke(request_command, ["t", "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 1
+    assert "cannot start the client on 127.0.0.1:1" in result.output
+    assert "Connect call failed" in result.output
+    assert "within" not in result.output
+    assert "Traceback" not in result.output
