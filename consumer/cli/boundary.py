@@ -7,7 +7,9 @@
   ...): ``Error: <message>``, exit 1;
 - anything else (a fault of kbatch or of a library under it): ``Error: unexpected <Type>:
   <message> (KBATCH_DEBUG=1 prints the traceback)``, exit 1;
-- Ctrl-C (SIGINT) that reaches here: ``interrupted``, exit 130 (128 + SIGINT, as shells do).
+- Ctrl-C (SIGINT) that reaches here: ``interrupted``, exit 130 (128 + SIGINT, as shells do);
+- SIGTERM before a command that asked for it (:func:`terminate_on_sigterm`) installs its own
+  stop, e.g. during ``serve``'s model load: ``terminated (SIGTERM) <when>``, exit 143.
 
 With ``KBATCH_DEBUG=1`` the last two also print the traceback (the exception propagates).
 Commands that handle their own Ctrl-C (``serve``'s drain, ``load``'s partial report) never
@@ -17,6 +19,7 @@ let it reach here.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -24,7 +27,16 @@ from typing import Any, NoReturn
 import click
 from rich_click import RichGroup
 
-__all__ = ["DEBUG_ENV", "EXIT_FAILURE", "EXIT_INTERRUPTED", "BoundaryGroup", "run_cli"]
+__all__ = [
+    "DEBUG_ENV",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "BoundaryGroup",
+    "Terminated",
+    "run_cli",
+    "terminate_on_sigterm",
+]
 
 DEBUG_ENV = "KBATCH_DEBUG"
 """Environment variable: ``1`` lets an unexpected exception print its traceback."""
@@ -32,6 +44,30 @@ DEBUG_ENV = "KBATCH_DEBUG"
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C: 128 + SIGINT (2), what a shell reports for a process it ended."""
+EXIT_TERMINATED = 143
+"""Exit status after an early SIGTERM: 128 + SIGTERM (15), as a process ended by it reports."""
+
+
+class Terminated(BaseException):  # like KeyboardInterrupt: a signal, not a fault
+    """SIGTERM arrived while :func:`terminate_on_sigterm`'s handler was installed; ``when``
+    says what the command was doing (printed after ``terminated (SIGTERM)``)."""
+
+    def __init__(self, when: str) -> None:
+        super().__init__(when)
+        self.when = when
+
+
+def terminate_on_sigterm(when: str) -> None:
+    """Until the command installs its own handler (e.g. :func:`consumer.lifecycle.
+    stop_on_signals`), SIGTERM raises :class:`Terminated` in the main thread, so that
+    ``finally`` blocks and context managers close what is open and the exit is one line
+    instead of a silent 143. Call it from the main thread."""
+
+    def raise_terminated(_signum: int, _frame: object) -> None:
+        raise Terminated(when)
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+
 
 _OWN_PACKAGES = frozenset({"consumer", "producer_tools", "schemas"})
 
@@ -71,6 +107,9 @@ def run_cli(command: click.Command, args: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return EXIT_INTERRUPTED
+    except Terminated as err:
+        click.echo(f"terminated (SIGTERM) {err.when}", err=True)
+        return EXIT_TERMINATED
     except Exception as err:
         if debugging():
             raise

@@ -13,6 +13,7 @@ import click
 from rich_click import RichCommand
 
 from consumer.batching.config import BatchPolicyConfig
+from consumer.cli.boundary import terminate_on_sigterm
 from consumer.cli.checks import check_startup
 from consumer.cli.extras import require_serve_extra
 from consumer.cli.options import config_param, settings_from_flags, settings_options
@@ -20,6 +21,8 @@ from consumer.config import ServeSettings, project
 
 
 def _serve(config: Path | None, **flags: Any) -> None:
+    # Until the drain's handlers are installed (after the model loads); nothing is consumed yet.
+    terminate_on_sigterm("during start-up: nothing was consumed")
     settings = settings_from_flags(ServeSettings, config, flags)
     require_serve_extra()  # before the model layer's imports (a client install has none)
     check_startup(settings, project(BatchPolicyConfig, settings))  # before anything starts
