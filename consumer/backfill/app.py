@@ -5,10 +5,10 @@ Start, each part entered on an exit stack (:class:`consumer.lifecycle.Lifecycle`
 and commits, then the sink, the engine and the source close in reverse, all within one shutdown
 deadline of ``drain_timeout_s``.
 
-Exit codes: :data:`EXIT_COMPLETE` (0) only when every partition reached its end;
-:data:`EXIT_STOPPED` (3) when a signal stopped the job first (progress committed: rerun the same
-command to continue); :data:`EXIT_INCOMPLETE` (1) otherwise (an undeliverable dead letter, a
-failed final commit, a broker error).
+Exit codes: :data:`EXIT_COMPLETE` (0) only when every partition reached its end and not every
+record read was dead-lettered; :data:`EXIT_STOPPED` (3) when a signal stopped the job first
+(progress committed: rerun the same command to continue); :data:`EXIT_INCOMPLETE` (1) otherwise
+(an undeliverable dead letter, a failed final commit, a broker error, nothing scored).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from consumer.backfill.config import BackfillSettings
 from consumer.backfill.job import BackfillJob
 from consumer.backfill.progress import LogProgress, ProgressSink, RichProgress, render_summary
+from consumer.backfill.summary import BackfillSummary
 from consumer.batching.engine import Engine
 from consumer.batching.stats import EngineStats
 from consumer.config import project
@@ -130,9 +131,26 @@ async def run_backfill(settings: BackfillSettings, *, json_summary: bool = False
     if json_summary:
         sys.stdout.write(json.dumps(summary.to_json()) + "\n")
         sys.stdout.flush()
-    if summary.complete:
-        return EXIT_COMPLETE
-    return EXIT_STOPPED if summary.stopped else EXIT_INCOMPLETE
+    return exit_code(summary, settings.dead_letter_topic)
+
+
+def exit_code(summary: BackfillSummary, dlq_topic: str) -> int:
+    """The exit code of a run that ended with ``summary`` (module docstring). A run that read
+    records and dead-lettered every one of them scored nothing: :data:`EXIT_INCOMPLETE`, with
+    one ERROR line (the commonest cause: settings that do not fit the topic, e.g. a topic of
+    msgpack or JSON maps read without ``--text-field``)."""
+    if summary.stopped and not summary.complete:
+        return EXIT_STOPPED
+    if summary.dead_lettered and not (summary.ok or summary.error_replies):
+        log.error(
+            "every record read was dead-lettered (%d to %s), none scored: their "
+            "kbatch.error.message header says why (a topic of JSON or msgpack maps needs "
+            "--text-field)",
+            summary.dead_lettered,
+            dlq_topic,
+        )
+        return EXIT_INCOMPLETE
+    return EXIT_COMPLETE if summary.complete else EXIT_INCOMPLETE
 
 
 async def refuse_live_group(client: KafkaClientSettings, group_id: str) -> None:

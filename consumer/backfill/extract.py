@@ -111,7 +111,8 @@ def extract_text(
         try:
             text = value.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise ExtractError(f"the value is not UTF-8 text (byte {err.start})") from None
+            hint = _text_field_hint(value)
+            raise ExtractError(f"the value is not UTF-8 text (byte {err.start}){hint}") from None
         return Extracted(_checked(text, "the value", max_text_bytes), Encoding.MSGPACK)
     encoding = _encoding(value, headers, value_format)
     document = _decode(value, encoding)
@@ -225,6 +226,23 @@ def _encoding(
             pass  # an application's own media type: look at the bytes
     first = value.lstrip(_WHITESPACE)[:1]
     return Encoding.JSON if first and first[0] in _JSON_START else Encoding.MSGPACK
+
+
+def _text_field_hint(value: bytes) -> str:
+    """For a value that is not text: when it is a msgpack map, what ``--text-field`` would
+    read (its first keys); else "". A serve request topic holds such values."""
+    try:
+        document = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types for bad input
+        return ""
+    if not isinstance(document, dict) or not document:
+        return ""
+    keys = [k for k in document if isinstance(k, str) and len(k) <= 40][:8]  # names, not data
+    if not keys:
+        return ""
+    example = next((k for k in keys if isinstance(document[k], str)), None)
+    named = f", e.g. --text-field {example}" if example is not None else ""
+    return f"; it is a msgpack map (keys {', '.join(keys)}): --text-field names the text{named}"
 
 
 def _decode(value: bytes, encoding: Encoding) -> Any:

@@ -115,7 +115,8 @@ backfill_command = RichGroup(
     "KBATCH_BACKFILL_* variables, never serve's KBATCH_* (but the connection's: bootstrap, "
     "TLS, SASL). Output values are msgpack, or JSON when the source value was read "
     "as JSON; headers kbatch.source.topic/partition/offset name the source record. Exit 0 "
-    "only when every partition reached its end; 3 when stopped by a signal first; 1 otherwise. "
+    "only when every partition reached its end and not every record read was dead-lettered; 3 "
+    "when stopped by a signal first; 1 otherwise. "
     "Subcommands submit, status and cancel manage the same backfill as a job run by kbatch "
     "serve (docs/JOBS.md).",
 )

@@ -130,6 +130,21 @@ def test_extract_text_errors_name_the_field_and_rule(
         extract_text(value, [], parse_text_path(path))
 
 
+def test_a_msgpack_map_read_as_text_says_which_field_to_name() -> None:
+    """A serve request topic holds msgpack maps; read without --text-field, each dead letter
+    says so and names a string field."""
+    with pytest.raises(ExtractError) as info:
+        extract_text(_m({"v": 1, "text": "cats", "meta": {}}), [], None)
+    message = str(info.value)
+    assert message.startswith("the value is not UTF-8 text (byte 0)")
+    assert "it is a msgpack map (keys v, text, meta)" in message
+    assert message.endswith("--text-field names the text, e.g. --text-field text")
+    for not_a_map in (b"\xff\xfe", _m([1, 2]), _m({1: 2})):
+        with pytest.raises(ExtractError) as info:
+            extract_text(not_a_map, [], None)
+        assert "--text-field" not in str(info.value)
+
+
 def test_extract_text_size_limit_counts_utf8_bytes() -> None:
     assert extract_text("é".encode() * 5, [], None, max_text_bytes=10).text == "é" * 5
     with pytest.raises(ExtractError, match="is 12 bytes of UTF-8; at most 10"):
