@@ -18,7 +18,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from consumer.kafka.client_config import client_kwargs, security_kwargs, start_client
+from consumer.kafka.client_config import (
+    FIRST_ANSWER_TIMEOUT_S,
+    client_kwargs,
+    security_kwargs,
+    start_client,
+)
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import (
     choose_replication,
@@ -114,7 +119,9 @@ async def ensure_topics(
             could not be chosen (no broker in the metadata).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
+    await start_client(
+        admin.start, admin.close, f"no Kafka broker answered at {bootstrap}", FIRST_ANSWER_TIMEOUT_S
+    )
     try:
         existing = set(await admin.list_topics())
         missing = [name for name in partitions_by_topic if name not in existing]
@@ -188,7 +195,9 @@ async def partition_count(
         KafkaUnavailableError: no broker answered.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    await start_client(admin.start, admin.close, f"no Kafka broker answered at {bootstrap}")
+    await start_client(
+        admin.start, admin.close, f"no Kafka broker answered at {bootstrap}", FIRST_ANSWER_TIMEOUT_S
+    )
     try:
         if topic not in await admin.list_topics():
             return None  # describing it could create it (auto.create.topics.enable)
@@ -218,7 +227,12 @@ async def live_group_members(client: KafkaClientSettings, group_id: str) -> int:
             for :data:`GROUP_DESCRIBE_ATTEMPTS` tries).
     """
     admin = AIOKafkaAdminClient(**client_kwargs(client))
-    await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
+    await start_client(
+        admin.start,
+        admin.close,
+        f"no Kafka broker answered at {client.bootstrap}",
+        FIRST_ANSWER_TIMEOUT_S,
+    )
     try:
         for attempt in range(GROUP_DESCRIBE_ATTEMPTS):
             try:
@@ -258,7 +272,12 @@ async def missing_topics(
     """
     wanted = list(topics)
     client = AIOKafkaClient(bootstrap_servers=bootstrap, **(security or {}))
-    await start_client(client.bootstrap, client.close, f"no Kafka broker answered at {bootstrap}")
+    await start_client(
+        client.bootstrap,
+        client.close,
+        f"no Kafka broker answered at {bootstrap}",
+        FIRST_ANSWER_TIMEOUT_S,
+    )
     try:
         existing = (await client.fetch_all_metadata()).topics()
         absent = [t for t in wanted if t not in existing]

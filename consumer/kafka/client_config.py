@@ -4,6 +4,7 @@ client certificate and key for mutual TLS, host name checking on by default)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -137,11 +138,21 @@ def describe_connect_failure(cause: BaseException) -> tuple[bool, str]:
     return False, str(cause) or type(cause).__name__
 
 
+FIRST_ANSWER_TIMEOUT_S = 15.0
+"""How long an admin client's start waits for the bootstrap's first answer. A Kafka broker
+answers its first request in milliseconds even when loaded; a port that accepts connections and
+never speaks Kafka (another service, a black-holing proxy) would otherwise cost aiokafka's
+``request_timeout_ms`` (40 s) before the one error line."""
+
+
 async def start_client(
-    start: Callable[[], Awaitable[object]], close: Callable[[], Awaitable[object]], context: str
+    start: Callable[[], Awaitable[object]],
+    close: Callable[[], Awaitable[object]],
+    context: str,
+    timeout_s: float | None = None,
 ) -> None:
-    """Start an aiokafka client (``start``); when no broker answers or the broker refuses the
-    client, ``close`` it and raise.
+    """Start an aiokafka client (``start``); when no broker answers (within ``timeout_s``
+    when given) or the broker refuses the client, ``close`` it and raise.
 
     Raises:
         KafkaSecurityError: a TLS check or the SASL login failed (``the broker at host:port
@@ -155,8 +166,13 @@ async def start_client(
     # First: it must see every connect failure, also one the quieting filter would drop.
     aiokafka_log.filters.insert(0, failures)
     try:
-        with map_kafka_errors(KafkaUnavailableError, context):
-            await start()
+        await asyncio.wait_for(_mapped(start, context), timeout_s)
+    except TimeoutError as err:  # wait_for's: the connection is open, nothing answered
+        await close()
+        raise KafkaUnavailableError(
+            f"{context}: no answer within {timeout_s:g} s on an open connection (is it a "
+            "Kafka listener, and does --security-protocol match it?)"
+        ) from err
     except KafkaUnavailableError as err:
         await close()
         if isinstance(err, KafkaSecurityError) or not failures.causes:
@@ -168,3 +184,9 @@ async def start_client(
         raise KafkaUnavailableError(f"{context}: {text}") from err
     finally:
         aiokafka_log.removeFilter(failures)
+
+
+async def _mapped(start: Callable[[], Awaitable[object]], context: str) -> None:
+    """``start()`` with aiokafka's errors (its own timeouts too) as kbatch's."""
+    with map_kafka_errors(KafkaUnavailableError, context):
+        await start()

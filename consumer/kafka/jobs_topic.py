@@ -20,7 +20,7 @@ from aiokafka.admin.config_resource import ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from consumer.kafka.aiokafka_errors import map_kafka_errors
-from consumer.kafka.client_config import client_kwargs, start_client
+from consumer.kafka.client_config import FIRST_ANSWER_TIMEOUT_S, client_kwargs, start_client
 from consumer.kafka.config import KafkaClientSettings
 from consumer.kafka.durability import (
     choose_replication,
@@ -64,7 +64,12 @@ async def ensure_jobs_topic(
             it is missing and ``create`` is False.
     """
     admin = AIOKafkaAdminClient(**client_kwargs(client))
-    await start_client(admin.start, admin.close, f"no Kafka broker answered at {client.bootstrap}")
+    await start_client(
+        admin.start,
+        admin.close,
+        f"no Kafka broker answered at {client.bootstrap}",
+        FIRST_ANSWER_TIMEOUT_S,
+    )
     try:
         created = await _create_or_check(admin, topic, replication_factor, create)
         if request_topic is not None:

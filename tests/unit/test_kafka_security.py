@@ -4,6 +4,7 @@ how a failed connection is named. No broker."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from pathlib import Path
@@ -133,6 +134,23 @@ async def test_start_client_reports_the_cause_aiokafka_only_logged() -> None:
     with pytest.raises(KafkaSecurityError, match=r"the broker at h:1 refused .* SASL") as info:
         await start_client(start, close, "the producer")
     assert isinstance(info.value, KafkaUnavailableError) and not info.value.retriable
+    assert closed == [True]
+
+
+async def test_a_listener_that_never_answers_fails_within_the_bound() -> None:
+    """A port that accepts and never speaks Kafka: one error within ``timeout_s`` (the admin
+    client's first contact passes FIRST_ANSWER_TIMEOUT_S), not aiokafka's 40 s."""
+    closed: list[bool] = []
+
+    async def start() -> None:
+        await asyncio.Event().wait()  # connected; no answer ever comes
+
+    async def close() -> None:
+        closed.append(True)
+
+    with pytest.raises(KafkaUnavailableError, match=r"ctx: no answer within 0\.05 s") as info:
+        await start_client(start, close, "ctx", timeout_s=0.05)
+    assert "is it a Kafka listener" in str(info.value)
     assert closed == [True]
 
 
