@@ -52,7 +52,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
 from consumer.batching.config import BatchPolicyConfig
@@ -71,6 +70,7 @@ from consumer.batching.types import (
     Rejected,
     TokenizedItem,
 )
+from consumer.batching.worker_thread import WorkerThread
 from schemas.errors import ErrorCode
 
 __all__ = ["Engine", "EngineClosedError", "WarmupMode"]
@@ -154,11 +154,9 @@ class Engine:
         self._routes = OutcomeRoutes()
         self._prefetch = bool(runner.prefetch)
         self._depth = 2 if self._prefetch else 1
-        self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-tokenize")
-        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="kbatch-model")
-        self._prep_pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="kbatch-collate") if self._prefetch else None
-        )
+        self._tok_thread = WorkerThread("kbatch-tokenize")
+        self._model_thread = WorkerThread("kbatch-model")
+        self._prep_thread = WorkerThread("kbatch-collate") if self._prefetch else None
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._wake = asyncio.Event()
         self._cond = asyncio.Condition()
@@ -254,9 +252,9 @@ class Engine:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
             if pending:
                 log.error("stop: %d batch(es) still running after %.1f s", len(pending), timeout_s)
-        for pool in (self._tok_pool, self._model_pool, self._prep_pool):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        for thread in (self._tok_thread, self._model_thread, self._prep_thread):
+            if thread is not None:
+                thread.shutdown()
         self._state = "stopped"
         self._routes.clear()
         await self._notify()
@@ -299,9 +297,7 @@ class Engine:
                 results = self._tokenizer.tokenize(chunk)  # cheaper here than a thread hop
                 await asyncio.sleep(0)  # yield as the thread hop would (the dispatcher runs)
             else:
-                results = await loop.run_in_executor(
-                    self._tok_pool, self._tokenizer.tokenize, chunk
-                )
+                results = await self._tok_thread.run(self._tokenizer.tokenize, chunk)
             if len(results) != len(chunk):
                 raise RuntimeError(f"tokenizer returned {len(results)} for {len(chunk)} items")
         except Exception as exc:
@@ -362,7 +358,6 @@ class Engine:
     async def _warm_up(self) -> None:
         if self._warmup == "none":
             return
-        loop = asyncio.get_running_loop()
         config = self.policy_config
         while True:
             shapes = self._batcher.worst_case_shapes()
@@ -370,7 +365,7 @@ class Engine:
                 shapes = shapes[-1:]
             try:
                 for n, seq_len in reversed(shapes):
-                    await loop.run_in_executor(self._model_pool, self._runner.warmup, n, seq_len)
+                    await self._model_thread.run(self._runner.warmup, n, seq_len)
                 return
             except Exception as exc:
                 if not self._runner.is_oom(exc):
@@ -453,16 +448,13 @@ class Engine:
         task.add_done_callback(self._tasks.discard)
 
     async def _run_batch(self, batch: Batch) -> None:
-        loop = asyncio.get_running_loop()
         n_formed = len(batch.items)
         outcomes: list[ItemOutcome] = []
         try:
             prepared: object | None = None
-            if self._prep_pool is not None:
+            if self._prep_thread is not None:
                 try:
-                    prepared = await loop.run_in_executor(
-                        self._prep_pool, self._runner.prepare, batch
-                    )
+                    prepared = await self._prep_thread.run(self._runner.prepare, batch)
                 except Exception:
                     log.exception("collation failed; the model thread will retry it")
             async with self._model_lock:
@@ -478,7 +470,7 @@ class Engine:
                 for t in live:
                     self._stats.on_queue_wait((start - t.item.arrival_s) * 1000.0, lane)
                 runs = await self._watchdog.watch(
-                    loop.run_in_executor(self._model_pool, self._runner.run, batch, prepared),
+                    self._model_thread.run(self._runner.run, batch, prepared),
                     batch,
                     start,
                 )
