@@ -216,7 +216,8 @@ class Pipeline:
         other waiters (a revoke, the shutdown) see it until it is done."""
         submitting = self._submitting
         if submitting is not None:
-            await asyncio.wait({submitting})
+            if not submitting.done():  # done already: no wait (a wait costs a loop iteration)
+                await asyncio.wait({submitting})
             if self._submitting is submitting:
                 self._submitting = None
             submitting.result()

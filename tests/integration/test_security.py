@@ -310,11 +310,12 @@ def test_secured_serve_request_load_backfill_and_what_kbatch_may_not_write(
         backfill = run_kbatch(
             ["backfill", "--source-topic", SOURCE, "--output-topic", OUTPUT,
              "--group-id", "sec-backfill", "--model", str(tiny), "--torch-threads", "1",
-             "--json"],
+             "--text-field", "text", "--json"],
             secured.env("kbatch"), timeout_s=240,
         )  # fmt: skip
         assert backfill.returncode == 0, backfill.stderr[-2000:]
-        assert json.loads(backfill.stdout.splitlines()[-1])["complete"] is True
+        summary = json.loads(backfill.stdout.splitlines()[-1])
+        assert summary["complete"] is True and summary["ok"] == 6, summary
 
         sasl.wait_ready(180)
         mtls.wait_ready(180)

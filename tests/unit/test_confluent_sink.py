@@ -1,7 +1,7 @@
 """:class:`ConfluentSink`'s and :class:`ConfluentTransactionalSink`'s own logic on a fake
 librdkafka producer: the deadline only warns (idempotent) or fails the record (transactional),
 a retriable delivery failure is produced again, a full queue waits, abandon fails what is left,
-the poller hands each poll's reports to the loop at once; a failed commit's reason closes its
+the loop's poll settles each poll's reports together; a failed commit's reason closes its
 partition, an unacknowledged send taints the transaction, no producer id in time is
 unavailable."""
 
@@ -173,7 +173,7 @@ async def test_full_queue_waits_and_keeps_order(fake: list[FakeProducer]) -> Non
         await sink.stop()
 
 
-async def test_one_hand_over_per_poll(fake: list[FakeProducer]) -> None:
+async def test_the_reports_of_one_poll_are_settled_together(fake: list[FakeProducer]) -> None:
     sink = make()
     await sink.start()
     producer = fake[0]
@@ -185,7 +185,6 @@ async def test_one_hand_over_per_poll(fake: list[FakeProducer]) -> None:
         delivered(batch)
 
     sink._delivered = counting  # type: ignore[method-assign]
-    sink._poller._deliver = counting  # type: ignore[union-attr]
     try:
         acks = await sink.send(records(50))
         with producer.lock:  # all 50 decided before the next poll
@@ -390,3 +389,28 @@ def test_a_refused_login_reads_as_on_aiokafka(fake: list[FakeProducer]) -> None:
     sink.last_error = KafkaError(KafkaError._TRANSPORT, "b1:9093/bootstrap: Connection refused")
     err = sink.unavailable("the reply producer cannot connect", KafkaException("x"))
     assert type(err) is KafkaUnavailableError
+
+
+async def test_the_loop_polls_no_thread_of_its_own(fake: list[FakeProducer]) -> None:
+    """Delivery reports are served by a loop timer: fast while records are awaited, slow
+    (logs and errors only) when none is."""
+    before = {t.name for t in threading.enumerate()}
+    sink = make()
+    await sink.start()
+    producer = fake[0]
+    try:
+        assert not sink._polling_fast
+        acks = await sink.send(records(3))
+        assert sink._polling_fast
+        for i in range(3):
+            producer.answer(i)
+        await asyncio.wait_for(asyncio.gather(*acks), 5)
+        assert {t.name for t in threading.enumerate()} - before <= {"kbatch-librdkafka-call"}
+        await asyncio.wait_for(_until(lambda: not sink._polling_fast), 5)
+    finally:
+        await sink.stop()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(confluent_sink.LOOP_POLL_S)  # a tick of the timer under test

@@ -5,8 +5,13 @@ replies and dead letters; a drop-in for :class:`consumer.kafka.sink.KafkaSink`.
 
     send(records) ── produce() each, on the loop (thread-safe, queues in librdkafka) ──►
         librdkafka's threads: batch, send, retry under the same producer id and sequence
-    poller thread ── producer.poll(): delivery reports of one poll ──►
-        one call_soon_threadsafe per poll ──► each record's future, on the loop
+    a loop timer ── producer.poll(0) every LOOP_POLL_S while records await their reports
+        (every IDLE_POLL_S otherwise: logs, errors) ──► each record's future, on the loop
+
+The loop polls instead of a thread of its own: a poller thread woke once per delivery report
+and then woke the loop (two thread wake-ups, each tens of µs of CPU on a small VM); a timer
+fires in a loop iteration that runs anyway while requests flow, and a report reaches its
+future at most LOOP_POLL_S late (it only gates the offset commit: the reply is already sent).
 
 Semantics as :class:`~consumer.kafka.sink.KafkaSink` (its module docstring says why):
 
@@ -73,8 +78,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-POLL_TIMEOUT_S: Final = 0.1
-"""The poller thread's longest wait in ``producer.poll`` (also how long its stop may take)."""
+LOOP_POLL_S: Final = 0.005
+"""How often the loop polls the producer while records await their delivery reports."""
+
+IDLE_POLL_S: Final = 0.5
+"""How often it polls with nothing awaited: librdkafka's logs and error callbacks come out of
+``poll``."""
 
 BUFFER_FULL_WAIT_S: Final = 0.005
 """How long :meth:`ConfluentSink.send` waits before producing again when librdkafka's queue
@@ -195,8 +204,9 @@ def _reported(
     err: Any,
     _msg: Any,
 ) -> None:
-    """librdkafka's delivery callback (inside ``poll``, on the polling thread): the report
-    onto the sink's queue of reports (``append``), for the poller's next hand-over."""
+    """librdkafka's delivery callback (inside ``poll``, on the thread that polls: the loop,
+    or a blocking call's thread that flushes): the report onto the sink's queue of reports
+    (``append``), for the loop's next harvest."""
     append((ack, record, attempt, waiting, err))
 
 
@@ -225,50 +235,6 @@ class _Waiting:
             self.timer.cancel()
             self.timer = None
         self.acks, self.records = [], ()
-
-
-class _Poller(threading.Thread):
-    """Calls ``producer.poll`` until stopped; hands the delivery reports of one poll to the
-    loop in one ``call_soon_threadsafe``."""
-
-    def __init__(
-        self,
-        producer: Producer,
-        loop: asyncio.AbstractEventLoop,
-        reports: collections.deque[tuple[Any, ...]],
-        deliver: Any,
-    ) -> None:
-        super().__init__(name="kbatch-sink-poll", daemon=True)
-        self._producer = producer
-        self._loop = loop
-        self._reports = reports
-        self._deliver = deliver
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            self._poll(POLL_TIMEOUT_S)
-        self._poll(0)
-
-    def _poll(self, timeout_s: float) -> None:
-        """One ``poll`` and its hand-over. ``poll`` raises librdkafka's fatal error (a fenced
-        transactional producer) once, after ``error_cb`` has had it: polling goes on, the
-        reports still to come are those of the purge at close."""
-        try:
-            self._producer.poll(timeout_s)
-        except KafkaException as err:
-            log.debug("the reply producer's poll: %s", err)
-        self.hand_over()
-
-    def hand_over(self) -> None:
-        reports = self._reports
-        if not reports:
-            return
-        batch = []
-        while reports:
-            batch.append(reports.popleft())
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for these
-            self._loop.call_soon_threadsafe(self._deliver, batch)
 
 
 class ConfluentSink:
@@ -311,7 +277,7 @@ class ConfluentSink:
         self._late_logged_until = -float("inf")
         self.fatal_error: object = None
         """librdkafka's fatal error (the producer is unusable: fenced, or its idempotence
-        state broken), set from the poller thread; None while there is none."""
+        state broken), set inside ``poll``; None while there is none."""
         logger = librdkafka_logger("sink")
         config = producer_config(client, settings, transactional_id)
         config["logger"] = logger
@@ -319,13 +285,14 @@ class ConfluentSink:
         """librdkafka's last error callback's error (its ``error_cb``); None before one."""
         report = error_callback(logger, self._on_fatal)
 
-        def on_error(err: Any) -> None:  # inside poll, on the polling thread
+        def on_error(err: Any) -> None:  # inside poll, on the thread that polls
             self.last_error = err
             report(err)
 
         config["error_cb"] = on_error
         self._producer = Producer(config)
-        self._poller: _Poller | None = None
+        self._poll_timer: asyncio.TimerHandle | None = None
+        self._polling_fast = False  # the timer's period is LOOP_POLL_S (records awaited)
 
     @property
     def producer(self) -> Producer:
@@ -337,7 +304,7 @@ class ConfluentSink:
         self.fatal_error = err
 
     async def start(self) -> None:
-        """Start the poller thread and ask the broker about the default topic (creating
+        """Start polling on the loop and ask the broker about the default topic (creating
         nothing; the idempotent producer's id comes with the first send).
 
         Raises:
@@ -365,12 +332,44 @@ class ConfluentSink:
         return KafkaUnavailableError(f"{context}: {text}")
 
     def start_polling(self) -> None:
-        """Start the poller thread (delivery reports, logs, errors); idempotent."""
-        if self._poller is None:
-            self._poller = _Poller(
-                self._producer, asyncio.get_running_loop(), self._reports, self._delivered
-            )
-            self._poller.start()
+        """Start polling the producer on the running loop (delivery reports, logs, errors):
+        every :data:`LOOP_POLL_S` while records are awaited, else every :data:`IDLE_POLL_S`;
+        idempotent."""
+        if self._poll_timer is None and not self._abandoned:
+            self._arm(fast=False)
+
+    def _arm(self, fast: bool) -> None:
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+        self._polling_fast = fast
+        delay = LOOP_POLL_S if fast else IDLE_POLL_S
+        self._poll_timer = asyncio.get_running_loop().call_later(delay, self._poll_tick)
+
+    def _poll_tick(self) -> None:
+        self._poll_timer = None
+        self.poll_now()
+        if not self._abandoned:
+            self._arm(fast=self._pending > 0)
+
+    def poll_now(self) -> None:
+        """Serve librdkafka's callbacks now (``poll(0)``: never waits) and settle the
+        delivery reports they queued (also those a blocking call's flush served on its own
+        thread). ``poll`` raises librdkafka's fatal error (a fenced transactional producer)
+        once, after ``error_cb`` has had it: it is logged at DEBUG, polling goes on."""
+        try:
+            self._producer.poll(0)
+        except KafkaException as err:
+            log.debug("the reply producer's poll: %s", err)
+        self._harvest()
+
+    def _harvest(self) -> None:
+        reports = self._reports
+        if not reports:
+            return
+        batch = []
+        while reports:
+            batch.append(reports.popleft())
+        self._delivered(batch)
 
     async def stop(self) -> None:
         """Wait (within ``send_timeout_ms``) for what librdkafka holds to be acknowledged, then
@@ -378,7 +377,7 @@ class ConfluentSink:
         self._closed = True
         for task in list(self._retries):
             task.cancel()
-        if self._poller is not None and self._pending:
+        if self._poll_timer is not None and self._pending:
             try:
                 await asyncio.wait_for(self._drained.wait(), self._attempt_timeout_s)
             except TimeoutError:
@@ -398,19 +397,18 @@ class ConfluentSink:
         for task in list(self._retries):
             task.cancel()
         self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-        poller = self._poller
-        if poller is not None:
-            poller.stopping.set()
-            await blocking(poller.join)
-        try:  # serves the purged records' reports on its thread
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
+        self.poll_now()  # the purged records' reports (and a refusal's error callback)
+        try:  # serves the reports of what was still in flight, on its thread
             await asyncio.wait_for(blocking(self._producer.close), CLOSE_TIMEOUT_S)
         except TimeoutError:
             log.warning("the reply producer did not close within %g s", CLOSE_TIMEOUT_S)
         except Exception as err:  # an abort that close attempts refused (fenced, not begun)
             log.debug("the reply producer's close: %s", err)
-        if poller is not None:
-            poller.hand_over()
-        await asyncio.sleep(0)  # the last reports' hand-over runs now
+        self._harvest()  # what close served
+        await asyncio.sleep(0)  # the futures' callbacks run now
 
     async def send(self, records: Sequence[OutRecord]) -> list[asyncio.Future[None]]:
         """Queue ``records`` in order; one future per record, resolved when the broker
@@ -462,6 +460,8 @@ class ConfluentSink:
                 waiting.count += 1
         if self._pending:
             self._drained.clear()
+            if not self._polling_fast and self._poll_timer is not None:
+                self._arm(fast=True)  # reports are awaited: poll every LOOP_POLL_S
         waiting.sending = False
         if waiting.count == 0:
             waiting.release()
@@ -519,6 +519,8 @@ class ConfluentSink:
             return True
         self._pending += 1
         self._drained.clear()
+        if not self._polling_fast and self._poll_timer is not None:
+            self._arm(fast=True)
         return True
 
     def _delivered(
