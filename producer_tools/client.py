@@ -57,7 +57,7 @@ from aiokafka.structs import ConsumerRecord
 
 from consumer.kafka.admin import denied_topics
 from consumer.kafka.aiokafka_errors import DENIALS, describe_denial
-from consumer.kafka.client_config import start_client
+from consumer.kafka.client_config import FIRST_ANSWER_TIMEOUT_S, start_client
 from consumer.kafka.errors import KafkaUnavailableError
 from producer_tools.tracing import current_trace_headers, reply_context, reply_traceparent
 from schemas import headers as H
@@ -370,6 +370,7 @@ class RequestReplyClient:
         self._calls: dict[bytes, _Call] = {}
         self._state: Literal["new", "started", "closed"] = "new"
         self._missing_topics: list[str] = []
+        self._started_producer = False  # the broker answered the producer's start
         self._reply_headers: list[tuple[str, bytes]] = [(H.REPLY_TOPIC, reply_topic.encode())]
         if reply_partition is not None:
             self._reply_headers.append((H.REPLY_PARTITION, struct.pack(">i", reply_partition)))
@@ -397,12 +398,16 @@ class RequestReplyClient:
         except (KafkaError, KafkaUnavailableError, OSError, TimeoutError) as exc:
             await self.close()
             missing = self._missing_topics
+            connected = self._producer is not None and self._started_producer
             reason = (
-                f"topics {missing} do not exist (start `kbatch serve`, which creates its "
-                "topics, or create them: `kbatch topics create NAME`)"
+                f"topics {missing} do not exist (`kbatch serve` creates its own request, "
+                "reply and dead-letter topics; create others: `kbatch topics create NAME`)"
                 if missing
                 else str(exc)
                 if isinstance(exc, KafkaUnavailableError)  # a refused login names its cause
+                else "no answer on an open connection (is it a Kafka listener, and does "
+                "--security-protocol match it?)"
+                if isinstance(exc, TimeoutError) and not connected
                 else repr(exc)
             )
             within = f" within {self._start_timeout_s:g} s" if isinstance(exc, TimeoutError) else ""
@@ -422,7 +427,10 @@ class RequestReplyClient:
             linger_ms=self._linger_ms,
             **self._kafka_options,
         )
-        await start_client(self._producer.start, self._producer.stop, "the producer")
+        await start_client(
+            self._producer.start, self._producer.stop, "the producer", FIRST_ANSWER_TIMEOUT_S
+        )
+        self._started_producer = True
         partitions = await self._wait_for_topics()
         if self.reply_partition is not None:
             if self.reply_partition not in partitions:

@@ -310,6 +310,23 @@ JSON_WITHOUT_HEADER_HINT = (
 """Appended to a msgpack error whose value is a JSON object or array."""
 
 
+PLAIN_TEXT_HINT = (
+    'it reads as plain text: a request is a map with a "text" field (msgpack, or JSON with '
+    "the header content-type: application/json)"
+)
+"""Appended to a msgpack error whose value is printable UTF-8 text that is not JSON."""
+
+
+def _reads_as_text(data: bytes) -> bool:
+    """True when ``data`` is printable UTF-8 text (what a client sends when it puts the text
+    itself on the topic)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c.isspace() for c in text[:4096])
+
+
 def _reads_as_json(data: bytes) -> bool:
     """True when ``data`` is a JSON object or array (what a JSON client sends without the
     ``content-type`` header). A msgpack value never parses so: ``{`` and ``[`` are a msgpack
@@ -337,6 +354,8 @@ def _load(value: bytes, encoding: Encoding, *, what: str, max_bytes: int, max_it
         except DecodeError as exc:
             if _reads_as_json(data):  # the commonest cause: a JSON value sent without the header
                 raise DecodeError(exc.code, f"{exc.message}; {JSON_WITHOUT_HEADER_HINT}") from None
+            if _reads_as_text(data):  # the next: the text alone, not a request map
+                raise DecodeError(exc.code, f"{exc.message}; {PLAIN_TEXT_HINT}") from None
             raise
         try:
             return msgpack.unpackb(

@@ -194,6 +194,8 @@ class BackfillJob:
         self.dead_lettered = 0
         self.undelivered = 0
         self.skipped_completed = 0  # finished by an earlier run (commit metadata): not again
+        self._told_extract_error = False  # one WARNING per run for each, not one per record
+        self._told_whole_map = False
 
     def committed_positions(self) -> dict[int, int]:
         """Partition → the offset committed so far (every record below it finished), for the
@@ -276,9 +278,26 @@ class BackfillJob:
                     documents_path=self._documents_path,
                 )
             except ExtractError as err:
+                if not self._told_extract_error:  # the first one's reason: on the terminal
+                    self._told_extract_error = True
+                    log.warning(
+                        "%s@%d dead-lettered: %s (the first; each dead letter's "
+                        "kbatch.error.message header says why)",
+                        r.tp,
+                        r.offset,
+                        err,
+                    )
                 dlq = self._replies.dead_letter(r, ErrorCode.INVALID_REQUEST, str(err))
                 self._delivery.dead_letter(_Pending(r, generation), dlq, ErrorCode.INVALID_REQUEST)
                 continue
+            if self._path is None and not self._told_whole_map and _looks_like_a_map(r.value):
+                self._told_whole_map = True
+                log.warning(
+                    "%s@%d looks like a JSON object: without --text-field the whole value is "
+                    "the text; --text-field names the field to score",
+                    r.tp,
+                    r.offset,
+                )
             item_id = next(self._ids)
             self._pending[item_id] = _Pending(r, generation, got.encoding)
             text = got.text if self._chunking else self._prompt + got.text
@@ -488,3 +507,12 @@ class BackfillJob:
             partitions=tuple(parts),
             skipped_completed=self.skipped_completed,
         )
+
+
+def _looks_like_a_map(value: bytes | None) -> bool:
+    """Whether ``value`` (read as text) is a JSON object: its first and last non-blank bytes
+    are braces."""
+    if not value:
+        return False
+    stripped = value.strip()
+    return stripped[:1] == b"{" and stripped[-1:] == b"}"

@@ -85,6 +85,27 @@ async def test_scores_every_record_and_commits_each_end() -> None:
     assert [p.reached_end for p in summary.partitions] == [True, True]
 
 
+async def test_settings_that_do_not_fit_the_topic_are_told_once_on_the_terminal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without --text-field: the first dead letter's reason (a msgpack request map) and the
+    first JSON object scored as text are each one WARNING, not one per record."""
+    import msgpack
+
+    values = [msgpack.packb({"v": 1, "text": "cats"})] * 3 + [_json_event("x")] * 3
+    source = FakeSource({0: [_record(0, o, v) for o, v in enumerate(values)]}, ends={0: 6})
+    job, _ = _job(source, _sink())
+    with caplog.at_level("WARNING", "kbatch.backfill"):
+        summary = await job.run(asyncio.Event())
+    assert (summary.ok, summary.dead_lettered) == (3, 3)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    dead = [line for line in lines if "dead-lettered" in line]
+    whole = [line for line in lines if "looks like a JSON object" in line]
+    assert len(dead) == 1 and "@0 dead-lettered" in dead[0]
+    assert "--text-field names the text, e.g. --text-field text" in dead[0]
+    assert len(whole) == 1 and "@3 looks like a JSON object" in whole[0]
+
+
 async def test_raw_text_values_are_scored_whole_and_written_as_msgpack() -> None:
     source = FakeSource({0: [_record(0, 0, b"plain text")]}, ends={0: 1})
     sink = _sink()

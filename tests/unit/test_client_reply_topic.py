@@ -64,3 +64,22 @@ def test_a_refused_connection_is_not_reported_as_a_timeout() -> None:
     assert "Connect call failed" in result.output
     assert "within" not in result.output
     assert "Traceback" not in result.output
+
+
+async def test_a_listener_that_never_speaks_kafka_is_named_as_such() -> None:
+    """A port that accepts and never answers (another service, a black-holing proxy): the line
+    says so instead of a bare TimeoutError()."""
+    import socket
+
+    from producer_tools.client import ClientError
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        bootstrap = f"127.0.0.1:{server.getsockname()[1]}"
+        client = RequestReplyClient(
+            bootstrap=bootstrap, request_topic="q", reply_topic="r", start_timeout_s=1.0
+        )
+        with pytest.raises(ClientError) as info:
+            await client.start()
+    message = str(info.value)
+    assert f"cannot start the client on {bootstrap}" in message
+    assert "within 1 s: no answer on an open connection (is it a Kafka listener" in message

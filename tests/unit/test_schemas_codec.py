@@ -517,11 +517,18 @@ def test_json_sent_without_content_type_says_which_header_is_missing(value: byte
     assert "content-type: application/json" in info.value.message
 
 
-@pytest.mark.parametrize("value", [b"hello", b"{not json", b"[" * 20_000])
-def test_a_msgpack_error_that_is_not_json_gets_no_json_hint(value: bytes) -> None:
+@pytest.mark.parametrize("value", [b"hello world", b"{not json", b"[" * 20_000])
+def test_plain_text_sent_as_a_request_says_a_request_is_a_map(value: bytes) -> None:
     with pytest.raises(DecodeError) as info:
         decode_request(value)
-    assert "content-type" not in info.value.message
+    assert "it reads as JSON" not in info.value.message
+    assert 'it reads as plain text: a request is a map with a "text" field' in info.value.message
+
+
+def test_bytes_that_are_neither_json_nor_text_get_no_hint() -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_request(b"\x81\xa4text\xc1\x00")
+    assert "it reads as" not in info.value.message
 
 
 def test_msgpack_malformed_timestamp_ext_is_rejected() -> None:
