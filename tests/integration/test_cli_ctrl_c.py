@@ -149,7 +149,10 @@ def test_c_serve_first_ctrl_c_drains_with_its_bound_and_a_second_stops_now(
     assert code == EXIT_INTERRUPTED, log[-3000:]
     quiet(log)
     (drain,) = [line for line in log.splitlines() if "stopping: draining" in line]
-    assert "(at most 117.0 s, --drain-timeout-s); Ctrl-C again stops now" in drain
+    assert (
+        "(at most 117.0 s, --drain-timeout-s less 3 s for closing the clients); "
+        "Ctrl-C again stops now" in drain
+    )
     assert "stopping now (second Ctrl-C)" in log
     assert stopped_s < 15  # the rest of the drain (≥ 10 s of batches) was not waited for
     answered = asyncio.run(end_offset(kafka_bootstrap, rep))
@@ -190,7 +193,9 @@ def test_c_backfill_first_ctrl_c_says_what_it_waits_for_and_a_second_stops_now(
     quiet(log)
     (drain,) = [line for line in log.splitlines() if "stopping: finishing" in line]
     assert "scoring them, sending the results and committing (at most" in drain
-    assert drain.endswith("s, --drain-timeout-s); Ctrl-C again stops now")
+    assert drain.endswith(
+        "--drain-timeout-s less 3 s for closing the clients); Ctrl-C again stops now"
+    )
     assert "stopping now (second Ctrl-C)" in log
     assert stopped_s < 15  # the rest of the drain (≥ 50 s of batches) was not waited for
     written = asyncio.run(end_offset(kafka_bootstrap, output))
