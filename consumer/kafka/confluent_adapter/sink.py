@@ -345,6 +345,12 @@ class ConfluentSink:
         delay = LOOP_POLL_S if fast else IDLE_POLL_S
         self._poll_timer = asyncio.get_running_loop().call_later(delay, self._poll_tick)
 
+    def _poll_fast(self) -> None:
+        """Reports are awaited: poll every :data:`LOOP_POLL_S` (unless polling has not started
+        or has ended)."""
+        if not self._polling_fast and self._poll_timer is not None:
+            self._arm(fast=True)
+
     def _poll_tick(self) -> None:
         self._poll_timer = None
         self.poll_now()
@@ -460,8 +466,7 @@ class ConfluentSink:
                 waiting.count += 1
         if self._pending:
             self._drained.clear()
-            if not self._polling_fast and self._poll_timer is not None:
-                self._arm(fast=True)  # reports are awaited: poll every LOOP_POLL_S
+            self._poll_fast()
         waiting.sending = False
         if waiting.count == 0:
             waiting.release()
@@ -519,8 +524,7 @@ class ConfluentSink:
             return True
         self._pending += 1
         self._drained.clear()
-        if not self._polling_fast and self._poll_timer is not None:
-            self._arm(fast=True)
+        self._poll_fast()
         return True
 
     def _delivered(
