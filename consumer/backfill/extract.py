@@ -246,15 +246,45 @@ def _text_field_hint(value: bytes) -> str:
 
 
 def _decode(value: bytes, encoding: Encoding) -> Any:
+    """The parsed value. An error names what is wrong and where, never the value's bytes."""
     if encoding is Encoding.JSON:
         try:
             return json.loads(value)
-        except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8
+        except json.JSONDecodeError as err:
+            where = f"{err.msg} at line {err.lineno} column {err.colno}"
+            raise ExtractError(f"the value is not valid JSON: {where}") from None
+        except UnicodeDecodeError as err:
+            where = f"not UTF-8 (byte {err.start})"
+            raise ExtractError(f"the value is not valid JSON: {where}") from None
+        except RecursionError:
+            raise ExtractError("the value is not valid JSON: nested too deep") from None
+        except ValueError as err:
             raise ExtractError(f"the value is not valid JSON: {type(err).__name__}") from None
     try:
         return msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except msgpack.ExtraData as err:
+        reason = f"{len(err.extra)} bytes follow the first object"  # type: ignore[attr-defined]
+    except ValueError as err:  # "Unpack failed: incomplete input", FormatError, StackError
+        incomplete = "incomplete" in str(err)
+        reason = "empty" if not value else "cut short" if incomplete else "malformed"
     except Exception as err:  # msgpack raises several unrelated types for bad input
-        raise ExtractError(f"the value is not valid msgpack: {type(err).__name__}") from None
+        reason = type(err).__name__
+    raise ExtractError(f"the value is not valid msgpack: {reason}{_not_msgpack_hint(value)}")
+
+
+def _not_msgpack_hint(value: bytes) -> str:
+    """What a value that is not msgpack looks like instead, for its error ("" if nothing)."""
+    if value.lstrip()[:1] in (b"{", b"["):
+        return " (it starts like JSON: --value-format json)"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    if text and all(c.isprintable() or c.isspace() for c in text[:4096]):
+        return (
+            " (it reads as plain text, not a map: without --text-field the whole value is the text)"
+        )
+    return ""
 
 
 _KINDS: tuple[tuple[type | types.UnionType, str], ...] = (

@@ -52,7 +52,7 @@ from consumer.finish.exactly_once import BeforeCommit
 from consumer.kafka.offsets import OffsetTracker
 from consumer.kafka.ranges import PartitionRange
 from consumer.kafka.records import InRecord, TopicPartition
-from consumer.lifecycle import CLOSE_RESERVE_S, STOP_NOW_HINT
+from consumer.lifecycle import STOP_NOW_HINT
 from consumer.replies.builder import ReplyBuilder
 from consumer.replies.task_options import window_rule
 from schemas.codec import Encoding, encode_reply
@@ -451,11 +451,11 @@ class BackfillJob:
         if stopped:  # a slow drain must not look like a hang
             log.info(
                 "stopping: finishing %d record(s) in flight: scoring them, sending the "
-                "results and committing (at most %.0f s, --drain-timeout-s less %g s for "
-                "closing the clients); %s",
+                "results and committing (at most %.0f s of --drain-timeout-s %g; the rest is "
+                "for closing the clients); %s",
                 self._open,
                 deadline.remaining_s(),
-                CLOSE_RESERVE_S,
+                self.settings.drain_timeout_s,
                 STOP_NOW_HINT,
             )
         if self._engine is not None:  # None: an empty range, no model loaded

@@ -37,7 +37,6 @@ from consumer.kafka.errors import (
 from consumer.kafka.flow import FlowControl
 from consumer.kafka.transport import GroupSource, client_description, group_source
 from consumer.lifecycle import (
-    CLOSE_RESERVE_S,
     STOP_NOW_HINT,
     Lifecycle,
     stop_on_signals,
@@ -363,10 +362,11 @@ async def _run(
         tracker = pipeline.tracker
         log.info(  # a slow drain must not look like a hang
             "stopping: draining %d records in flight: answering them and committing their "
-            "offsets (at most %.1f s, --drain-timeout-s less %g s for closing the clients)%s",
+            "offsets (at most %.1f s of --drain-timeout-s %g; the rest is for closing the "
+            "clients)%s",
             sum(tracker.pending(tp) for tp in tracker.assigned),
             deadline.remaining_s(),
-            CLOSE_RESERVE_S,
+            life.shutdown_timeout_s,
             "" if now is None else f"; {STOP_NOW_HINT}",
         )
         finish = pipeline.finish(None, deadline)

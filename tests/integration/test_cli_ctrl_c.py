@@ -150,7 +150,7 @@ def test_c_serve_first_ctrl_c_drains_with_its_bound_and_a_second_stops_now(
     quiet(log)
     (drain,) = [line for line in log.splitlines() if "stopping: draining" in line]
     assert (
-        "(at most 117.0 s, --drain-timeout-s less 3 s for closing the clients); "
+        "(at most 117.0 s of --drain-timeout-s 120; the rest is for closing the clients); "
         "Ctrl-C again stops now" in drain
     )
     assert "stopping now (second Ctrl-C)" in log
@@ -194,7 +194,7 @@ def test_c_backfill_first_ctrl_c_says_what_it_waits_for_and_a_second_stops_now(
     (drain,) = [line for line in log.splitlines() if "stopping: finishing" in line]
     assert "scoring them, sending the results and committing (at most" in drain
     assert drain.endswith(
-        "--drain-timeout-s less 3 s for closing the clients); Ctrl-C again stops now"
+        "s of --drain-timeout-s 120; the rest is for closing the clients); Ctrl-C again stops now"
     )
     assert "stopping now (second Ctrl-C)" in log
     assert stopped_s < 15  # the rest of the drain (≥ 50 s of batches) was not waited for

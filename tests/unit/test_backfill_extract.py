@@ -145,6 +145,37 @@ def test_a_msgpack_map_read_as_text_says_which_field_to_name() -> None:
         assert "--text-field" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "value_format", "message"),
+    [
+        (
+            b"hello world",
+            "auto",
+            "not valid msgpack: 10 bytes follow the first object (it reads "
+            "as plain text, not a map",
+        ),
+        (
+            b'{"text": ',
+            "msgpack",
+            "8 bytes follow the first object (it starts like JSON: --value-format json)",
+        ),
+        (b"", "msgpack", "not valid msgpack: empty"),
+        (b"\x81\xa4te", "msgpack", "not valid msgpack: cut short"),
+        (b"\xc1", "msgpack", "not valid msgpack: malformed"),
+        (b'{"text": ', "json", "not valid JSON: Expecting value at line 1 column 10"),
+        (b"\xff\xfe", "json", "not valid JSON: "),
+    ],
+)
+def test_a_value_that_does_not_parse_says_what_is_wrong_and_where(
+    value: bytes, value_format: Any, message: str
+) -> None:
+    """Not only the exception's class name (``ExtraData``, ``JSONDecodeError``)."""
+    with pytest.raises(ExtractError) as info:
+        extract_text(value, [], ("text",), value_format=value_format)
+    assert message in str(info.value)
+    assert "ExtraData" not in str(info.value) and "JSONDecodeError" not in str(info.value)
+
+
 def test_extract_text_size_limit_counts_utf8_bytes() -> None:
     assert extract_text("é".encode() * 5, [], None, max_text_bytes=10).text == "é" * 5
     with pytest.raises(ExtractError, match="is 12 bytes of UTF-8; at most 10"):
