@@ -59,6 +59,7 @@ __all__ = [
     "encode_request",
     "header_text",
     "max_request_bytes",
+    "reads_as_text",
 ]
 
 DEFAULT_MAX_TEXT_BYTES: Final = 512 * 1024
@@ -317,14 +318,14 @@ PLAIN_TEXT_HINT = (
 """Appended to a msgpack error whose value is printable UTF-8 text that is not JSON."""
 
 
-def _reads_as_text(data: bytes) -> bool:
-    """True when ``data`` is printable UTF-8 text (what a client sends when it puts the text
-    itself on the topic)."""
+def reads_as_text(data: bytes) -> bool:
+    """True when ``data`` is non-empty printable UTF-8 text (what a client sends when it puts
+    the text itself on the topic; whitespace counts as printable)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return all(c.isprintable() or c.isspace() for c in text[:4096])
+    return bool(text) and all(c.isprintable() or c.isspace() for c in text[:4096])
 
 
 def _reads_as_json(data: bytes) -> bool:
@@ -354,7 +355,7 @@ def _load(value: bytes, encoding: Encoding, *, what: str, max_bytes: int, max_it
         except DecodeError as exc:
             if _reads_as_json(data):  # the commonest cause: a JSON value sent without the header
                 raise DecodeError(exc.code, f"{exc.message}; {JSON_WITHOUT_HEADER_HINT}") from None
-            if _reads_as_text(data):  # the next: the text alone, not a request map
+            if reads_as_text(data):  # the next: the text alone, not a request map
                 raise DecodeError(exc.code, f"{exc.message}; {PLAIN_TEXT_HINT}") from None
             raise
         try:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import msgpack
 
 from schemas import headers as h
-from schemas.codec import Encoding
+from schemas.codec import Encoding, reads_as_text
 from schemas.errors import DecodeError
 from schemas.models import MAX_DOCUMENTS
 from schemas.records import OutRecord
@@ -276,11 +276,7 @@ def _not_msgpack_hint(value: bytes) -> str:
     """What a value that is not msgpack looks like instead, for its error ("" if nothing)."""
     if value.lstrip()[:1] in (b"{", b"["):
         return " (it starts like JSON: --value-format json)"
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
-    if text and all(c.isprintable() or c.isspace() for c in text[:4096]):
+    if reads_as_text(value):
         return (
             " (it reads as plain text, not a map: without --text-field the whole value is the text)"
         )
