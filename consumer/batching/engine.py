@@ -159,7 +159,7 @@ class Engine:
         self._prep_thread = WorkerThread("kbatch-collate") if self._prefetch else None
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._wake = asyncio.Event()
-        self._cond = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []  # flush/drain, woken by _notify
         self._model_lock = asyncio.Lock()
         self._dispatcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -257,7 +257,7 @@ class Engine:
                 thread.shutdown()
         self._state = "stopped"
         self._routes.clear()
-        await self._notify()
+        self._notify()
 
     def new_routed_id(self) -> int:
         """A fresh item id for a submit with its own ``on_outcomes`` (negative: never one of
@@ -414,7 +414,7 @@ class Engine:
                     break
                 self._launch(ready.batches[0])
                 launched += 1
-            await self._notify()
+            self._notify()
             self._wake.clear()
             # Wake at the next bucket deadline of a lane that could start a batch, and at the
             # next item deadline in any case: the expiry sweep must not wait for a running batch.
@@ -496,16 +496,19 @@ class Engine:
             if not outcomes:  # all expired (emitted already), or cancelled
                 self._running_items -= n_formed
         if not outcomes:
-            await self._notify()
+            self._notify()
             return
+        # Let the dispatcher launch the next batch (whose model call then starts first)
+        # before the outcomes go out: its wake-up (set above) runs before this callback.
+        # The items count as running until they have.
+        asyncio.get_running_loop().call_soon(self._emit_batch, outcomes, n_formed)
+
+    def _emit_batch(self, outcomes: list[ItemOutcome], n_formed: int) -> None:
         try:
-            # Let the dispatcher launch the next batch (whose model call then starts first)
-            # before the outcomes go out; the items count as running until they have.
-            await asyncio.sleep(0)
             self._routes.emit(outcomes, self._on_outcomes)
         finally:
             self._running_items -= n_formed
-        await self._notify()
+            self._notify()
 
     def _expire(self, items: list[TokenizedItem], now: float) -> None:
         self._stats.on_expired(len(items))
@@ -530,14 +533,22 @@ class Engine:
             self._on_outcomes,
         )
 
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+    def _notify(self) -> None:
+        """Wake every :meth:`_wait_for` (each checks its predicate again); nothing to do,
+        and nothing allocated, while none waits (this runs once per batch)."""
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _wait_for(self, predicate: Callable[[], bool], timeout_s: float | None) -> bool:
         async def wait() -> None:
-            async with self._cond:
-                await self._cond.wait_for(lambda: predicate() or self._state == "stopped")
+            loop = asyncio.get_running_loop()
+            while not (predicate() or self._state == "stopped"):
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._waiters.append(waiter)
+                await waiter
 
         try:
             await asyncio.wait_for(wait(), timeout_s)

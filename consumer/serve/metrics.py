@@ -343,7 +343,9 @@ class BusyWindow:
         self.window_s = window_s
         self._clock = clock
         self._since_s: float | None = None
-        self._batches: deque[tuple[float, float]] = deque()  # (start_s, end_s)
+        self._batches: deque[tuple[float, float]] = deque()  # (start_s, end_s), by end
+        self._busy_s = 0.0  # the sum of end_s - start_s over _batches
+        self._longest_s = 0.0  # the longest batch added
         self._lock = threading.Lock()
 
     def add(self, busy_s: float) -> None:
@@ -353,23 +355,41 @@ class BusyWindow:
             if self._since_s is None:
                 self._since_s = end - busy_s
             self._batches.append((end - busy_s, end))
+            self._busy_s += busy_s
+            self._longest_s = max(self._longest_s, busy_s)
             self._drop_before(end - self.window_s)
 
     def ratio(self) -> float:
-        """Busy seconds in the window / the window's length (0.0 before the first batch)."""
+        """Busy seconds in the window / the window's length (0.0 before the first batch).
+
+        O(1) amortized, not O(batches in the window): a scrape holds the lock that the model
+        thread's :meth:`add` waits for, and a busy device ends thousands of batches a minute.
+        """
         now = self._clock()
         with self._lock:
             if self._since_s is None:
                 return 0.0
             start = max(now - self.window_s, self._since_s)
             self._drop_before(start)
-            busy = sum(min(end, now) - max(begin, start) for begin, end in self._batches)
+            busy = self._busy_s
+            # Only a batch that ended within the longest batch's time of the window's start
+            # can have begun before it: count those from the start.
+            for begin, end in self._batches:
+                if end > start + self._longest_s:
+                    break
+                if begin < start:
+                    busy -= start - begin
+            if self._batches and self._batches[-1][1] > now:  # a clock that stepped back
+                busy = sum(min(e, now) - max(b, start) for b, e in self._batches)
         span = now - start
-        return min(1.0, busy / span) if span > 0 else 0.0
+        return max(0.0, min(1.0, busy / span)) if span > 0 else 0.0
 
     def _drop_before(self, start_s: float) -> None:
         while self._batches and self._batches[0][1] <= start_s:
-            self._batches.popleft()
+            begin, end = self._batches.popleft()
+            self._busy_s -= end - begin
+        if not self._batches:
+            self._busy_s = 0.0  # no drift carried past an idle spell
 
 
 ReadinessProbe = Callable[[], tuple[bool, dict[str, Any]]]

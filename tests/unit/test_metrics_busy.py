@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections import deque
+
 import pytest
 
 from consumer.serve.metrics import BusyWindow, Metrics, PrometheusStats
@@ -58,6 +61,54 @@ def test_fully_busy_is_one_and_the_window_must_be_positive() -> None:
     assert busy.ratio() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="window_s"):
         BusyWindow(0)
+
+
+def _brute_force(batches: list[tuple[float, float]], now: float, start: float) -> float:
+    busy = sum(max(0.0, min(e, now) - max(b, start)) for b, e in batches)
+    return min(1.0, busy / (now - start))
+
+
+def test_the_ratio_is_the_busy_time_inside_the_window_for_any_mix_of_batches() -> None:
+    """Batches of mixed lengths, also overlapping (two devices of a fan-out), scraped at
+    random times: the ratio equals the overlap of each batch with the window, summed."""
+    rng = random.Random(7)
+    clock = FakeClock()
+    busy = BusyWindow(3, clock)
+    added: list[tuple[float, float]] = []
+    first = None
+    for _ in range(3000):
+        clock.now_s += rng.choice([0.0, 0.0005, 0.002, 0.05])
+        length = rng.choice([0.001, 0.01, 0.4, 2.5])
+        busy.add(length)
+        added.append((clock.now_s - length, clock.now_s))
+        first = added[0][0] if first is None else first
+        if rng.random() < 0.05:
+            clock.now_s += rng.choice([0.0, 0.3, 4.0])
+            start = max(clock.now_s - 3, first)
+            assert busy.ratio() == pytest.approx(_brute_force(added, clock.now_s, start), abs=1e-9)
+
+
+class _CountingDeque(deque[tuple[float, float]]):
+    visited = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for entry in super().__iter__():
+            _CountingDeque.visited += 1
+            yield entry
+
+
+def test_a_scrape_reads_a_few_batches_not_every_batch_of_the_window() -> None:
+    """A scrape holds the lock the model thread's add waits for: with 30,000 batches in the
+    window (500 a second for a minute) it must not walk them all (it took ~5 ms)."""
+    clock = FakeClock()
+    busy = BusyWindow(60, clock)
+    busy._batches = _CountingDeque()
+    for _ in range(30_000):
+        clock.now_s += 0.002
+        busy.add(0.001)
+    _CountingDeque.visited = 0
+    assert busy.ratio() == pytest.approx(0.5, rel=1e-4)
+    assert _CountingDeque.visited <= 3
 
 
 def test_the_gauge_is_exported_and_fed_by_the_engine_stats_sink() -> None:
