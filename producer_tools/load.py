@@ -169,6 +169,31 @@ def metric_sums(
     return sums
 
 
+def metric_by_label(
+    url: str, name: str, label: str, timeout_s: float = 2.0
+) -> dict[str, float] | None:
+    """The samples of ``name`` on the Prometheus text page at ``url``, summed per value of
+    ``label`` (e.g. ``kbatch_thread_cpu_seconds_total`` by ``thread``); None when the page
+    cannot be fetched or read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            body = resp.read().decode()
+    except (OSError, urllib.error.URLError):
+        return None
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == name and label in sample.labels:
+                    key = sample.labels[label]
+                    sums[key] = sums.get(key, 0.0) + float(sample.value)
+    except ValueError:
+        return None
+    return sums
+
+
 TOKEN_COUNTERS = ("kbatch_tokens_real_total", "kbatch_tokens_padded_total")
 
 

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from consumer.cpu.threads import name_os_thread
+
 __all__ = ["WorkerThread"]
 
 T = TypeVar("T")
@@ -62,6 +64,7 @@ class WorkerThread:
         self._calls.put(None)
 
     def _serve(self) -> None:
+        name_os_thread(self.name)  # top -H, ps -L: the thread's role (consumer.cpu.threads)
         while (call := self._calls.get()) is not None:
             loop, future, fn, args = call
             if self._closed or future.cancelled():

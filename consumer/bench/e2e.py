@@ -122,6 +122,7 @@ from consumer.bench.e2e_report import (
     seq_per_s,
     token_stats,
     variant_key,
+    with_thread_shares,
 )
 from consumer.bench.otlp_sink import otlp_sink
 from consumer.kafka.admin import create_topics, delete_topics
@@ -476,6 +477,16 @@ def _model_seconds(metrics_url: str | None) -> float | None:
     return None if metrics_url is None else (metric_sums(metrics_url, (name,), 5) or {}).get(name)
 
 
+def _thread_cpu(metrics_url: str | None) -> dict[str, float] | None:
+    """``kbatch_thread_cpu_seconds_total`` of a ``kbatch serve`` by ``thread`` (its role), None
+    when there is no endpoint or no such metric (a raw loop; not Linux)."""
+    from producer_tools.load import metric_by_label
+
+    if metrics_url is None:
+        return None
+    return metric_by_label(metrics_url, "kbatch_thread_cpu_seconds_total", "thread", 5) or None
+
+
 async def _kafka_variant(
     name: str, opts: E2EBenchOptions, log_dir: Path, say: Say, replicas: int = 1
 ) -> dict[str, Any]:
@@ -523,11 +534,12 @@ async def _kafka_variant(
         for label, point_rate in frontier_points(tput, opts):
             say(f"{key}: frontier {label} at {point_rate}/s")
             phase_cpu_s0 = proc.cpu_s()
+            threads0 = await asyncio.to_thread(_thread_cpu, metrics_url)
             point = await _latency_phase(opts, topics, point_rate, metrics_url, committed)
             phase_cpu_s = proc.cpu_s() - phase_cpu_s0
-            frontier.append(
-                frontier_row(label, point_rate, point, phase_cpu_s, point["sent_total"])
-            )
+            threads1 = await asyncio.to_thread(_thread_cpu, metrics_url)
+            row = frontier_row(label, point_rate, point, phase_cpu_s, point["sent_total"])
+            frontier.append(with_thread_shares(row, threads0, threads1))
         return {
             "seq_per_s": tput,
             "p50_ms": lat["p50"],

@@ -219,6 +219,31 @@ def frontier_row(
     }
 
 
+def with_thread_shares(
+    row: dict[str, Any],
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """``row`` (a :func:`frontier_row`) with ``cpu_ms_per_request_by_thread``: its
+    ``cpu_ms_per_request`` split by thread role in the proportions of
+    ``kbatch_thread_cpu_seconds_total`` between the two readings (``before``, ``after``: seconds
+    by role). The counter moves once a second, so its shares, not its seconds, are used: the
+    phase's total stays the one measured from the process. None without both readings."""
+    per_request = row.get("cpu_ms_per_request")
+    if before is None or after is None or per_request is None:
+        return {**row, "cpu_ms_per_request_by_thread": None}
+    spent = {role: after[role] - before.get(role, 0.0) for role in after}
+    total = sum(v for v in spent.values() if v > 0)
+    if total <= 0:
+        return {**row, "cpu_ms_per_request_by_thread": None}
+    by_thread = {
+        role: round(per_request * v / total, 3)
+        for role, v in sorted(spent.items(), key=lambda kv: -kv[1])
+        if v > 0
+    }
+    return {**row, "cpu_ms_per_request_by_thread": by_thread}
+
+
 def ratios(report: Mapping[str, Any]) -> dict[str, float | None]:
     """The throughput ratios of :data:`RATIOS` from the variants' ``seq_per_s``."""
     out: dict[str, float | None] = {}

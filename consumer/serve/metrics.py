@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from consumer.batching.types import Lane
+from consumer.cpu.threads import ThreadCpu, name_os_thread
 from consumer.serve.lag_seconds import LagSeconds
 
 _LATENCY_BUCKETS_S = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -233,6 +234,16 @@ class Metrics:
             "(with replicas: summed over them).",
             ["pool"],
         )
+        self.thread_cpu = ThreadCpu()
+        self.thread_cpu_seconds = self._counter(
+            "kbatch_thread_cpu_seconds_total",
+            "CPU seconds (user + system) spent by this process's threads of each role: "
+            "event_loop, kafka_consumer (the confluent-kafka consumer's owner thread), "
+            "librdkafka (its own threads), tokenizer, model, collate, http, jobs, other "
+            "(torch's pools, blocking calls); read from /proc once a second (Linux only; with "
+            "replicas: summed over them).",
+            ["thread"],
+        )
 
     def _counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, help_text, labels, registry=self.registry)
@@ -262,8 +273,9 @@ class Metrics:
 
     def refresh(self, now_s: float) -> None:
         """Write the computed gauges' current values (``kbatch_model_busy_ratio``,
-        ``kbatch_gpu_memory_bytes``) to their stored value, at most once a second of
-        ``now_s`` (monotonic seconds).
+        ``kbatch_gpu_memory_bytes``) to their stored value and count the threads' CPU
+        (``kbatch_thread_cpu_seconds_total``), at most once a second of ``now_s`` (monotonic
+        seconds).
 
         A gauge computed at scrape time (``set_function``) is read from this process's registry;
         under ``kbatch serve --replicas`` the host's ``/metrics`` reads the multiprocess files
@@ -273,6 +285,8 @@ class Metrics:
             self._refreshed_s = now_s
             self.model_busy_ratio.set(self.model_busy.ratio())
             self.gpu_memory.set(self.device_memory())
+            for role, seconds in self.thread_cpu.sample().items():
+                self.thread_cpu_seconds.labels(role).inc(seconds)
 
     def show_lag(self, now_s: float, lags: Mapping[tuple[str, int], tuple[int, int]]) -> None:
         """Publish one lag refresh: ``lags`` maps each assigned ``(topic, partition)`` to
@@ -489,9 +503,11 @@ class HealthServer:
         """Requests whose client hung up before the answer was written (a probe that timed
         out, a scraper that closed): not an error of kbatch's, so never a traceback."""
         self._httpd = _QuietServer((host, port), Handler, on_hangup=self._hung_up)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="kbatch-http", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="kbatch-http", daemon=True)
+
+    def _serve(self) -> None:
+        name_os_thread("kbatch-http")
+        self._httpd.serve_forever()
 
     def _hung_up(self) -> None:
         self.hangups += 1

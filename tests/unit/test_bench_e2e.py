@@ -22,6 +22,7 @@ from consumer.bench.e2e_report import (
     replica_ratios,
     seq_per_s,
     variant_key,
+    with_thread_shares,
 )
 from consumer.bench.e2e_workers import raw_reply_value
 from consumer.config import ServeSettings
@@ -252,6 +253,20 @@ def test_frontier_plot_writes_a_png_only_with_points(tmp_path: Path) -> None:
     report = {"kbatch": {**row, "frontier": [point]}, "engine": {**row, "frontier": [point]}}
     path = plot_frontier(report, tmp_path / "img")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_cpu_per_request_is_split_by_thread_role_in_the_counters_proportions() -> None:
+    """kbatch_thread_cpu_seconds_total moves once a second: its shares split the phase's
+    measured CPU per request; a role that spent nothing is left out."""
+    row = {"point": "1000/s", "cpu_ms_per_request": 0.5}
+    before = {"event_loop": 10.0, "model": 2.0, "librdkafka": 1.0, "http": 0.5}
+    after = {"event_loop": 13.0, "model": 2.5, "librdkafka": 2.5, "http": 0.5, "tokenizer": 0.0}
+    shares = with_thread_shares(row, before, after)["cpu_ms_per_request_by_thread"]
+    assert shares == {"event_loop": 0.3, "librdkafka": 0.15, "model": 0.05}
+    assert list(shares) == ["event_loop", "librdkafka", "model"]  # the largest first
+    assert with_thread_shares(row, None, after)["cpu_ms_per_request_by_thread"] is None
+    no_cpu = {**row, "cpu_ms_per_request": None}
+    assert with_thread_shares(no_cpu, before, after)["cpu_ms_per_request_by_thread"] is None
 
 
 def _cpu_point(label: str, cpu_ms: float | None, timeouts: int = 0) -> dict[str, object]:
