@@ -428,16 +428,16 @@ async def test_backpressure_bounds_what_waits_and_loses_nothing(
     assert isinstance(source, ConfluentSource)
     await source.start()
     try:
-        await until(lambda: source._sent >= 200, 30, "the first records handed over")
+        await until(lambda: source._owner.sent >= 200, 30, "the first records handed over")
         # Nothing polled: the owner waits, then pauses everything in librdkafka.
-        await until(lambda: source._held_back, 10, "the owner thread holding back")
-        buffered = source._sent - source._taken
+        await until(lambda: source._owner.held_back, 10, "the owner thread holding back")
+        buffered = source._owner.sent - source._owner.taken
         got = await read(source, lambda rs: len(rs) >= 1000, 30)
         got += await drain(source, 0.3)
     finally:
         await source.stop()
     assert buffered <= (BUFFERED_POLLS + 1) * 100  # a consume() more at most
-    assert not source._held_back
+    assert not source._owner.held_back
     assert offsets(got, (topic, 0)) == list(range(1000))  # none lost, none twice
 
 

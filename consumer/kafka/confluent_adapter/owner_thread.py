@@ -13,7 +13,7 @@ reentrancy gate), and librdkafka runs the rebalance, error and log callbacks onl
                                                 thread serves commands until the task is done
 
 The command queue is :class:`OwnerCommands`, shared with the group source
-(:mod:`consumer.kafka.confluent_adapter.source`, which has its own loop around ``consume``).
+(:mod:`consumer.kafka.confluent_adapter.source_owner`, which has its own loop around ``consume``).
 Commands wait at most one consume slice (:attr:`ConsumerThread.slice_s`) for the thread;
 while :attr:`ConsumerThread.consuming` is False the thread only waits for commands, so a
 burst of set-up calls (metadata, offsets) answers at once. What it consumed waits in a buffer
@@ -56,7 +56,7 @@ WAKE: Final = object()
 
 class OwnerCommands:
     """The command queue from the asyncio loop to the one thread that owns a ``Consumer``
-    (:class:`ConsumerThread`, :class:`~consumer.kafka.confluent_adapter.source.ConfluentSource`).
+    (:class:`ConsumerThread`, :class:`~consumer.kafka.confluent_adapter.source_owner.SourceOwner`).
 
     Loop side: :meth:`call` (a future for ``fn()``'s result or exception), :meth:`send` (no
     answer; an exception is logged), :meth:`wake`. Owner side: :meth:`serve` runs what is
