@@ -275,8 +275,14 @@ def _imports_of_consumer_outside(package: str) -> dict[str, list[str]]:
     return {m: deps for m, deps in outside.items() if deps}
 
 
-def test_the_kafka_layer_imports_nothing_of_consumer_outside_it() -> None:
-    assert _imports_of_consumer_outside("consumer.kafka") == {}
+def test_the_kafka_layer_imports_nothing_of_consumer_outside_it_but_the_cpu_leaf() -> None:
+    """``consumer/kafka/`` is a building block: of the rest of ``consumer`` it may use only
+    ``consumer.cpu.threads`` (a leaf below every layer: the consumer's owner thread names
+    itself), never the batching, serving or model layers."""
+    outside = _imports_of_consumer_outside("consumer.kafka")
+    assert {m: [d for d in deps if d != "consumer.cpu.threads"] for m, deps in outside.items()} == {
+        m: [] for m in outside
+    }
 
 
 def test_schemas_errors_is_a_leaf_of_schemas() -> None:

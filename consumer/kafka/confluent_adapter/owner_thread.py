@@ -38,6 +38,7 @@ from typing import Any, Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
+from consumer.cpu.threads import name_os_thread
 from consumer.kafka.confluent_adapter.errors import SECURITY_CODES, connect_failure, kafka_error
 from consumer.kafka.confluent_adapter.logs import librdkafka_logger
 from consumer.kafka.errors import KafkaUnavailableError
@@ -469,6 +470,7 @@ class ConsumerThread:
         self._arrived.set()
 
     def _run(self) -> None:
+        name_os_thread(self._name)  # "kbatch-job …", "kbatch-backfill …" (consumer.cpu.threads)
         last_consume = time.monotonic()
         try:
             while True:

@@ -133,7 +133,7 @@ class ConfluentSource:
         self._admin: AdminClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._commands = OwnerCommands("kbatch-confluent-source")  # woken: stop, buffer room
+        self._commands = OwnerCommands("kbatch-source")  # woken: stop, buffer room
         self._stopped: asyncio.Future[None] | None = None
         # ---- the loop's side (touched on the event loop only) ----
         self._assigned: set[TopicPartition] = set()
@@ -186,7 +186,7 @@ class ConfluentSource:
         self._thread = threading.Thread(
             target=self._owner.run,
             args=(loop, started, self._stopped),
-            name="kbatch-confluent-source",
+            name="kbatch-source",
             daemon=True,
         )
         self._thread.start()

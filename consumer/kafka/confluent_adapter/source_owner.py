@@ -63,6 +63,7 @@ from typing import Any, Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
 
+from consumer.cpu.threads import name_os_thread
 from consumer.kafka.confluent_adapter.errors import layer_error
 from consumer.kafka.confluent_adapter.logs import (
     RepeatLimiter,
@@ -250,6 +251,7 @@ class SourceOwner:
         """The owner thread: connect (``started`` answers, or raises what failed), consume until
         :meth:`stop`, close; ``stopped`` answers once the consumer is closed."""
         self._loop = loop
+        name_os_thread("kbatch-source")  # top -H, ps -L: the thread's role (consumer.cpu.threads)
         try:
             try:
                 self._consumer = self._connect()
