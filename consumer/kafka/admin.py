@@ -71,6 +71,59 @@ def broker_answers(
         return pool.submit(asyncio.run, _broker_answers(bootstrap, timeout_s, client)).result()
 
 
+TOPIC_VISIBLE_TIMEOUT_S = 10.0
+"""How long a topic creation waits for the broker's metadata to list the new topics, each
+partition with a leader. CreateTopics answers once the controller has the topics; a broker
+serves them in its metadata a moment later (a Metadata request sent right after the answer
+may say ``UNKNOWN_TOPIC_OR_PARTITION``), and a consumer that subscribes in that moment
+(librdkafka) sees no partitions until its next metadata refresh, 30 s later."""
+
+TOPIC_VISIBLE_RETRY_S = 0.05
+
+_NOT_YET = frozenset({3, 5})
+"""``UNKNOWN_TOPIC_OR_PARTITION``, ``LEADER_NOT_AVAILABLE``: a new topic the broker does not
+serve yet. Any other error (an ACL denying Describe) ends the wait for that topic."""
+
+
+async def _await_visible(
+    admin: AIOKafkaAdminClient,
+    partitions_by_topic: dict[str, int],
+    timeout_s: float = TOPIC_VISIBLE_TIMEOUT_S,
+) -> list[str]:
+    """Wait until the metadata lists each topic of ``partitions_by_topic`` with at least that
+    many partitions, each with a leader; returns the topics still not listed so after
+    ``timeout_s`` seconds (a WARNING names them: what uses them may wait for its next
+    metadata refresh)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = dict(partitions_by_topic)
+    while pending:
+        with contextlib.suppress(KafkaError):
+            for topic in await admin.describe_topics(list(pending)):
+                name = topic.get("topic")
+                code = topic.get("error_code", 0)
+                partitions = topic.get("partitions") or []
+                if code not in _NOT_YET and code != 0:
+                    pending.pop(name, None)  # not ours to see (an ACL): nothing to wait for
+                elif (
+                    code == 0
+                    and len(partitions) >= pending.get(name, 1)
+                    and all(p.get("leader", -1) >= 0 for p in partitions)
+                ):
+                    pending.pop(name, None)
+        if not pending or loop.time() >= deadline:
+            break
+        await asyncio.sleep(TOPIC_VISIBLE_RETRY_S)
+    if pending:
+        log.warning(
+            "topics %s were created but the broker's metadata does not list them with a "
+            "leader for every partition after %g s",
+            sorted(pending),
+            timeout_s,
+        )
+    return sorted(pending)
+
+
 async def create_topics(
     bootstrap: str,
     names: Iterable[str],
@@ -78,11 +131,12 @@ async def create_topics(
     config: dict[str, str] | None = None,
     replication_factor: int = 1,
 ) -> None:
-    """Create topics (``replication_factor`` replicas each); existing ones are left as they
-    are."""
+    """Create topics (``replication_factor`` replicas each) and wait until the metadata lists
+    them (:data:`TOPIC_VISIBLE_TIMEOUT_S`); existing ones are left as they are."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        names = list(names)
         topics = [
             NewTopic(
                 name,
@@ -94,6 +148,7 @@ async def create_topics(
         ]
         with contextlib.suppress(TopicAlreadyExistsError):
             await admin.create_topics(topics)
+        await _await_visible(admin, dict.fromkeys(names, partitions))
     finally:
         await admin.close()
 
@@ -104,8 +159,10 @@ async def ensure_topics(
     replication_factor: int | None = None,
     security: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created. Existing topics are
-    left as they are (their partition count is never changed).
+    """Create the topics that do not exist yet; returns the names created, once the metadata
+    lists them (:data:`TOPIC_VISIBLE_TIMEOUT_S`: a consumer that subscribes next sees their
+    partitions). Existing topics are left as they are (their partition count is never
+    changed).
 
     Replicas: ``replication_factor``, else the cluster's ``default.replication.factor``, else
     ``min(3, brokers)`` (:func:`consumer.kafka.durability.choose_replication`, as the jobs
@@ -146,6 +203,7 @@ async def ensure_topics(
         refused = _refused(response)
         if refused:
             raise _creation_error(missing, bootstrap, "; ".join(refused))
+        await _await_visible(admin, {n: partitions_by_topic[n] for n in missing})
     finally:
         await admin.close()
     log.info("created topics %s (%d replica(s): %s)", missing, replicas, why)
