@@ -50,7 +50,8 @@ def create(
     **security: Any,
 ) -> None:
     """Create NAMES unless they exist (existing topics are left as they are); prints one line
-    per topic. Exit 1 when no broker answers or the broker refuses."""
+    per topic once the broker's metadata lists the new ones (at most 10 s), so a client
+    started next finds them. Exit 1 when no broker answers or the broker refuses."""
     del request_topic, reply_topic  # shared options; only --bootstrap matters here
     kafka = client_settings(bootstrap, security)
     try:
