@@ -74,9 +74,9 @@ def broker_answers(
 TOPIC_VISIBLE_TIMEOUT_S = 10.0
 """How long a topic creation waits for the broker's metadata to list the new topics, each
 partition with a leader. CreateTopics answers once the controller has the topics; a broker
-serves them in its metadata a moment later (a Metadata request sent right after the answer
-may say ``UNKNOWN_TOPIC_OR_PARTITION``), and a consumer that subscribes in that moment
-(librdkafka) sees no partitions until its next metadata refresh, 30 s later."""
+serves them in its metadata a moment later: a Metadata request sent right after the answer may
+say ``UNKNOWN_TOPIC_OR_PARTITION``, and a client that asks then (a backfill listing the
+topic's partitions, a script's producer) is told the topic does not exist."""
 
 TOPIC_VISIBLE_RETRY_S = 0.05
 
@@ -92,8 +92,7 @@ async def _await_visible(
 ) -> list[str]:
     """Wait until the metadata lists each topic of ``partitions_by_topic`` with at least that
     many partitions, each with a leader; returns the topics still not listed so after
-    ``timeout_s`` seconds (a WARNING names them: what uses them may wait for its next
-    metadata refresh)."""
+    ``timeout_s`` seconds (a WARNING names them)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     pending = dict(partitions_by_topic)
@@ -160,8 +159,8 @@ async def ensure_topics(
     security: dict[str, Any] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names created, once the metadata
-    lists them (:data:`TOPIC_VISIBLE_TIMEOUT_S`: a consumer that subscribes next sees their
-    partitions). Existing topics are left as they are (their partition count is never
+    lists them (:data:`TOPIC_VISIBLE_TIMEOUT_S`: a client that asks next finds them). Existing
+    topics are left as they are (their partition count is never
     changed).
 
     Replicas: ``replication_factor``, else the cluster's ``default.replication.factor``, else

@@ -28,6 +28,11 @@ pytestmark = pytest.mark.integration
 
 CLIENTS = [pytest.param("aiokafka", id="aiokafka"), pytest.param("confluent", id="confluent")]
 FAST_GROUP = {"session_timeout_ms": 6_000, "heartbeat_interval_ms": 500}
+BASE_TIMESTAMP_MS = time.time_ns() // 1_000_000 - 60_000
+"""The records' timestamps start a minute before the tests: a fixed timestamp from the past
+(2023's) is older than the broker's ``retention.ms`` (7 days), and its records vanished
+whenever the broker's retention check (every 5 minutes) ran between a test's produce and its
+reads (the log start offset moved past them: "read 0 records in 30 s")."""
 
 
 @dataclass
@@ -81,8 +86,8 @@ def make_source(
 async def produce(
     bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, list[tuple[str, bytes]]]]
 ) -> None:
-    """``(partition, key, headers)`` each; value ``b"v-" + key``; timestamp 1_700_000_000_000
-    plus the record's index (ms)."""
+    """``(partition, key, headers)`` each; value ``b"v-" + key``; timestamp
+    :data:`BASE_TIMESTAMP_MS` plus the record's index (ms)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     try:
@@ -93,7 +98,7 @@ async def produce(
                 key=key,
                 partition=partition,
                 headers=headers,
-                timestamp_ms=1_700_000_000_000 + i,
+                timestamp_ms=BASE_TIMESTAMP_MS + i,
             )
             for i, (partition, key, headers) in enumerate(records)
         ]
@@ -155,7 +160,7 @@ async def test_records_arrive_in_partition_order_with_keys_headers_and_timestamp
         i = int(r.key.decode()[1:])  # type: ignore[union-attr]
         assert (r.partition, r.value) == (i % 2, b"v-" + r.key)  # type: ignore[operator]
         assert list(r.headers) == [("h", b"x"), ("i", str(i).encode())]
-        assert r.timestamp_ms == 1_700_000_000_000 + i
+        assert r.timestamp_ms == BASE_TIMESTAMP_MS + i
         assert r.tp == (topic, r.partition)
 
 

@@ -1,7 +1,7 @@
 """A created topic is usable when creation returns: the broker's metadata lists it, each
 partition with a leader (``consumer.kafka.admin.TOPIC_VISIBLE_TIMEOUT_S``). Without the wait,
-a Metadata request right after CreateTopics could say ``UNKNOWN_TOPIC_OR_PARTITION``, and a
-librdkafka consumer subscribing then saw no partitions for 30 s."""
+a Metadata request right after CreateTopics could say ``UNKNOWN_TOPIC_OR_PARTITION`` (a range
+reader listing a new topic's partitions was told it did not exist)."""
 
 from __future__ import annotations
 
