@@ -43,6 +43,9 @@ __all__ = ["LoadError", "LoadOptions", "LoadRun", "build_schedule", "run_load"]
 Pattern = Literal["constant", "poisson", "step", "pulse"]
 PATTERNS: tuple[Pattern, ...] = ("constant", "poisson", "step", "pulse")
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""What stops a run early with the report of what it sent (exit 130 and 143)."""
+
 DEFAULT_DURATION_S = 20.0
 """Length of a constant, Poisson or pulse run given neither a duration nor a count."""
 
@@ -143,7 +146,8 @@ class LoadRun:
     log: RunLog
     report: dict[str, Any]
     interrupted: bool = False
-    """Stopped by Ctrl-C (SIGINT): schedule, log and report cover what was sent until then."""
+    """Stopped by Ctrl-C (SIGINT) or SIGTERM: schedule, log and report cover what was sent until
+    then (``report["interrupted"]["signal"]`` says which)."""
 
 
 def metric_sums(
@@ -235,6 +239,7 @@ class _Runner:
         self.progress = progress
         self.trace_ids: dict[int, str] = {}  # --traceparent: request index → its trace id
         self.stopped_at_s: float | None = None  # Ctrl-C: seconds from the start, when
+        self.stopped_by: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
         self._stop = asyncio.Event()
 
     async def one(self, client: RequestReplyClient, i: int) -> None:
@@ -314,7 +319,7 @@ class _Runner:
                 tasks: list[asyncio.Task[None]] = []
                 times = self.schedule.times_s
                 i, n = 0, len(times)
-                with self._stop_on_ctrl_c():
+                with self._stop_on_signal():
                     while i < n and not self._stop.is_set():
                         delay = self.t0 + times[i] - time.monotonic()
                         if delay > 0 and await self._stopped_within(delay):
@@ -335,22 +340,26 @@ class _Runner:
                 tick()
 
     @contextmanager
-    def _stop_on_ctrl_c(self) -> Iterator[None]:
-        """While sending and waiting for replies, SIGINT stops the run (no more sends, the
-        requests in flight abandoned) instead of raising ``KeyboardInterrupt``: the report
-        covers what was sent (:func:`cut_run`)."""
+    def _stop_on_signal(self) -> Iterator[None]:
+        """While sending and waiting for replies, SIGINT (Ctrl-C) or SIGTERM (``timeout``, a
+        script's ``kill``) stops the run (no more sends, the requests in flight abandoned)
+        instead of raising ``KeyboardInterrupt`` or ending the process: the report covers what
+        was sent (:func:`cut_run`)."""
         loop = asyncio.get_running_loop()
 
-        def stop() -> None:
+        def stop(signum: int) -> None:
             if self.stopped_at_s is None:
                 self.stopped_at_s = time.monotonic() - self.t0
+                self.stopped_by = signum
             self._stop.set()
 
-        loop.add_signal_handler(signal.SIGINT, stop)
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, stop, signum)
         try:
             yield
         finally:
-            loop.remove_signal_handler(signal.SIGINT)
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
 
     async def _stopped_within(self, delay_s: float) -> bool:
         """Wait ``delay_s``; True when a stop came first."""
@@ -442,6 +451,7 @@ async def run_load(opts: LoadOptions, *, progress: bool = True) -> LoadRun:
     if runner.stopped_at_s is not None:
         report["interrupted"] = {
             "at_s": round(runner.stopped_at_s, 3),
+            "signal": signal.Signals(runner.stopped_by or signal.SIGINT).name,
             "sent": runner.sent,
             "scheduled": len(runner.schedule),
             "unanswered_in_flight": int((log.outcome == Outcome.PENDING).sum()),

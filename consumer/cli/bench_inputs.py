@@ -35,7 +35,11 @@ texts_option = click.option(
     help="JSONL/text file of texts (default: the VADER corpus).",
 )
 bootstrap_option = click.option(
-    "--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap."
+    "--bootstrap",
+    envvar="KBATCH_BOOTSTRAP",
+    default="127.0.0.1:9092",
+    show_default=True,
+    help="Kafka bootstrap servers, comma-separated. (env KBATCH_BOOTSTRAP)",
 )
 
 

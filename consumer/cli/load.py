@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich_click import RichCommand
 
-from consumer.cli.boundary import EXIT_INTERRUPTED
+from consumer.cli.boundary import EXIT_INTERRUPTED, EXIT_TERMINATED
 from consumer.cli.client_security import SECURITY_FIELDS, client_kafka_options, security_options
 from consumer.cli.options import POSITIVE, CommaList, OutputDir, flag, option, seed_option
 from consumer.cli.request import encoding_option, topic_options
@@ -213,15 +213,16 @@ def load_command(
         click.echo(json.dumps(run.report))
     else:
         print_report(run.report, report_console())
-    if run.interrupted:  # Ctrl-C: the report above covers the requests sent until then
+    if run.interrupted:  # Ctrl-C, SIGTERM: the report above covers the requests sent until then
         cut = run.report["interrupted"]
         click.echo(
-            f"kbatch load: interrupted at {cut['at_s']:.1f} s: the report covers the "
+            f"kbatch load: interrupted ({cut['signal']}) at {cut['at_s']:.1f} s: the report "
+            "covers the "
             f"{cut['sent']} of {cut['scheduled']} requests sent "
             f"({cut['unanswered_in_flight']} still in flight, counted unanswered)",
             err=True,
         )
-        raise SystemExit(EXIT_INTERRUPTED)
+        raise SystemExit(EXIT_TERMINATED if cut["signal"] == "SIGTERM" else EXIT_INTERRUPTED)
     rate = error_rate(run.report["summary"])
     if rate > max_error_rate:
         first = run.report.get("first_error")

@@ -29,6 +29,7 @@ from tests.integration.harness import (
 )
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 NOISE = ("Traceback", "Unclosed", "Aborted!")
 
 
@@ -63,9 +64,21 @@ def consumed(server: ServeProcess) -> float:
     return sum(v for k, v in server.metrics().items() if k.startswith(metric))
 
 
+@pytest.mark.parametrize(
+    ("signum", "exit_code"),
+    [(signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_TERMINATED)],
+    ids=["ctrl-c", "sigterm"],
+)
 def test_c_load_interrupted_prints_the_report_of_what_it_sent(
-    tmp_path: Path, kafka_bootstrap: str, tiny_embed_dir: Path, topics: tuple[str, str, str]
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    tiny_embed_dir: Path,
+    topics: tuple[str, str, str],
+    signum: signal.Signals,
+    exit_code: int,
 ) -> None:
+    """Ctrl-C, or SIGTERM (``timeout``, a script's ``kill``; a background job of a script
+    ignores SIGINT), ends a run with the report of what it sent; SIGTERM ended it silently."""
     req, rep, dlq = topics
     corpus = tmp_path / "texts.txt"
     corpus.write_text("".join(f"text number {i}\n" for i in range(50)))
@@ -84,11 +97,11 @@ def test_c_load_interrupted_prints_the_report_of_what_it_sent(
         )  # fmt: skip
         # The probe request and then 10 of the run's (the probe is not in the report's "sent").
         poll_until(lambda: consumed(server) >= 11, 90, "the probe and 10 load requests consumed")
-        load.send_signal(signal.SIGINT)
+        load.send_signal(signum)
         out, err = load.communicate(timeout=60)
     finally:
         server.stop()
-    assert load.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert load.returncode == exit_code, err[-3000:]
     quiet(err)
     serve_log = server.log_path.read_text()
     assert "kbatch.model" in serve_log and "loss_type" not in serve_log  # transformers' noise
@@ -97,7 +110,9 @@ def test_c_load_interrupted_prints_the_report_of_what_it_sent(
     assert 10 <= cut["sent"] < cut["scheduled"] == 2400
     assert report["summary"]["sent"] == cut["sent"]  # the report covers what was sent
     assert report["summary"]["ok"] >= 5
-    lines = [line for line in err.splitlines() if line.startswith("kbatch load: interrupted at")]
+    assert cut["signal"] == signum.name
+    prefix = f"kbatch load: interrupted ({signum.name}) at"
+    lines = [line for line in err.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1 and f"the {cut['sent']} of 2400 requests sent" in lines[0]
 
 

@@ -357,3 +357,25 @@ def test_tokenize_scorer_answers_each_record_of_a_poll_with_its_key_and_correlat
         reply = decode_reply(o.value, Encoding.MSGPACK)
         assert reply.status == "ok" and reply.timing is not None
         assert reply.timing.batch_size == 2 and reply.timing.padded_len > 2
+
+
+def test_the_bench_reads_kbatch_bootstrap_as_serve_and_load_do() -> None:
+    """A user who exported KBATCH_BOOTSTRAP for serve and load got a bench against the
+    default 127.0.0.1:9092 instead."""
+    import click
+    from click.testing import CliRunner
+
+    from consumer.cli.bench_inputs import bootstrap_option
+
+    @click.command()
+    @bootstrap_option
+    def show(bootstrap: str) -> None:
+        click.echo(bootstrap)
+
+    runner = CliRunner()
+    assert runner.invoke(show, [], env={"KBATCH_BOOTSTRAP": "broker-a:19093"}).output == (
+        "broker-a:19093\n"
+    )
+    assert runner.invoke(show, ["--bootstrap", "b:1"], env={"KBATCH_BOOTSTRAP": "x:2"}).output == (
+        "b:1\n"
+    )
