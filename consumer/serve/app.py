@@ -46,6 +46,7 @@ from consumer.lifecycle import (
 from consumer.model.loader import load_model
 from consumer.model.windows import fan_out_for
 from consumer.replies.builder import ReplyBuilder
+from consumer.serve.assignment_watch import watch_first_assignment
 from consumer.serve.metrics import HealthServer, Metrics, PrometheusStats
 from consumer.serve.pipeline import Pipeline
 from consumer.serve.supervisor_watch import watch_supervisor
@@ -207,6 +208,13 @@ async def serve(settings: ServeSettings) -> int:
             client_description(settings.kafka_client),
         )
         log.debug("%d start-up objects frozen (out of the collector's reach)", frozen)
+        assignment = watch_first_assignment(
+            lambda: parts.pipeline.assigned_once,
+            settings.effective_group_id,
+            settings.session_timeout_ms,
+            settings.group_protocol,
+        )
+        stack.callback(asyncio.create_task(assignment).cancel)
         failed, drained = await _run(parts.pipeline, stop, now, beat, life, wedge)
         if wedge.wedged:  # the partitions move at once; the engine's batch is not waited for
             parts.source.leave_group_on_stop()
